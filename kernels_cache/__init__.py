@@ -1,0 +1,1 @@
+"""Package data: the shipped warm kernel cache (searched μGraphs as text, no binaries)."""

@@ -1,0 +1,1 @@
+"""Package data: the registry of popular checkpoints (their config.json facts, no weights)."""

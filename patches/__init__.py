@@ -1,0 +1,1 @@
+"""Family adapters (one module per HF ``config.model_type``): which modules form which block."""

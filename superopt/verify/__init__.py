@@ -1,0 +1,1 @@
+"""Probabilistic equivalence verification of μGraphs over finite fields."""
