@@ -1,0 +1,26 @@
+"""Shared test set-up: the `gpu` marker skips with a reason where there is no CUDA device."""
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+
+@functools.lru_cache(maxsize=1)
+def _cuda_reason() -> str | None:
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return "no CUDA GPU on this machine (run GPU tests on the device machine)"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    reason = None
+    for item in items:
+        if "gpu" in item.keywords:
+            reason = reason or _cuda_reason()
+            if reason:
+                item.add_marker(pytest.mark.skip(reason=f"gpu test skipped: {reason}"))
