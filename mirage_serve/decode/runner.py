@@ -1,0 +1,115 @@
+"""Route a patched model's generate() through owned static caches and CUDA-graph decode steps.
+
+``DecodeRunner.install(model)`` replaces two *instance* attributes (the class is untouched):
+
+* ``generate``: unless the caller brings their own cache, it hands generate() a static cache from
+  the model's ``CachePool`` (sized to prompt + new tokens) and turns off HF's auto-compile, which
+  would otherwise compile around our graphs;
+* ``forward``: a call that is a decode step on one of those caches (one new token per row, no
+  attention/hidden-state outputs requested) replays the ``GraphedStep`` captured for its signature
+  (batch size, cache, argument shapes); every other call (prefill, training, foreign caches) runs
+  the forward it replaced.
+
+``uninstall`` deletes both attributes and drops the caches and graphs.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .cache_pool import CachePool
+from .graph_step import GraphedStep, signature
+
+_ATTR = "_mirage_decode_runner"
+
+
+class DecodeRunner:
+    def __init__(self, model, capture: bool | None = None):
+        self.model = model
+        self.capture = torch.cuda.is_available() if capture is None else capture
+        self.pool = CachePool(model.config)
+        self.steps: dict[tuple, GraphedStep] = {}
+        self.graph_pool = torch.cuda.graph_pool_handle() if self.capture else None
+        self.captures = 0
+        self.replays = 0
+        self._forward = None  # the forward we replaced (possibly already patched per site)
+
+    # ------------------------------------------------------------ install / uninstall
+    @classmethod
+    def install(cls, model, capture: bool | None = None) -> "DecodeRunner":
+        if getattr(model, _ATTR, None) is not None:
+            raise RuntimeError("decode graphs are already installed on this model; uninstall first")
+        runner = cls(model, capture)
+        runner._forward = model.forward
+        runner._generate = model.generate
+        model.forward = runner.forward
+        model.generate = runner.generate
+        setattr(model, _ATTR, runner)
+        return runner
+
+    @staticmethod
+    def uninstall(model) -> None:
+        runner = getattr(model, _ATTR, None)
+        if runner is None:
+            return
+        for name in ("forward", "generate", _ATTR):
+            if name in model.__dict__:
+                delattr(model, name)
+        runner.steps.clear()
+        runner.pool.clear()
+
+    # ------------------------------------------------------------ generate
+    def generate(self, *args, **kwargs):
+        input_ids = kwargs.get("input_ids", args[0] if args else None)
+        needed = self._needed_length(input_ids, kwargs)
+        beams = kwargs.get("num_beams") or self.model.generation_config.num_beams or 1
+        if kwargs.get("past_key_values") is not None or needed is None or self.model.training or beams != 1:
+            return self._generate(*args, **kwargs)
+        cache, fresh = self.pool.get(int(input_ids.shape[0]), needed)
+        if fresh:  # graphs captured on a replaced cache point at freed memory: drop them
+            self.steps = {k: s for k, s in self.steps.items()
+                          if self.pool.owns(s.static_in.get("past_key_values"))}
+        kwargs["past_key_values"] = cache
+        kwargs.setdefault("disable_compile", True)
+        return self._generate(*args, **kwargs)
+
+    def _needed_length(self, input_ids, kwargs) -> int | None:
+        if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2:
+            return None
+        gc = kwargs.get("generation_config") or self.model.generation_config
+        new = kwargs.get("max_new_tokens", gc.max_new_tokens)
+        if new is not None:
+            return int(input_ids.shape[1]) + int(new)
+        total = kwargs.get("max_length", gc.max_length)
+        return int(total) if total is not None else None
+
+    # ------------------------------------------------------------ forward
+    def _is_decode_step(self, kwargs: dict) -> bool:
+        ids = kwargs.get("input_ids")
+        return (isinstance(ids, torch.Tensor) and ids.ndim == 2 and ids.shape[1] == 1
+                and self.pool.owns(kwargs.get("past_key_values"))
+                and not kwargs.get("output_attentions") and not kwargs.get("output_hidden_states")
+                and kwargs.get("inputs_embeds") is None and not self.model.training
+                and not torch.is_grad_enabled())
+
+    def forward(self, *args, **kwargs) -> Any:
+        if args or not self._is_decode_step(kwargs):
+            return self._forward(*args, **kwargs)
+        key = signature(kwargs)
+        step = self.steps.get(key)
+        if step is None:
+            step = GraphedStep(self._forward, kwargs, self.graph_pool, capture=self.capture)
+            self.steps[key] = step
+            self.captures += 1
+            return step.first_output
+        self.replays += 1
+        return step(kwargs)
+
+
+def install_decode_graphs(model, capture: bool | None = None) -> DecodeRunner:
+    return DecodeRunner.install(model, capture)
+
+
+def uninstall_decode_graphs(model) -> None:
+    DecodeRunner.uninstall(model)
