@@ -1,0 +1,28 @@
+"""The kernel cache: a user cache of searched, compiled kernels layered over the shipped one.
+
+    cache = KernelCache()                      # argument > MIRAGE_SERVE_CACHE_DIR > ~/.cache/mirage_serve
+    key = CacheKey(program_digest, "b8", "bf16", "sm90", "triton", versions_now(), "rmsnorm_matmul-…")
+    with cache.lock(key):                      # concurrent processes compute each kernel once
+        entry = cache.get(key)                 # None on a miss or a rejected (bad) entry
+        if entry is None or not entry.binaries:
+            entry = build(...)                 # search / compile
+            cache.put(key, entry)              # atomic; None if the cache is read-only
+
+`warm_model` (in `mirage_serve.cache.warm`, imported lazily: it needs torch and transformers)
+fills a cache ahead of time.
+"""
+from .entry import BadEntry, CacheEntry
+from .key import CacheKey, versions_now
+from .store import CacheStats, CacheWarning, EntryInfo, KernelCache, default_cache_dir, shipped_cache_dir
+
+__all__ = [
+    "BadEntry", "CacheEntry", "CacheKey", "CacheStats", "CacheWarning", "EntryInfo", "KernelCache",
+    "default_cache_dir", "shipped_cache_dir", "versions_now", "warm_model",
+]
+
+
+def __getattr__(name):
+    if name == "warm_model":
+        from .warm import warm_model
+        return warm_model
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

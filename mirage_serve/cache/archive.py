@@ -1,0 +1,161 @@
+"""Moving cache entries between machines: tar export/import, and the binary-free shipped form.
+
+Import never calls ``tarfile.extract``: each member is checked (a regular file at
+``<entry>/<file>`` or an entry directory; no absolute paths, no ``..``, no links or devices, sizes
+bounded), its bytes are written by us into a private staging directory, every staged entry is
+fully verified, and only then renamed into the cache. One unsafe member rejects the whole archive
+before anything is installed.
+"""
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import tarfile
+import tempfile
+import warnings
+from dataclasses import replace
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Iterator
+
+from .entry import FILE_NAME, META, BadEntry, CacheEntry, read_entry, write_entry
+from .key import CacheKey
+from .store import ENTRY_NAME, CacheWarning, install_entry
+
+if TYPE_CHECKING:
+    from .store import KernelCache
+
+MAX_MEMBER_BYTES = 1 << 30          # a cubin is ~100 KB-10 MB; this only stops tar bombs
+MAX_ARCHIVE_BYTES = 16 << 30
+
+
+def _good_entries(cache: "KernelCache") -> Iterator[tuple[CacheKey, CacheEntry]]:
+    """Every verified user-cache entry, then the in-memory (unsaved) ones; bad ones warned."""
+    for info in cache.verify(layers=("user",)):
+        if not info.ok:
+            warnings.warn(f"mirage_serve cache: skipping bad entry {info.path}: {info.reason}",
+                          CacheWarning, stacklevel=3)
+            continue
+        try:
+            yield read_entry(info.path, info.key)
+        except (BadEntry, OSError) as e:   # replaced or damaged since verify
+            warnings.warn(f"mirage_serve cache: skipping entry {info.path}: {e}", CacheWarning,
+                          stacklevel=3)
+    yield from cache.memory_entries()
+
+
+def export_cache(cache: "KernelCache", path: Path) -> int:
+    """Write every good entry (user cache + unsaved in-memory ones) to the tar file `path`
+    (gzip if it ends in .gz/.tgz), atomically. Returns the number of entries written."""
+    mode = "w:gz" if path.name.endswith((".gz", ".tgz")) else "w"
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    n = 0
+    seen: set[str] = set()
+    try:
+        with tarfile.open(tmp, mode, format=tarfile.PAX_FORMAT) as tar:
+            for key, entry in _good_entries(cache):
+                if key.dirname() in seen:
+                    continue
+                seen.add(key.dirname())
+                with tempfile.TemporaryDirectory() as td:
+                    d = Path(td) / key.dirname()
+                    d.mkdir()
+                    write_entry(d, key, replace(entry, origin=""))
+                    for f in sorted(d.iterdir()):
+                        _add_bytes(tar, f"{d.name}/{f.name}", f.read_bytes())
+                n += 1
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return n
+
+
+def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    # Fixed owner and mtime: the same cache exports to the same bytes (reproducible images).
+    ti = tarfile.TarInfo(name)
+    ti.size, ti.mode, ti.mtime = len(data), 0o644, 0
+    tar.addfile(ti, io.BytesIO(data))
+
+
+def _member_path(m: tarfile.TarInfo) -> tuple[str, str | None]:
+    """(entry dir name, file name or None for a directory member), or ValueError if unsafe."""
+    name = m.name
+    if name.startswith("/") or "\\" in name or "\0" in name:
+        raise ValueError(f"unsafe archive member {name!r}: absolute or odd path")
+    parts = [p for p in PurePosixPath(name).parts if p != "."]
+    if ".." in parts:
+        raise ValueError(f"unsafe archive member {name!r}: '..' in path")
+    if not (m.isreg() or m.isdir()):
+        raise ValueError(f"unsafe archive member {name!r}: not a regular file or directory")
+    if not parts or not ENTRY_NAME.match(parts[0]):
+        raise ValueError(f"archive member {name!r} is not inside a cache entry directory")
+    if m.isdir():
+        if len(parts) != 1:
+            raise ValueError(f"archive member {name!r}: nested directory")
+        return parts[0], None
+    if len(parts) != 2 or not (FILE_NAME.match(parts[1]) or parts[1] == META):
+        raise ValueError(f"archive member {name!r}: not <entry>/<file>")
+    if m.size > MAX_MEMBER_BYTES:
+        raise ValueError(f"archive member {name!r} is too large ({m.size} bytes)")
+    return parts[0], parts[1]
+
+
+def _stage(path: Path, staging: Path) -> None:
+    total = 0
+    with tarfile.open(path, "r:*") as tar:
+        for m in tar:
+            entry_name, file_name = _member_path(m)
+            d = staging / entry_name
+            d.mkdir(exist_ok=True)
+            if file_name is None:
+                continue
+            total += m.size
+            if total > MAX_ARCHIVE_BYTES:
+                raise ValueError(f"archive {path} unpacks to more than {MAX_ARCHIVE_BYTES} bytes")
+            src = tar.extractfile(m)
+            with open(d / file_name, "xb") as out:    # "x": a duplicated member is an error
+                shutil.copyfileobj(src, out)
+
+
+def import_cache(cache: "KernelCache", path: Path) -> int:
+    """Install the archive's entries that verify; returns how many were new. Entries already
+    present (and good) are kept; bad entries in the archive are warned about and skipped."""
+    if cache.read_only:
+        raise PermissionError(f"cannot import: cache directory {cache.root} is read-only")
+    staging = Path(tempfile.mkdtemp(dir=cache.private_dir(".tmp"), prefix="import."))
+    installed = 0
+    try:
+        _stage(path, staging)
+        for d in sorted(staging.iterdir()):
+            try:
+                key, _ = read_entry(d)
+            except (BadEntry, OSError) as e:
+                warnings.warn(f"mirage_serve cache: archive entry {d.name} rejected: {e}",
+                              CacheWarning, stacklevel=2)
+                continue
+            _, new = install_entry(cache.root, d, key)
+            installed += new
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return installed
+
+
+def export_shipped(cache: "KernelCache", dest: Path) -> int:
+    """Write every good entry into `dest` (a ``kernels_cache/`` folder) in shipped form: no
+    binaries, keyed by `CacheKey.for_shipped`. Returns the number of entries now there new."""
+    dest.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=dest, prefix=".ship."))
+    n = 0
+    try:
+        for key, entry in _good_entries(cache):
+            sk = key.for_shipped()
+            d = staging / sk.dirname()
+            if d.exists():      # two toolchains' entries of one kernel: one shipped copy
+                continue
+            d.mkdir()
+            write_entry(d, sk, replace(entry, binaries={}, origin=""))
+            _, new = install_entry(dest, d, sk)
+            n += new
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return n

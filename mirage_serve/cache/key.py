@@ -1,0 +1,95 @@
+"""The cache key: what a kernel depends on (program, shape bucket, dtype, arch, backend, toolchain).
+
+The digest covers every field except ``label``: the label only makes the directory name readable
+(``rmsnorm_matmul-sm90-bf16-k4096-n6144-1a2b3c4d``), it never decides whether two keys are equal
+for lookup purposes beyond the directory it names.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from importlib import metadata
+
+# Toolchain components whose version can change what a cache entry holds. Binaries depend on all
+# of them; μGraph text and generated source depend only on those in TEXT_VERSIONS (the shipped,
+# binary-free cache is keyed by those alone, so it serves users on any torch/triton/CUDA).
+_DISTRIBUTIONS = (
+    ("triton", "triton"),
+    ("torch", "torch"),
+    ("cuda-nvrtc", "nvidia-cuda-nvrtc"),
+    ("cuda-bindings", "cuda-bindings"),
+)
+TEXT_VERSIONS = ("superopt",)
+
+_LABEL_BAD = re.compile(r"[^A-Za-z0-9_.+-]")
+_LABEL_MAX = 96
+
+
+def versions_now() -> tuple[tuple[str, str], ...]:
+    """(name, version) for superopt, triton, torch (its CUDA build is in the local version, e.g.
+    ``2.11.0+cu130``) and the CUDA toolkit pieces codegen uses (NVRTC, cuda-bindings), where
+    installed. Read from package metadata: nothing heavy is imported."""
+    import superopt
+
+    out = [("superopt", superopt.__version__)]
+    for name, dist in _DISTRIBUTIONS:
+        try:
+            out.append((name, metadata.version(dist)))
+        except metadata.PackageNotFoundError:
+            continue
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class CacheKey:
+    program_digest: str          # digest of the canonical Lax program text
+    bucket: str                  # shape bucket, e.g. "b8" or "b1-16"
+    dtype: str                   # "bf16", "fp16", "fp32"
+    arch: str                    # "sm90", or "cpu" for the interpreter backend
+    backend: str                 # "triton", "cuda", "torch"
+    versions: tuple[tuple[str, str], ...]
+    label: str                   # readable directory prefix only
+
+    def __post_init__(self):
+        # Accept lists (as JSON gives them) but store the hashable, canonical tuple form.
+        vs = tuple((str(n), str(v)) for n, v in self.versions)
+        object.__setattr__(self, "versions", vs)
+        for f in ("program_digest", "bucket", "dtype", "arch", "backend"):
+            if not isinstance(getattr(self, f), str) or not getattr(self, f):
+                raise ValueError(f"CacheKey.{f} must be a non-empty string")
+
+    def fields(self) -> dict:
+        """The key as a JSON-ready dict (meta.json stores it; `from_fields` reads it back)."""
+        return {
+            "program_digest": self.program_digest, "bucket": self.bucket, "dtype": self.dtype,
+            "arch": self.arch, "backend": self.backend,
+            "versions": [list(p) for p in self.versions], "label": self.label,
+        }
+
+    @classmethod
+    def from_fields(cls, d: dict) -> "CacheKey":
+        if not isinstance(d, dict) or set(d) != set(cls.__dataclass_fields__):
+            raise ValueError(f"key fields malformed: {d!r}")
+        vs = d["versions"]
+        if not isinstance(vs, list) or not all(isinstance(p, list) and len(p) == 2 for p in vs):
+            raise ValueError(f"key versions malformed: {vs!r}")
+        return cls(**{**d, "versions": tuple(tuple(p) for p in vs)})
+
+    def digest(self) -> str:
+        """Full sha256 hex of the canonical JSON of every field but the label."""
+        d = self.fields()
+        del d["label"]
+        blob = json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
+        return hashlib.sha256(blob).hexdigest()
+
+    def dirname(self) -> str:
+        label = _LABEL_BAD.sub("_", self.label)[:_LABEL_MAX].strip(".") or "kernel"
+        return f"{label}-{self.digest()[:8]}"
+
+    def for_shipped(self) -> "CacheKey":
+        """The key of this kernel's binary-free entry: versions cut to those text depends on."""
+        vs = tuple(p for p in self.versions if p[0] in TEXT_VERSIONS)
+        return CacheKey(self.program_digest, self.bucket, self.dtype, self.arch, self.backend,
+                        vs, self.label)

@@ -1,0 +1,359 @@
+"""The kernel cache store: a writable user cache layered over the read-only shipped cache.
+
+Lookup order: entries computed in memory this process (read-only caches) → the user cache
+(argument > MIRAGE_SERVE_CACHE_DIR > ~/.cache/mirage_serve) → the shipped ``kernels_cache/``
+package data (μGraph text and sources only, keyed without toolchain versions: see
+`CacheKey.for_shipped`; a hit there has no binary, so the caller compiles and may `put`).
+
+Writes are atomic: an entry is written into a private directory under ``.tmp/`` and renamed into
+place with one ``rename(2)``, so readers see a whole entry or none, and a writer killed mid-way
+leaves only a private temp directory. A bad entry (hash mismatch, malformed JSON, edited metadata,
+other versions) is never loaded: `get` warns and misses, and the next `put` moves it to ``.trash/``
+and installs the fresh one. `lock(key)` is an advisory ``flock`` so that concurrent processes
+patching the same model compute each kernel once; correctness never depends on it.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import re
+import shutil
+import tempfile
+import threading
+import time
+import warnings
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Iterator
+
+from .. import knobs
+from .entry import BadEntry, CacheEntry, read_entry, read_key, read_meta, write_entry
+from .key import CacheKey
+
+ENTRY_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*-[0-9a-f]{8}$")
+_CACHEDIR_TAG = "Signature: 8a477f597d28d172789f06886806bc55\n# mirage_serve kernel cache\n"
+
+
+class CacheWarning(UserWarning):
+    """A cache entry was rejected, or a result could not be saved."""
+
+
+def default_cache_dir(cache_dir: str | os.PathLike | None = None) -> Path:
+    """The user cache directory: `cache_dir` > MIRAGE_SERVE_CACHE_DIR > ~/.cache/mirage_serve."""
+    if cache_dir is not None and str(cache_dir) != "":
+        return Path(cache_dir).expanduser().absolute()
+    env = knobs.CACHE_DIR.get()
+    if env is not None:
+        return env.absolute()
+    return Path.home() / ".cache" / "mirage_serve"
+
+
+def shipped_cache_dir() -> Path | None:
+    """The `mirage_serve.kernels_cache` package folder, or None if it is not a plain directory."""
+    from importlib import resources
+
+    try:
+        p = Path(str(resources.files("mirage_serve.kernels_cache")))
+    except ModuleNotFoundError:
+        return None
+    return p if p.is_dir() else None
+
+
+@dataclass
+class EntryInfo:
+    """One row of `ls` / `verify`."""
+
+    layer: str                    # "user" or "shipped"
+    path: Path
+    key: CacheKey | None          # None when meta.json itself is unreadable
+    files: dict[str, int]         # name -> bytes, as found on disk
+    binaries: tuple[str, ...]     # files meta.json lists as compiled binaries
+    created: str | None
+    ok: bool
+    reason: str = ""              # why the entry is bad ("" when ok)
+
+
+@dataclass
+class CacheStats:
+    """What this cache object did; `patch` copies it into its report."""
+
+    hits: dict[str, int] = field(default_factory=lambda: {"memory": 0, "user": 0, "shipped": 0})
+    misses: int = 0
+    puts: int = 0
+    rejected: list[tuple[str, str]] = field(default_factory=list)   # (path, reason)
+    unsaved: list[str] = field(default_factory=list)               # dirnames kept in memory only
+
+    def summary(self) -> str:
+        h = self.hits
+        s = (f"hits user {h['user']}, shipped {h['shipped']}, memory {h['memory']}; "
+             f"misses {self.misses}; written {self.puts}")
+        if self.rejected:
+            s += f"; rejected {len(self.rejected)}"
+        if self.unsaved:
+            s += f"; {len(self.unsaved)} computed in memory only (cache is read-only)"
+        return s
+
+
+class KernelCache:
+    """User cache over shipped cache. `shipped_dir`: None → the package's kernels_cache/, False → none.
+    `read_only`: None → MIRAGE_SERVE_CACHE_READ_ONLY, else probe whether `cache_dir` is writable."""
+
+    def __init__(self, cache_dir=None, shipped_dir=None, read_only: bool | None = None):
+        self.root = default_cache_dir(cache_dir)
+        if shipped_dir is False:
+            self.shipped = None
+        elif shipped_dir is None:
+            self.shipped = shipped_cache_dir()
+        else:
+            self.shipped = Path(shipped_dir)
+        self.stats = CacheStats()
+        self._memory: dict[str, tuple[CacheKey, CacheEntry]] = {}
+        self._thread_locks: dict[str, threading.Lock] = {}
+        if read_only is None:
+            read_only = knobs.CACHE_READ_ONLY.get() or not self._probe_writable()
+        self.read_only = bool(read_only)
+
+    def __repr__(self) -> str:
+        return (f"KernelCache({str(self.root)!r}, shipped={str(self.shipped)!r}, "
+                f"read_only={self.read_only})")
+
+    # ------------------------------------------------------------ set-up
+
+    def _probe_writable(self) -> bool:
+        # os.access is wrong for root and for some mounts; creating a file is the real test.
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            fd, probe = tempfile.mkstemp(dir=self.root, prefix=".probe.")
+            os.close(fd)
+            os.unlink(probe)
+        except OSError:
+            return False
+        tag = self.root / "CACHEDIR.TAG"   # tells backup tools to skip this directory
+        if not tag.exists():
+            with contextlib.suppress(OSError):
+                tag.write_text(_CACHEDIR_TAG)
+        return True
+
+    def private_dir(self, name: str) -> Path:
+        """`root/name` (created): .tmp, .locks, .trash; never looks like an entry."""
+        p = self.root / name
+        p.mkdir(parents=True, exist_ok=True)
+        return p
+
+    # ------------------------------------------------------------ lookup
+
+    def get(self, key: CacheKey) -> CacheEntry | None:
+        """The entry for `key` from the first layer that has a good one, else None (a miss)."""
+        mem = self._memory.get(key.digest())
+        if mem is not None and mem[0] == key:
+            self.stats.hits["memory"] += 1
+            return replace(mem[1], origin="memory")
+        found = self._load(self.root / key.dirname(), key, "user")
+        if found is None and self.shipped is not None:
+            sk = key.for_shipped()
+            found = self._load(self.shipped / sk.dirname(), sk, "shipped")
+            if found is not None:
+                # Shipped binaries, if any slipped in, were built by an unknown toolchain.
+                found = replace(found, binaries={})
+        if found is None:
+            self.stats.misses += 1
+        return found
+
+    def _load(self, path: Path, key: CacheKey, layer: str) -> CacheEntry | None:
+        if not path.exists():
+            return None
+        try:
+            _, entry = read_entry(path, key)
+        except (BadEntry, OSError) as e:
+            self._reject(path, str(e))
+            return None
+        self.stats.hits[layer] += 1
+        return replace(entry, origin=layer)
+
+    def _reject(self, path: Path, reason: str) -> None:
+        self.stats.rejected.append((str(path), reason))
+        warnings.warn(f"mirage_serve cache: ignoring bad entry {path}: {reason}; it will be rebuilt",
+                      CacheWarning, stacklevel=4)
+
+    # ------------------------------------------------------------ store
+
+    def put(self, key: CacheKey, entry: CacheEntry) -> Path | None:
+        """Install `entry` atomically and return its directory; None if the cache is read-only
+        (the entry is then kept in memory for this process and listed in `stats.unsaved`)."""
+        if not self.read_only:
+            try:
+                tmp = Path(tempfile.mkdtemp(dir=self.private_dir(".tmp"),
+                                            prefix=f"{key.dirname()}.{os.getpid()}."))
+            except OSError as e:
+                warnings.warn(f"mirage_serve cache: {self.root} is not writable ({e}); "
+                              "keeping results in memory", CacheWarning, stacklevel=2)
+                self.read_only = True
+        if self.read_only:
+            self._memory[key.digest()] = (key, replace(entry, origin="memory"))
+            self.stats.unsaved.append(key.dirname())
+            return None
+        try:
+            write_entry(tmp, key, entry)
+            final, _ = install_entry(self.root, tmp, key)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+        self.stats.puts += 1
+        return final
+
+    @contextlib.contextmanager
+    def lock(self, key: CacheKey, timeout: float | None = None) -> Iterator[None]:
+        """Hold the cross-process lock for `key` (blocks; TimeoutError after `timeout` seconds).
+
+        With a read-only cache the lock is only per process: other processes could not share
+        the result anyway."""
+        if self.read_only:
+            tl = self._thread_locks.setdefault(key.digest(), threading.Lock())
+            if not tl.acquire(timeout=-1 if timeout is None else timeout):
+                raise TimeoutError(f"cache lock for {key.dirname()} not acquired in {timeout} s")
+            try:
+                yield
+            finally:
+                tl.release()
+            return
+        path = self.private_dir(".locks") / f"{key.dirname()}.lock"
+        # Lock files are never deleted: deleting one while another process waits on it would
+        # let a third process lock a fresh file and run concurrently with the waiter.
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            _flock(fd, timeout, key)
+            try:
+                yield
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
+    # ------------------------------------------------------------ maintenance
+
+    def _entry_dirs(self, layer: str) -> list[Path]:
+        base = self.root if layer == "user" else self.shipped
+        if base is None or not base.is_dir():
+            return []
+        return sorted(p for p in base.iterdir() if p.is_dir() and ENTRY_NAME.match(p.name))
+
+    def _info(self, path: Path, layer: str, full: bool) -> EntryInfo:
+        files = {p.name: p.stat().st_size for p in path.iterdir() if p.is_file()}
+        key, created, binaries = None, None, ()
+        try:
+            doc = read_meta(path)
+            key = read_key(path, doc)
+            meta = doc.get("meta")
+            created = meta.get("created") if isinstance(meta, dict) else None
+            listed = doc.get("files") if isinstance(doc.get("files"), dict) else {}
+            binaries = tuple(n for n, i in listed.items()
+                             if isinstance(i, dict) and i.get("kind") == "binary")
+            if full:
+                read_entry(path, key)
+        except (BadEntry, OSError) as e:
+            return EntryInfo(layer, path, key, files, binaries, created, False, str(e))
+        return EntryInfo(layer, path, key, files, binaries, created, True)
+
+    def ls(self, layers: tuple[str, ...] = ("user", "shipped")) -> list[EntryInfo]:
+        """Entries of the given layers, checking only meta.json (fast); `verify` checks files."""
+        return [self._info(p, layer, full=False) for layer in layers for p in self._entry_dirs(layer)]
+
+    def verify(self, layers: tuple[str, ...] = ("user", "shipped"), remove: bool = False
+               ) -> list[EntryInfo]:
+        """Fully check every entry (hashes of every file). `remove`: delete bad user entries."""
+        out = [self._info(p, layer, full=True) for layer in layers for p in self._entry_dirs(layer)]
+        if remove:
+            self._require_writable("verify --remove")
+            for info in out:
+                if not info.ok and info.layer == "user":
+                    discard_entry(self.root, info.path)
+        return out
+
+    def clear(self) -> int:
+        """Delete every user-cache entry (and stale temp directories); returns how many entries.
+        The shipped cache is never touched. Only directories named like entries are removed."""
+        self._require_writable("clear")
+        entries = self._entry_dirs("user")
+        for p in entries:
+            discard_entry(self.root, p)
+        for private in (".tmp", ".trash"):
+            shutil.rmtree(self.root / private, ignore_errors=True)
+        self._memory.clear()
+        return len(entries)
+
+    def _require_writable(self, what: str) -> None:
+        if self.read_only:
+            raise PermissionError(f"cannot {what}: cache directory {self.root} is read-only")
+
+    def memory_entries(self) -> list[tuple[CacheKey, CacheEntry]]:
+        """Entries computed this process but not saved (read-only cache)."""
+        return list(self._memory.values())
+
+    def export(self, path) -> int:
+        from .archive import export_cache
+        return export_cache(self, Path(path))
+
+    def import_(self, path) -> int:
+        from .archive import import_cache
+        return import_cache(self, Path(path))
+
+    def export_shipped(self, dest) -> int:
+        """Copy good entries, binary-free and keyed for shipping, into `dest` (kernels_cache/)."""
+        from .archive import export_shipped
+        return export_shipped(self, Path(dest))
+
+
+def install_entry(root: Path, tmp: Path, key: CacheKey) -> tuple[Path, bool]:
+    """Rename the fully written entry directory `tmp` into `root` as `key`'s entry.
+
+    Returns (entry path, whether `tmp` was installed). If a good entry is already there (a
+    concurrent writer won), it is kept and `tmp` is left for the caller to delete: the first
+    complete entry wins. A bad one is moved aside first, then replaced."""
+    final = root / key.dirname()
+    for _ in range(8):
+        try:
+            os.rename(tmp, final)
+            return final, True
+        except OSError as e:
+            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+        try:
+            read_entry(final, key)
+            return final, False
+        except BadEntry:
+            discard_entry(root, final)
+        except FileNotFoundError:
+            continue   # another process moved it away between our rename and our read
+    raise OSError(f"could not install cache entry {final}: it keeps changing under us")
+
+
+def discard_entry(root: Path, path: Path) -> None:
+    """Remove an entry directory: rename it out of sight (atomic) first, then delete it, so no
+    reader ever sees a half-deleted entry."""
+    trash_dir = root / ".trash"
+    trash_dir.mkdir(exist_ok=True)
+    trash = trash_dir / f"{path.name}.{os.getpid()}.{time.monotonic_ns()}"
+    try:
+        os.rename(path, trash)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(trash, ignore_errors=True)
+    with contextlib.suppress(OSError):   # still in use by a concurrent discard
+        trash_dir.rmdir()
+
+
+def _flock(fd: int, timeout: float | None, key: CacheKey) -> None:
+    if timeout is None:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"cache lock for {key.dirname()} not acquired in {timeout} s")
+            time.sleep(0.05)

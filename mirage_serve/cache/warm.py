@@ -1,0 +1,147 @@
+"""`mirage-serve warm`'s back end: fill a kernel cache for a model ahead of time (deployment images).
+
+Builds the model's architecture with random weights (weights never affect which kernel wins:
+search, verification and profiling depend on shapes and dtypes only), then runs the ordinary
+``mirage_serve.patch`` machinery on it with the cache directory and batch buckets given, so every
+site is searched, verified, compiled, profiled and written to the cache exactly as a user's first
+``patch`` would. The model is thrown away afterwards.
+"""
+from __future__ import annotations
+
+import inspect
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from .store import KernelCache, default_cache_dir
+
+DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16)
+TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+# progress(message, done, total): called before each stage and, when patch() supports it, per site.
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass
+class WarmResult:
+    model: str
+    dtype: str
+    batch_sizes: tuple[int, ...]
+    cache_dir: Path
+    seconds: float
+    entries_before: int
+    entries_after: int
+    report: Any                    # the PatchReport patch() returned
+
+    def summary(self) -> str:
+        return (f"warmed {self.model} ({self.dtype}, batch {','.join(map(str, self.batch_sizes))}) "
+                f"in {self.seconds:.1f} s: {self.entries_after - self.entries_before} new entries, "
+                f"{self.entries_after} in {self.cache_dir}")
+
+
+def resolve_config(model_name_or_config) -> tuple[str, Any]:
+    """(display name, transformers config) for a registry name, a config.json path (file or
+    folder), a dict of config facts (optionally wrapped as a registry entry), or a config object."""
+    from .. import registry
+
+    m = model_name_or_config
+    if isinstance(m, Mapping):
+        facts = m.get("config", m)
+        return str(m.get("name", facts.get("model_type", "model"))), registry.hf_config(facts)
+    if isinstance(m, (str, Path)):
+        p = Path(m).expanduser()
+        if p.is_dir():
+            p = p / "config.json"
+        if p.suffix == ".json" and p.is_file():
+            name, cfg = resolve_config(json.loads(p.read_text()))
+            return (p.parent.name if name == cfg.model_type else name), cfg
+        entry = registry.get(str(m))      # UnknownModelError lists the closest names
+        return entry.name, registry.hf_config(entry.config)
+    if hasattr(m, "model_type") and hasattr(m, "to_dict"):
+        return str(getattr(m, "name_or_path", "") or m.model_type), m
+    raise TypeError(f"warm_model: cannot make a model config from {type(m).__name__}")
+
+
+def build_model(config, dtype: str, device=None):
+    """The architecture with random weights N(0, 0.02), eval mode, on `device` (CUDA if present)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if dtype not in TORCH_DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(TORCH_DTYPES)}, got {dtype!r}")
+    tdtype = getattr(torch, TORCH_DTYPES[dtype])
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=tdtype)
+    # from_config under a device context may leave memory uninitialised (DESIGN.md); the numeric
+    # checks inside patch() need finite weights.
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.02)
+    return model.eval()
+
+
+def _call_patch(model, *, backend, cache_dir, batch_sizes, progress):
+    try:
+        from .. import patch
+    except ImportError as e:
+        raise RuntimeError("mirage_serve.patch is not available in this installation; "
+                           f"warm needs it ({e})") from e
+    if inspect.ismodule(patch):    # the submodule mirage_serve/patch.py, not the function
+        patch = patch.patch
+    kwargs = {"cache_dir": cache_dir, "batch_sizes": batch_sizes}
+    if backend is not None:
+        kwargs["backend"] = backend
+    params = inspect.signature(patch).parameters
+    if progress is not None and "progress" in params:
+        kwargs["progress"] = progress
+    return patch(model, **kwargs)
+
+
+def _count(cache_dir: Path) -> int:
+    return sum(i.ok for i in KernelCache(cache_dir, shipped_dir=False, read_only=True).ls(("user",)))
+
+
+def warm_model(model_name_or_config, batch_sizes=DEFAULT_BATCH_SIZES, dtype: str = "bf16",
+               cache_dir=None, progress: Progress | None = None, *, backend: str | None = None,
+               device=None, num_layers: int | None = None) -> WarmResult:
+    """Search, verify, compile and profile every site of a model into `cache_dir` ahead of time.
+
+    `num_layers` builds fewer decoder layers (every layer of a family has the same shapes, so
+    the same cache keys); None keeps the model's own count."""
+    batch_sizes = tuple(sorted({int(b) for b in batch_sizes}))
+    if not batch_sizes or batch_sizes[0] < 1:
+        raise ValueError(f"batch sizes must be positive, got {batch_sizes}")
+    cache_dir = default_cache_dir(cache_dir)
+    note = progress or (lambda msg, done, total: None)
+    t0 = time.perf_counter()
+
+    note("resolving config", 0, 3)
+    name, config = resolve_config(model_name_or_config)
+    if num_layers is not None:
+        config.num_hidden_layers = int(num_layers)
+        if getattr(config, "layer_types", None):    # per-layer attention kinds must match count
+            config.layer_types = config.layer_types[:int(num_layers)]
+    before = _count(cache_dir)
+    note(f"building {name} with random weights", 1, 3)
+    model = build_model(config, dtype, device)
+    note(f"patching {name}: search, verify, compile, profile", 2, 3)
+    try:
+        report = _call_patch(model, backend=backend, cache_dir=cache_dir,
+                             batch_sizes=batch_sizes, progress=progress)
+    finally:
+        del model
+        _free_device_memory()
+    result = WarmResult(name, dtype, batch_sizes, cache_dir, time.perf_counter() - t0,
+                        before, _count(cache_dir), report)
+    note(result.summary(), 3, 3)
+    return result
+
+
+def _free_device_memory() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

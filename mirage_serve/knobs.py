@@ -1,0 +1,79 @@
+"""Every environment variable mirage_serve reads, declared once, read nowhere else.
+
+Each knob is a `Knob` in the module-level table `KNOBS`; code reads one with its typed accessor
+(`CACHE_DIR.get()`), never with ``os.environ``. To add a variable, declare a `Knob` below with its
+parser and a one-line doc; `describe()` lists them all (the CLI prints it, docs quote it).
+
+Values are read at call time, not import time, so tests (and a process that sets a variable before
+calling ``patch``) see the current environment.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Generic, TypeVar
+
+T = TypeVar("T")
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def parse_bool(s: str) -> bool:
+    v = s.strip().lower()
+    if v in _TRUE:
+        return True
+    if v in _FALSE:
+        return False
+    raise ValueError(f"expected one of {sorted(_TRUE | _FALSE)}, got {s!r}")
+
+
+def parse_path(s: str) -> Path:
+    return Path(s).expanduser()
+
+
+@dataclass(frozen=True)
+class Knob(Generic[T]):
+    """One environment variable: its name, parser, value when unset, and what it does."""
+
+    name: str
+    parse: Callable[[str], T]
+    default: T
+    doc: str
+
+    def raw(self) -> str | None:
+        return os.environ.get(self.name)
+
+    def is_set(self) -> bool:
+        # An empty string counts as unset: `FOO= cmd` is how shells clear a variable for one command.
+        return bool(self.raw())
+
+    def get(self) -> T:
+        raw = self.raw()
+        if not raw:
+            return self.default
+        try:
+            return self.parse(raw)
+        except ValueError as e:
+            raise ValueError(f"environment variable {self.name}={raw!r} is invalid: {e}") from None
+
+
+CACHE_DIR: Knob[Path | None] = Knob(
+    "MIRAGE_SERVE_CACHE_DIR", parse_path, None,
+    "user kernel cache directory (default ~/.cache/mirage_serve); an argument overrides it")
+
+CACHE_READ_ONLY: Knob[bool] = Knob(
+    "MIRAGE_SERVE_CACHE_READ_ONLY", parse_bool, False,
+    "treat the user cache as read-only: misses are compiled in memory and reported, never written")
+
+KNOBS: tuple[Knob, ...] = (CACHE_DIR, CACHE_READ_ONLY)
+
+
+def describe() -> str:
+    """One line per knob: name, current value (or 'unset'), doc."""
+    lines = []
+    for k in KNOBS:
+        now = k.raw() if k.is_set() else "unset"
+        lines.append(f"{k.name} = {now}  # {k.doc}")
+    return "\n".join(lines)
