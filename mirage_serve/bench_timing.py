@@ -1,0 +1,122 @@
+"""Timing for `bench`: decode-step time from generate(), copy bandwidth, and a stderr progress bar.
+
+Decode-step time = (time for N new tokens − time for 1) ÷ (N − 1), with `min_new_tokens` fixing the
+length, so prefill and per-call overheads cancel (BENCHMARKS.md §3). Each length is run once untimed
+first: torch.compile (static-cache baseline) compiles per cache length, and that must not be timed.
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+
+class Progress:
+    """A one-line progress bar on stderr (redrawn in place on a terminal, one line per step otherwise)."""
+
+    def __init__(self, label: str, total: int, stream=None, width: int = 24):
+        self.label, self.total, self.width = label, max(total, 1), width
+        self.stream = stream or sys.stderr
+        self.done = 0
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.t0 = time.perf_counter()
+
+    def step(self, what: str = "") -> None:
+        self.done = min(self.done + 1, self.total)
+        filled = self.width * self.done // self.total
+        bar = "#" * filled + "-" * (self.width - filled)
+        line = (f"{self.label} [{bar}] {self.done}/{self.total} {what} "
+                f"({time.perf_counter() - self.t0:.1f}s)")
+        if self.tty:
+            self.stream.write("\r" + line.ljust(100) + ("\n" if self.done == self.total else ""))
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+
+def synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def copy_bandwidth(device: str, nbytes: int = 1 << 30, iters: int = 20) -> float | None:
+    """Device-to-device copy bandwidth in bytes/s (bytes read + written ÷ time), median of `iters`.
+
+    None off GPU: a CPU memcpy says nothing about the GPU floor the table compares against.
+    """
+    if not device.startswith("cuda"):
+        return None
+    import torch
+
+    n = nbytes // 2
+    src = torch.randn(n, device=device, dtype=torch.float32).to(torch.bfloat16)  # never time zeros
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    del src, dst
+    return 2 * n * 2 / statistics.median(times)
+
+
+def generate(model, ids, new_tokens: int, cache: str):
+    """Greedy generate of exactly `new_tokens` tokens; returns only the new ids [B, new_tokens]."""
+    import torch
+
+    kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                  attention_mask=torch.ones_like(ids), pad_token_id=0,
+                  temperature=None, top_p=None, top_k=None)
+    if cache == "static":
+        kwargs["cache_implementation"] = "static"
+    with torch.inference_mode():
+        out = model.generate(ids, **kwargs)
+    return out[:, ids.shape[1]:]
+
+
+def _timed(model, ids, n: int, cache: str, device: str) -> tuple[float, object]:
+    synchronize(device)
+    t0 = time.perf_counter()
+    out = generate(model, ids, n, cache)
+    synchronize(device)
+    return time.perf_counter() - t0, out
+
+
+def decode_step_time(model, ids, new_tokens: int, cache: str, device: str, repeats: int,
+                     progress: Progress | None = None):
+    """(seconds per decode step, new token ids [B, new_tokens]) — median over `repeats`."""
+    _timed(model, ids, new_tokens, cache, device)  # warm-up (and compile) at both lengths
+    _timed(model, ids, 1, cache, device)
+    if progress:
+        progress.step("warm-up")
+    longs, shorts, tokens = [], [], None
+    for _ in range(repeats):
+        t_long, tokens = _timed(model, ids, new_tokens, cache, device)
+        t_short, _ = _timed(model, ids, 1, cache, device)
+        longs.append(t_long)
+        shorts.append(t_short)
+        if progress:
+            progress.step("timed")
+    step = (statistics.median(longs) - statistics.median(shorts)) / max(new_tokens - 1, 1)
+    return max(step, 0.0), tokens
+
+
+def first_divergence(ref, got) -> dict | None:
+    """The first decode step where any row differs, as {"step", "row"}; None when identical.
+
+    ref, got: [B, N] token ids of the same prompts.
+    """
+    diff = (ref != got)
+    if not bool(diff.any()):
+        return None
+    steps = diff.any(dim=0).nonzero()
+    step = int(steps[0])
+    row = int(diff[:, step].nonzero()[0])
+    return {"step": step, "row": row, "expected": int(ref[row, step]), "got": int(got[row, step])}
