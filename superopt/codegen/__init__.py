@@ -1,0 +1,1 @@
+"""Code generation: render μGraphs to GPU kernels (Triton in triton*.py, CUDA C++ in cuda*.py)."""
