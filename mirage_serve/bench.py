@@ -1,0 +1,221 @@
+"""`mirage-serve bench`: end-to-end decode speed of a patched model against HF baselines, same process.
+
+Order of work (so every number comes from one process and one set of weights):
+  1. load the model (random weights for registry names), measure copy bandwidth (GPU);
+  2. per batch: time each baseline on the unpatched model — `eager` (HF dynamic cache) is always run,
+     its greedy tokens are the correctness reference; `static-compile` is HF's static cache with its
+     automatic torch.compile;
+  3. patch() once (timed), time ours per batch with plain generate() (the patch owns caches and graphs),
+     compare its greedy tokens with eager's, unpatch().
+Decode-step time, floor and units: see bench_timing and registry.decode_bytes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import platform
+import sys
+import time
+from typing import Any
+
+from . import registry
+from .bench_load import LoadedModel
+from .bench_timing import Progress, copy_bandwidth, decode_step_time, first_divergence, generate
+
+SCHEMA = "mirage-serve.bench/1"
+BASELINES = {"eager": "dynamic", "static-compile": "static"}  # run name -> generate() cache mode
+
+
+class BenchOOM(RuntimeError):
+    """The GPU ran out of memory at `batch`; `largest_fit` is the largest batch that did fit (or None)."""
+
+    def __init__(self, batch: int, largest_fit: int | None):
+        self.batch, self.largest_fit = batch, largest_fit
+        fit = f"the largest batch that fits is {largest_fit}" if largest_fit else "not even batch 1 fits"
+        super().__init__(f"out of GPU memory at batch {batch}; {fit} (try --batch {largest_fit or 1} "
+                         "or --layers N)")
+
+
+@dataclasses.dataclass
+class BenchOptions:
+    model: str | None
+    batches: list[int]
+    prompt_len: int
+    new_tokens: int
+    dtype: str
+    baselines: list[str]
+    backend: str
+    device: str
+    layers: int | None = None
+    overrides: dict = dataclasses.field(default_factory=dict)
+    repeats: int = 3
+    seed: int = 0
+
+
+def patch_api():
+    """(patch, unpatch) from mirage_serve, or an ImportError saying what is missing."""
+    import importlib
+    import inspect
+
+    import mirage_serve
+
+    patch, unpatch = getattr(mirage_serve, "patch", None), getattr(mirage_serve, "unpatch", None)
+    if not callable(patch) or not callable(unpatch):  # not re-exported yet: the submodule has them
+        try:
+            mod = importlib.import_module("mirage_serve.patch")
+        except ImportError as err:
+            raise ImportError(f"mirage_serve.patch is not available in this build ({err})") from err
+        patch, unpatch = getattr(mod, "patch", None), getattr(mod, "unpatch", None)
+    if inspect.ismodule(patch) or not callable(patch) or not callable(unpatch):
+        raise ImportError("mirage_serve.patch / unpatch are not functions in this build")
+    return patch, unpatch
+
+
+def _prompt(batch: int, length: int, vocab: int, seed: int, device: str):
+    """Random prompt ids [batch, length], the same for every run at this batch size."""
+    import torch
+
+    gen = torch.Generator(device="cpu").manual_seed(seed + batch)
+    return torch.randint(3, vocab, (batch, length), generator=gen).to(device)
+
+
+def _is_oom(err: BaseException) -> bool:
+    import torch
+
+    return isinstance(err, torch.cuda.OutOfMemoryError)
+
+
+def _largest_fit(model, opts: BenchOptions, failed: int, done: list[int]) -> int | None:
+    """Largest batch known to fit: the largest one finished, else halve until a 2-token generate fits."""
+    import torch
+
+    if done:
+        return max(done)
+    b = failed // 2
+    while b >= 1:
+        torch.cuda.empty_cache()
+        try:
+            generate(model, _prompt(b, opts.prompt_len, model.config.vocab_size, opts.seed, opts.device),
+                     2, "dynamic")
+            return b
+        except torch.cuda.OutOfMemoryError:
+            b //= 2
+    return None
+
+
+def _measure(lm: LoadedModel, opts: BenchOptions, run: str, cache: str, prog: Progress, done: list[int]):
+    """{batch: (seconds per step, tokens [B, N])} for one run over all batch sizes."""
+    out = {}
+    for b in opts.batches:
+        ids = _prompt(b, opts.prompt_len, lm.model.config.vocab_size, opts.seed, opts.device)
+        try:
+            out[b] = decode_step_time(lm.model, ids, opts.new_tokens, cache, opts.device, opts.repeats, prog)
+        except Exception as err:
+            if not _is_oom(err):
+                raise
+            import torch
+
+            del err
+            torch.cuda.empty_cache()
+            raise BenchOOM(b, _largest_fit(lm.model, opts, b, done)) from None
+        if b not in done:
+            done.append(b)
+    return out
+
+
+def environment(device: str) -> dict:
+    import torch
+    import transformers
+
+    env = {"python": platform.python_version(), "torch": torch.__version__,
+           "transformers": transformers.__version__, "device": device,
+           "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+           "command": "mirage-serve " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("mirage-serve")
+           else None}
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except ImportError:
+        env["triton"] = None
+    env["device_name"] = torch.cuda.get_device_name() if device.startswith("cuda") else platform.processor() \
+        or platform.machine()
+    return env
+
+
+def run(lm: LoadedModel, opts: BenchOptions) -> dict[str, Any]:
+    """Measure everything and return the result record (the --json document; see SCHEMA)."""
+    import torch
+
+    torch.manual_seed(opts.seed)
+    facts = lm.facts
+    result: dict[str, Any] = {
+        "schema": SCHEMA,
+        "model": {"spec": opts.model, "name": lm.name, "source": lm.source, "random_weights": lm.random_weights,
+                  "model_type": facts.get("model_type"), "num_hidden_layers": facts.get("num_hidden_layers"),
+                  "params": registry.param_count(facts), "decode_bytes": registry.decode_bytes(facts, opts.dtype)},
+        "settings": {k: getattr(opts, k) for k in ("batches", "prompt_len", "new_tokens", "dtype", "baselines",
+                                                  "backend", "device", "repeats", "seed")},
+        "environment": environment(opts.device),
+        "notes": [],
+    }
+    bw = copy_bandwidth(opts.device)
+    result["copy_bandwidth_GBps"] = bw / 1e9 if bw else None
+    result["floor_ms"] = result["model"]["decode_bytes"] / bw * 1e3 if bw else None
+    runs = ["eager"] + [b for b in opts.baselines if b != "eager"]
+    steps_per_run = len(opts.batches) * (1 + opts.repeats)
+    prog = Progress("bench", steps_per_run * (len(runs) + 1))
+    done: list[int] = []
+    measured: dict[str, dict] = {}
+    for name in runs:
+        measured[name] = _measure(lm, opts, name, BASELINES[name], prog, done)
+    result["patch"] = _patch_and_measure(lm, opts, measured, prog, done)
+    result["rows"] = _rows(opts, measured, result["floor_ms"])
+    result["correctness"] = _correctness(opts, measured)
+    return result
+
+
+def _patch_and_measure(lm: LoadedModel, opts: BenchOptions, measured: dict, prog: Progress, done: list[int]):
+    try:
+        patch, unpatch = patch_api()
+    except ImportError as err:
+        return {"available": False, "seconds": None, "report": None, "error": str(err)}
+    t0 = time.perf_counter()
+    report = patch(lm.model, backend=opts.backend, batch_sizes=tuple(opts.batches))
+    seconds = time.perf_counter() - t0
+    try:
+        measured["ours"] = _measure(lm, opts, "ours", "default", prog, done)
+    finally:
+        unpatch(lm.model)
+    return {"available": True, "seconds": seconds, "report": str(report), "error": None}
+
+
+def _rows(opts: BenchOptions, measured: dict, floor_ms: float | None) -> list[dict]:
+    rows = []
+    order = (["ours"] if "ours" in measured else []) + [r for r in measured if r != "ours"]
+    for b in opts.batches:
+        for name in order:
+            if name != "ours" and name not in opts.baselines:
+                continue  # eager ran only as the correctness reference
+            sec = measured[name][b][0]
+            ms = sec * 1e3
+            row = {"batch": b, "run": name, "ms_per_step": ms, "tok_per_s": b / sec if sec > 0 else None,
+                   "pct_of_floor": 100 * floor_ms / ms if floor_ms and ms > 0 else None, "speedup": {}}
+            if name == "ours":
+                for base in opts.baselines:
+                    base_ms = measured[base][b][0] * 1e3
+                    row["speedup"][base] = base_ms / ms if ms > 0 else None
+            rows.append(row)
+    return rows
+
+
+def _correctness(opts: BenchOptions, measured: dict) -> dict:
+    if "ours" not in measured:
+        return {"reference": "eager", "checked": False, "identical": None, "steps": opts.new_tokens,
+                "first_divergence": None}
+    per_batch = {}
+    for b in opts.batches:
+        per_batch[b] = first_divergence(measured["eager"][b][1].cpu(), measured["ours"][b][1].cpu())
+    first = next(({"batch": b, **d} for b, d in per_batch.items() if d is not None), None)
+    return {"reference": "eager", "checked": True, "identical": first is None, "steps": opts.new_tokens,
+            "first_divergence": first}

@@ -1,0 +1,155 @@
+"""`mirage-serve bench`: resolve defaults per device, run bench.run, print the table, write JSON / PNG.
+
+CPU defaults are chosen so the bare command (the README's "run the main job") finishes in a couple of
+minutes on 2 cores: fp32, batch 1, prompt 32, 8 new tokens, eager baseline only, one repetition.
+On CPU the speed columns are printed but flagged: they say nothing about GPU decode speed.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+from .cli import (EXIT_BAD_CHECKPOINT, EXIT_INCORRECT, EXIT_NO_GPU, EXIT_OK, EXIT_OOM, EXIT_UNAVAILABLE,
+                  CliError)
+
+GPU_DEFAULTS = dict(batch=[1, 8], prompt_len=128, new_tokens=256, dtype="bf16",
+                    baselines=["eager", "static-compile"], repeats=3)
+CPU_DEFAULTS = dict(batch=[1], prompt_len=32, new_tokens=8, dtype="fp32", baselines=["eager"], repeats=1)
+
+
+def _device(args) -> str:
+    import torch
+
+    has_gpu = torch.cuda.is_available()
+    if args.device == "cuda" and not has_gpu:
+        raise CliError("--device cuda needs a CUDA GPU and none is visible", EXIT_NO_GPU)
+    if args.backend == "triton" and (args.device == "cpu" or not has_gpu):
+        raise CliError("--backend triton needs a CUDA GPU and none is visible (use --backend torch)",
+                       EXIT_NO_GPU)
+    return "cuda" if (args.device == "auto" and has_gpu) or args.device == "cuda" else "cpu"
+
+
+def options(args):
+    """BenchOptions from parsed arguments, with per-device defaults for what was not given."""
+    from .bench import BenchOptions
+
+    device = _device(args)
+    d = GPU_DEFAULTS if device == "cuda" else CPU_DEFAULTS
+    pick = lambda value, key: d[key] if value is None else value  # noqa: E731
+    new_tokens = pick(args.new_tokens, "new_tokens")
+    if new_tokens < 2:
+        raise CliError("--new-tokens must be at least 2 (step time = (t(N) - t(1)) / (N - 1))", 2)
+    backend = args.backend
+    if backend == "auto" and device == "cpu":
+        backend = "torch"  # the exact torch executor: the only backend a CPU has
+    return BenchOptions(model=args.model, batches=pick(args.batch, "batch"),
+                        prompt_len=pick(args.prompt_len, "prompt_len"), new_tokens=new_tokens,
+                        dtype=pick(args.dtype, "dtype"), baselines=pick(args.baselines, "baselines"),
+                        backend=backend, device=device, layers=args.layers, overrides=dict(args.overrides),
+                        repeats=pick(args.repeats, "repeats"), seed=args.seed)
+
+
+def _load(opts):
+    from .bench_load import CheckpointError, HubUnavailableError, load
+
+    print(f"loading {opts.model or 'the embedded default model'} ...", file=sys.stderr, flush=True)
+    try:
+        return load(opts.model, dtype=opts.dtype, device=opts.device, layers=opts.layers,
+                    overrides=opts.overrides, seed=opts.seed)
+    except CheckpointError as err:
+        raise CliError(str(err), EXIT_BAD_CHECKPOINT) from None
+    except HubUnavailableError as err:
+        raise CliError(str(err), EXIT_UNAVAILABLE) from None
+    except Exception as err:
+        if type(err).__name__ == "OutOfMemoryError":
+            raise CliError(f"out of GPU memory while loading the model ({opts.dtype}); try --layers N",
+                           EXIT_OOM) from None
+        raise
+
+
+def _f(v, fmt: str, none: str = "-") -> str:
+    return none if v is None else format(v, fmt)
+
+
+def format_result(r: dict) -> str:
+    """The human-readable report of a result record."""
+    m, s, env = r["model"], r["settings"], r["environment"]
+    weights = "random weights (normal 0, 0.02)" if m["random_weights"] else "real weights"
+    lines = [
+        f"model       {m['name']}: {m['source']}",
+        f"            {m['model_type']}, {m['num_hidden_layers']} layers, {m['params'] / 1e6:.1f}M params, "
+        f"{weights}; {m['decode_bytes'] / 1e9:.3f} GB read per decode step ({s['dtype']})",
+        f"run         {s['dtype']} on {s['device']} ({env['device_name']}), prompt {s['prompt_len']}, "
+        f"{s['new_tokens']} new tokens, batch {','.join(map(str, s['batches']))}, backend {s['backend']}, "
+        f"median of {s['repeats']}",
+    ]
+    if r["copy_bandwidth_GBps"]:
+        lines.append(f"bandwidth   copy {r['copy_bandwidth_GBps']:.0f} GB/s (read + write, this run) -> "
+                     f"floor {r['floor_ms']:.3f} ms/step")
+    else:
+        lines.append("bandwidth   not measured on CPU (the floor is a GPU quantity)")
+    p = r["patch"]
+    lines.append(f"patch       {p['seconds']:.2f} s" if p["available"] else f"patch       not run: {p['error']}")
+    bases = s["baselines"]
+    head = f"{'batch':>5}  {'run':<15} {'ms/step':>9} {'tok/s':>9} {'% floor':>8}" + \
+        "".join(f" {'vs ' + b:>18}" for b in bases)
+    lines += ["", head, "-" * len(head)]
+    for row in r["rows"]:
+        lines.append(f"{row['batch']:>5}  {row['run']:<15} {row['ms_per_step']:>9.3f} "
+                     f"{_f(row['tok_per_s'], '.1f'):>9} {_f(row['pct_of_floor'], '.1f'):>8}" +
+                     "".join(f" {_f(row['speedup'].get(b), '.2f') + ('x' if row['speedup'].get(b) else ''):>18}"
+                             for b in bases))
+    lines += ["", "correctness " + correctness_line(r)]
+    lines += [f"note        {n}" for n in r["notes"]]
+    return "\n".join(lines)
+
+
+def correctness_line(r: dict) -> str:
+    c, s = r["correctness"], r["settings"]
+    if not c["checked"]:
+        return "not checked (patch() did not run)"
+    where = f"{s['new_tokens']} steps x batch {','.join(map(str, s['batches']))}"
+    if c["identical"]:
+        return f"OK: greedy tokens identical to eager for {where}"
+    d = c["first_divergence"]
+    return (f"FAILED: greedy tokens diverge from eager at step {d['step']} (batch {d['batch']}, row {d['row']}: "
+            f"expected {d['expected']}, got {d['got']}) within {where}")
+
+
+def cmd_bench(args) -> int:
+    from . import bench
+
+    opts = options(args)
+    lm = _load(opts)
+    try:
+        result = bench.run(lm, opts)
+    except bench.BenchOOM as err:
+        raise CliError(str(err), EXIT_OOM) from None
+    if lm.random_weights:
+        result["notes"].append("random weights: token ids are meaningless, only speed and agreement matter")
+    if opts.device == "cpu":
+        result["notes"].append(f"speed numbers need a GPU: on CPU this run checks correctness of the "
+                               f"{opts.backend} backend over {opts.new_tokens} new tokens; "
+                               "times above are CPU times")
+    if not result["patch"]["available"]:
+        result["notes"].append("ours was not measured: patch() is missing from this build")
+    elif result["patch"]["report"]:
+        print(result["patch"]["report"])
+        print()
+    print(format_result(result))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(result, fh, indent=2)
+            fh.write("\n")
+    if args.plot:
+        from .bench_plot import write_plot
+
+        runs = [r["run"] for r in result["rows"]]
+        series = {name: [next((row["tok_per_s"] for row in result["rows"]
+                               if row["run"] == name and row["batch"] == b), None) for b in opts.batches]
+                  for name in dict.fromkeys(runs)}
+        write_plot(args.plot, opts.batches, series,
+                   f"{result['model']['name']} {opts.dtype} {opts.device} tok/s")
+    if result["correctness"]["checked"] and not result["correctness"]["identical"]:
+        return EXIT_INCORRECT
+    return EXIT_OK
