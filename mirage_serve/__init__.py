@@ -1,2 +1,15 @@
 """mirage_serve: patch a Hugging Face decoder model with superoptimized kernels before generate()."""
 __version__ = "0.1.0"
+
+__all__ = ["PatchReport", "patch", "unpatch"]
+
+# Lazy: `import mirage_serve` stays cheap (no torch, no transformers) until a name is used.
+_LAZY = {"patch": ".patch", "unpatch": ".patch", "PatchReport": ".report"}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,73 @@
+"""Backends that execute a μGraph on tensors: the torch interpreter (CPU) and compiled GPU kernels.
+
+* ``torch``: ``superopt.interp.evaluate`` over a ``TorchDomain``: runs the μGraph exactly as
+  tiled, with torch ops. Exact and slow; on CPU it gives **no speed-up** (it exists so the whole
+  patch path runs and is tested without a GPU). Differentiable, like any torch code.
+* ``triton`` / ``cuda``: ``superopt.runtime.compile_graph`` (built by the codegen engineers);
+  not differentiable, so a patched module falls back to its original forward when autograd needs
+  a graph.
+* ``auto``: ``triton`` when the model is on a CUDA device, else ``torch``.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from superopt.ir import KernelGraph
+
+BACKENDS = ("auto", "torch", "triton", "cuda")
+
+
+class BackendError(ValueError):
+    pass
+
+
+def resolve(backend: str, device: torch.device) -> str:
+    """The concrete backend for ``backend`` on ``device``; raises with the valid names."""
+    if backend not in BACKENDS:
+        raise BackendError(f"unknown backend {backend!r}; valid backends: {', '.join(BACKENDS)}")
+    if backend == "auto":
+        return "triton" if device.type == "cuda" else "torch"
+    if backend in ("triton", "cuda") and device.type != "cuda":
+        raise BackendError(f"backend {backend!r} needs the model on a CUDA device; it is on {device} "
+                           f"(use backend='torch' or 'auto' on CPU)")
+    return backend
+
+
+def arch_of(device: torch.device) -> str:
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        return f"sm_{major}{minor}"
+    return "cpu"
+
+
+@dataclass(frozen=True)
+class Executor:
+    """``run(*tensors)`` takes the μGraph's inputs in ``graph.inputs`` order, returns its outputs."""
+
+    run: Callable[..., list]
+    backend: str
+    differentiable: bool
+    compiled: bool          # a compile step ran (counted in the report)
+    seconds: float
+
+
+def build(graph: KernelGraph, backend: str, device: torch.device) -> Executor:
+    t0 = time.perf_counter()
+    if backend == "torch":
+        from superopt.interp import evaluate
+        from superopt.interp.torch_domain import TorchDomain
+
+        domain = TorchDomain(device)
+        return Executor(lambda *ts: evaluate(graph, ts, domain), "torch", True, False,
+                        time.perf_counter() - t0)
+    try:
+        from superopt.runtime import compile_graph
+    except ImportError as e:
+        raise BackendError(f"backend {backend!r} needs superopt.runtime.compile_graph, which is not "
+                           f"installed ({e})") from None
+    compiled = compile_graph(graph, backend=backend, device=device)
+    return Executor(lambda *ts: list(compiled(*ts)), backend, False, True, time.perf_counter() - t0)

@@ -1,0 +1,156 @@
+"""patch(model) / unpatch(model): swap a Hugging Face decoder's blocks for superoptimized kernels.
+
+    report = mirage_serve.patch(model)           # before model.generate(...)
+    print(report)                                 # every site: patched or not, and why
+    mirage_serve.unpatch(model)                   # the model exactly as it was
+
+Stages (DESIGN.md "patch()"): find the family adapter → per layer and site, extract the Lax
+program by tracing the modules (``superopt.lax.extract``) → choose a μGraph (cache / search /
+the program itself, ``optimize``) → verify → build for the backend → numeric self-check against
+the original modules → swap all prepared sites at once. A site that fails any stage stays
+original; an error while swapping undoes every swap, so the model is never left half patched.
+"""
+from __future__ import annotations
+
+import time
+import weakref
+from typing import Sequence
+
+import torch
+
+from . import backends
+from .patch_prepare import Preparer, SiteError
+from .patch_wiring import Record, install, restore
+from .report import PatchReport, SiteReport
+from .sites import find_layers
+
+__all__ = ["PatchError", "patch", "unpatch", "is_patched"]
+
+_CPU_NOTE = ("backend torch: μGraphs run in the torch interpreter; this is for testing the patch "
+             "path on CPU and gives no speed-up")
+
+# model -> the records patch() made; weak, so a patched model can still be garbage-collected.
+_PATCHED: "weakref.WeakKeyDictionary[torch.nn.Module, list[Record]]" = weakref.WeakKeyDictionary()
+
+
+class PatchError(ValueError):
+    """patch() refused the model; it was left untouched."""
+
+
+def is_patched(model: torch.nn.Module) -> bool:
+    return model in _PATCHED
+
+
+def _check_model(model) -> tuple[torch.device, torch.dtype]:
+    if not isinstance(model, torch.nn.Module):
+        raise PatchError(f"patch() takes a torch.nn.Module, got {type(model).__name__}")
+    if model in _PATCHED:
+        raise PatchError("model is already patched; call mirage_serve.unpatch(model) first")
+    tensors = list(model.parameters()) + list(model.buffers())
+    if not tensors:
+        raise PatchError("model has no parameters")
+    if any(t.is_meta for t in tensors):
+        raise PatchError("model has tensors on the meta device (weights not loaded); load or "
+                         "materialise the weights before patch()")
+    if model.training:
+        raise PatchError("model is in training mode; patch() is for inference: call model.eval() "
+                         "first (backward through compiled kernels is not supported)")
+    dtypes = {t.dtype for t in model.parameters() if t.is_floating_point()}
+    dtype = getattr(model, "dtype", None) or next(iter(dtypes))
+    return tensors[0].device, dtype
+
+
+def _buckets(batch_sizes: Sequence[int]) -> tuple[int, ...]:
+    try:
+        out = tuple(sorted({int(b) for b in batch_sizes}))
+    except (TypeError, ValueError):
+        raise PatchError(f"batch_sizes must be positive integers, got {batch_sizes!r}") from None
+    if not out or out[0] < 1:
+        raise PatchError(f"batch_sizes must be positive integers, got {batch_sizes!r}")
+    return out
+
+
+def _open_cache(cache_dir, report: PatchReport):
+    """The kernel cache (mirage_serve.cache), opened only when something can be looked up in it."""
+    from . import optimize
+
+    if cache_dir is None and not optimize.search_available():
+        return None  # without a search every μGraph is its program: nothing worth caching
+    try:
+        from .cache import KernelCache
+        return KernelCache(cache_dir)
+    except Exception as e:  # an unusable cache slows patch() down but must not stop it
+        report.note = (report.note + "; " if report.note else "") + f"kernel cache unavailable: {e}"
+        return None
+
+
+def patch(model: torch.nn.Module, *, backend: str = "auto", cache_dir=None, search_budget=None,
+          batch_sizes: Sequence[int] = (1, 2, 4, 8, 16), strict: bool = False) -> PatchReport:
+    """Patch ``model`` in place for decoding; returns a report of every site.
+
+    ``batch_sizes``: the decode buckets (tokens per forward call, batch × new tokens); inputs with
+    more rows (prefill) run the original modules. ``search_budget``: passed to the search
+    (``0`` skips it and runs each extracted program as it is). ``strict``: raise instead of
+    reporting when the model's family is not supported.
+    """
+    t0 = time.perf_counter()
+    device, dtype = _check_model(model)
+    backend = backends.resolve(backend, device)
+    buckets = _buckets(batch_sizes)
+    model_type = getattr(getattr(model, "config", None), "model_type", None) or type(model).__name__
+    report = PatchReport(str(model_type), backend, str(device), str(dtype).replace("torch.", ""), buckets)
+    if backend == "torch":
+        report.note = _CPU_NOTE
+
+    from .patches import family_for, supported_model_types
+
+    family = family_for(model_type)
+    found = find_layers(model, family) if family else None
+    if found is None:
+        why = (f"model type {model_type!r} is not supported (supported: "
+               f"{', '.join(supported_model_types())})" if family is None else
+               f"no decoder layer list found at {' or '.join(family.layers)}")
+        if strict:
+            raise PatchError(why + "; the model was left unchanged")
+        report.supported, report.note = False, why + "; the model was left unchanged"
+        return report
+    layers_path, layers = found
+    left = "; ".join(f"{b}: {w}" for b, w in family.not_patched)
+    report.note = "; ".join(x for x in (report.note, left) if x)
+
+    prep = Preparer(report, backend, dtype, buckets, search_budget, _open_cache(cache_dir, report))
+    plans = []
+    for i, layer in enumerate(layers):
+        for site in family.sites:
+            sr = SiteReport(i, site.name, tuple(f"{layers_path}.{i}.{p}" for p in site.paths()))
+            report.sites.append(sr)
+            try:
+                plans.append((layer, site, prep.prepare(layer, site, sr), sr))
+            except SiteError as e:
+                sr.reason = str(e)
+            except Exception as e:  # an unexpected failure of one site must not stop the others
+                sr.reason = f"internal error: {type(e).__name__}: {e}"
+
+    records: list[Record] = []
+    try:
+        for layer, site, runtime, sr in plans:
+            install(layer, site, runtime, records)
+            sr.patched = True
+    except BaseException:
+        restore(records)
+        for *_, sr in plans:
+            sr.patched = False
+        raise
+    if records:
+        _PATCHED[model] = records
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def unpatch(model: torch.nn.Module) -> bool:
+    """Restore every forward patch() replaced; returns False if the model was not patched."""
+    records = _PATCHED.pop(model, None)
+    if records is None:
+        return False
+    restore(records)
+    return True

@@ -1,0 +1,188 @@
+"""Prepare one site for swapping: extract its program, choose and verify a μGraph, build, self-check.
+
+Nothing here touches the model: a prepared site is a `SiteRuntime` that patch_wiring installs
+later. Work is shared within one patch() call: extraction once per structural signature and
+bucket (all layers of a model share it), choice / verification / build once per program digest.
+Any failure raises `SiteError` with the reason the report shows; the site then stays original.
+"""
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass
+
+import torch
+
+from superopt.ir import digest
+from superopt.lax.extract import ExtractError, Extracted, extract
+
+from . import backends, optimize
+from .report import PatchReport, SiteReport
+from .sites import NormSite, ProjSite, signature, site_module, unsupported_layers
+
+# CONVENTIONS.md tolerance table: relative Frobenius error against a float64 reference.
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+TF32_TOLERANCE = 5e-4  # fp32 on GPU backends, whose matmuls may use tf32
+_DTYPE_SHORT = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+class SiteError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class BucketKernel:
+    """The kernel of one site at one bucket of M rows: its executor and its inputs in order."""
+
+    executor: backends.Executor
+    feeds: tuple  # per μGraph input: a parameter tensor, or None where the activation x goes
+    rows: int
+
+
+class SiteRuntime:
+    """Runs a site's kernel on activations ``x: [..., D]`` with at most ``max(buckets)`` rows."""
+
+    def __init__(self, dim: int, dtype: torch.dtype, device: torch.device, kernels: dict[int, BucketKernel]):
+        self.dim, self.dtype, self.device = dim, dtype, device
+        self.kernels = dict(sorted(kernels.items()))
+        self.max_rows = max(self.kernels)
+        self.differentiable = all(k.executor.differentiable for k in self.kernels.values())
+
+    def eligible(self, module: torch.nn.Module, x) -> bool:
+        if module.training or not isinstance(x, torch.Tensor) or x.dim() < 1:
+            return False
+        if x.dtype != self.dtype or x.device != self.device or x.shape[-1] != self.dim:
+            return False
+        if not 1 <= x.numel() // self.dim <= self.max_rows:
+            return False  # prefill-sized inputs run the original module
+        return self.differentiable or not (torch.is_grad_enabled() and x.requires_grad)
+
+    def run(self, x: torch.Tensor) -> list[torch.Tensor]:
+        lead = x.shape[:-1]
+        m = x.numel() // self.dim
+        k = next(k for b, k in self.kernels.items() if b >= m)
+        x2 = x.reshape(m, self.dim)  # x2: [M, D], padded with zero rows up to the bucket
+        if k.rows > m:
+            x2 = torch.cat([x2, x2.new_zeros(k.rows - m, self.dim)])
+        outs = k.executor.run(*[x2 if f is None else f for f in k.feeds])
+        return [o[:m].reshape(*lead, o.shape[-1]) for o in outs]
+
+
+def _dim(head: torch.nn.Module) -> int:
+    if isinstance(head, torch.nn.Linear):
+        return head.in_features
+    w = getattr(head, "weight", None)
+    if not isinstance(w, torch.Tensor) or w.dim() != 1:
+        raise SiteError(f"cannot tell the input size of {type(head).__qualname__} (no 1-D weight)")
+    return w.shape[0]
+
+
+class Preparer:
+    """Prepares sites for one patch() call, sharing work across layers."""
+
+    def __init__(self, report: PatchReport, backend: str, dtype: torch.dtype, buckets: tuple[int, ...],
+                 search_budget, cache):
+        self.report, self.backend, self.dtype, self.buckets = report, backend, dtype, buckets
+        self.budget, self.cache = search_budget, cache
+        self._extracted: dict[tuple, Extracted] = {}
+        self._built: dict[tuple, tuple] = {}  # (digest, device) -> (choice, verification, executor)
+        self._rng = torch.Generator().manual_seed(0)
+
+    def prepare(self, layer: torch.nn.Module, site: NormSite | ProjSite, sr: SiteReport) -> SiteRuntime:
+        wrapper = site_module(layer, site)
+        why = unsupported_layers(wrapper)
+        if why:
+            raise SiteError(why)
+        dim = _dim(wrapper.head)
+        device = next(wrapper.parameters()).device
+        sig = signature(wrapper)
+        kernels: dict[int, BucketKernel] = {}
+        for m in self.buckets:
+            kernels[m] = self._kernel(wrapper, site, sig, dim, m, device, sr)
+        runtime = SiteRuntime(dim, self.dtype, device, kernels)
+        self._self_check(wrapper, runtime, sr)
+        return runtime
+
+    def _kernel(self, wrapper, site, sig, dim: int, m: int, device, sr: SiteReport) -> BucketKernel:
+        t0 = time.perf_counter()
+        key = (site.name, sig, m)
+        ex = self._extracted.get(key)
+        if ex is None:
+            x = torch.randn(m, dim, generator=self._rng).to(self.dtype)
+            try:
+                ex = extract(wrapper, (x,), f"{site.name}_m{m}")
+            except ExtractError as e:
+                raise SiteError(f"extraction failed: {e}") from None
+            for o in ex.graph.output_types:
+                if len(o.shape) != 2 or o.shape[0] != m:
+                    raise SiteError(f"extracted output {list(o.shape)} is not row-wise [{m}, N]")
+            self._extracted[key] = ex
+        _add_time(sr, "extract", time.perf_counter() - t0)
+        program = ex.graph
+        dg = digest(program)
+        sr.program = dg
+        built = self._built.get((dg, device))
+        if built is None:
+            built = self._build(program, dg, site.name, m, device)
+            self._built[(dg, device)] = built
+        choice, ver, executor = built
+        sr.source, sr.verdict = choice.source, ver.verdict
+        sr.kernels = max(sr.kernels, len(choice.graph.customized_nodes()))
+        sr.launches = max(sr.launches, choice.graph.num_kernels)
+        if not ver.ok:
+            raise SiteError(f"verification failed: {ver.verdict}")
+        by_name = dict(zip((v.name for v in program.inputs), ex.sources))
+        feeds = []
+        for v in choice.graph.inputs:
+            src = by_name.get(v.name)
+            if src is None:
+                raise SiteError(f"μGraph input %{v.name} is not an input of the program")
+            feeds.append(None if src[0] == "arg" else
+                         (wrapper.get_parameter(src[1]) if src[0] == "parameter" else wrapper.get_buffer(src[1])))
+        return BucketKernel(executor, tuple(feeds), m)
+
+    def _build(self, program, dg: str, site_name: str, m: int, device) -> tuple:
+        arch = backends.arch_of(device)
+        key = None
+        if self.cache is not None:
+            from .cache import CacheKey, versions_now
+            key = CacheKey(dg, f"b{m}", _DTYPE_SHORT.get(self.dtype, str(self.dtype)), arch.replace("_", ""),
+                           self.backend, versions_now(), f"{site_name}-m{m}")
+        choice = optimize.choose(program, budget=self.budget, arch=arch, cache=self.cache, key=key)
+        ver = optimize.verify(program, choice.graph)
+        self.report.searches += choice.source == "search"
+        self.report.cache_hits += choice.source == "cache"
+        self.report.programs += 1
+        try:
+            executor = backends.build(choice.graph, self.backend, device)
+        except Exception as e:  # a compile failure leaves the site original, with the reason
+            raise SiteError(f"build failed ({self.backend}): {type(e).__name__}: {e}") from None
+        self.report.compiles += executor.compiled
+        return choice, ver, executor
+
+    def _self_check(self, wrapper, runtime: SiteRuntime, sr: SiteReport) -> None:
+        """The kernel against the original modules in float64, on random inputs, at every bucket."""
+        t0 = time.perf_counter()
+        ref_mod = copy.deepcopy(wrapper).to(torch.float64)
+        tol = TOLERANCE.get(self.dtype)
+        if tol is None:
+            raise SiteError(f"no tolerance for dtype {self.dtype}")
+        if self.dtype == torch.float32 and self.backend != "torch":
+            tol = TF32_TOLERANCE
+        worst = 0.0
+        for m in runtime.kernels:
+            x = torch.randn(m, runtime.dim, generator=self._rng).to(self.dtype)
+            with torch.no_grad():
+                got = runtime.run(x.to(runtime.device))
+                want = ref_mod(x.to(runtime.device, torch.float64))
+            for g, w in zip(got, want):
+                err = ((g.double() - w).norm() / w.norm().clamp_min(1e-300)).item()
+                worst = max(worst, err) if err == err else float("inf")
+        sr.check_error = worst
+        _add_time(sr, "check", time.perf_counter() - t0)
+        if not worst <= tol:
+            raise SiteError(f"numeric self-check failed: error {worst:.2e} > {tol:.0e} ({self.dtype})")
+
+
+def _add_time(sr: SiteReport, what: str, s: float) -> None:
+    sr.times[what] = sr.times.get(what, 0.0) + s

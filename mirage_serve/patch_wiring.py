@@ -1,0 +1,109 @@
+"""Install prepared sites into a model by per-instance ``forward`` replacement, and undo it.
+
+A ``NormSite`` runs its fused kernel when the norm is called: the norm returns ``n`` (the kernel's
+first output) and leaves the consumers' outputs in a per-site hand-off, keyed by the identity of
+``n``. Each consumer (``q_proj``, ``mlp``…) returns its result from the hand-off when it is called
+with exactly that tensor (then applies its ``tail``, e.g. ``down_proj``), and otherwise runs its
+original forward. So correctness never rests on the hand-off: any other call, a prefill-sized
+input, a training-mode module, a dtype or device mismatch, all take the original path.
+
+Only instance attributes named ``forward`` are set; parameters, buffers, module names and
+``state_dict`` stay exactly as they were, and `restore` puts back what was there before.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .patch_prepare import SiteRuntime
+from .sites import NormSite, ProjSite
+
+_MISSING = object()
+
+
+@dataclass(frozen=True)
+class Record:
+    """What one module's ``forward`` instance attribute was before patching (or _MISSING)."""
+
+    module: torch.nn.Module
+    previous: object
+
+
+class _Handoff:
+    __slots__ = ("key", "values")
+
+    def __init__(self):
+        self.key = None
+        self.values: dict[int, torch.Tensor] = {}
+
+    def take(self, x, i: int):
+        if self.key is not x or i not in self.values:
+            return None
+        y = self.values.pop(i)
+        if not self.values:
+            self.key = None  # all consumers served: drop the reference to n
+        return y
+
+
+def _set_forward(module: torch.nn.Module, fn, records: list[Record]) -> None:
+    records.append(Record(module, module.__dict__.get("forward", _MISSING)))
+    module.forward = fn
+
+
+def restore(records: list[Record]) -> None:
+    for r in reversed(records):
+        if r.previous is _MISSING:
+            module_dict = r.module.__dict__
+            module_dict.pop("forward", None)
+        else:
+            r.module.forward = r.previous
+
+
+def _proj_forward(module, runtime: SiteRuntime):
+    original = module.forward
+
+    def forward(x, *args, **kwargs):
+        if args or kwargs or not runtime.eligible(module, x):
+            return original(x, *args, **kwargs)
+        return runtime.run(x)[0]
+    return forward
+
+
+def _norm_forward(module, runtime: SiteRuntime, handoff: _Handoff):
+    original = module.forward
+
+    def forward(x, *args, **kwargs):
+        if args or kwargs or not runtime.eligible(module, x):
+            return original(x, *args, **kwargs)
+        n, *rest = runtime.run(x)
+        handoff.key, handoff.values = n, dict(enumerate(rest))
+        return n
+    return forward
+
+
+def _consumer_forward(module, i: int, tail, handoff: _Handoff):
+    original = module.forward
+
+    def forward(x, *args, **kwargs):
+        y = None if (args or kwargs) else handoff.take(x, i)
+        if y is None:
+            return original(x, *args, **kwargs)
+        return y if tail is None else tail(y)
+    return forward
+
+
+def install(layer: torch.nn.Module, site: NormSite | ProjSite, runtime: SiteRuntime,
+            records: list[Record]) -> None:
+    """Swap the forwards of one site's modules in ``layer``; appends what it changed to ``records``."""
+    if isinstance(site, ProjSite):
+        proj = layer.get_submodule(site.proj)
+        _set_forward(proj, _proj_forward(proj, runtime), records)
+        return
+    handoff = _Handoff()
+    for i, c in enumerate(site.consumers):
+        mod = layer.get_submodule(c.path)
+        tail = mod.get_submodule(c.tail) if c.tail else None
+        _set_forward(mod, _consumer_forward(mod, i, tail, handoff), records)
+    norm = layer.get_submodule(site.norm)
+    _set_forward(norm, _norm_forward(norm, runtime, handoff), records)

@@ -1,0 +1,67 @@
+"""PatchReport: what patch() did to each site of a model, and why, as data and as a table."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SiteReport:
+    layer: int
+    site: str                      # "attn_in", "attn_out", "mlp_in", "mlp_out", or a block left original
+    modules: tuple[str, ...]       # module paths in the model
+    patched: bool = False
+    reason: str = ""               # why not patched, or a note
+    program: str = ""              # digest of the extracted Lax program
+    kernels: int = 0               # customized (fused) kernels in the chosen μGraph
+    launches: int = 0              # kernel launches per call (library ops + customized)
+    source: str = ""               # "cache", "search" or "fallback"
+    verdict: str = ""
+    check_error: float | None = None   # numeric self-check: max rel. Frobenius error vs float64
+    times: dict[str, float] = field(default_factory=dict)  # extract/optimize/verify/build/check (s)
+
+
+@dataclass
+class PatchReport:
+    model_type: str
+    backend: str
+    device: str
+    dtype: str
+    batch_sizes: tuple[int, ...]
+    supported: bool = True
+    note: str = ""
+    sites: list[SiteReport] = field(default_factory=list)
+    searches: int = 0
+    compiles: int = 0
+    cache_hits: int = 0
+    programs: int = 0              # distinct (program, bucket) pairs
+    seconds: float = 0.0
+
+    @property
+    def patched(self) -> list[SiteReport]:
+        return [s for s in self.sites if s.patched]
+
+    @property
+    def unpatched(self) -> list[SiteReport]:
+        return [s for s in self.sites if not s.patched]
+
+    def __str__(self) -> str:
+        head = (f"mirage_serve.patch: {self.model_type} on {self.device} ({self.dtype}), backend "
+                f"{self.backend}, decode buckets {list(self.batch_sizes)}")
+        lines = [head]
+        if self.note:
+            lines.append(self.note)
+        if not self.supported:
+            return "\n".join(lines)
+        rows = [("layer", "site", "patched", "source", "kern", "launch", "check err", "verdict / reason")]
+        for s in self.sites:
+            err = "" if s.check_error is None else f"{s.check_error:.1e}"
+            why = s.verdict if s.patched else s.reason
+            rows.append((str(s.layer), s.site, "yes" if s.patched else "no", s.source,
+                         str(s.kernels or ""), str(s.launches or ""), err, why))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+        for r in rows:
+            lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+        lines.append(f"{len(self.patched)}/{len(self.sites)} sites patched; {self.programs} distinct "
+                     f"programs; {self.searches} searches, {self.compiles} compiles, "
+                     f"{self.cache_hits} cache hits; {self.seconds:.1f} s")
+        return "\n".join(lines)

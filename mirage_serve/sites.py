@@ -1,0 +1,148 @@
+"""Sites: the blocks of a decoder layer that patch() fuses, as family adapters declare them.
+
+An adapter (``patches/<model_type>.py``) names modules only; it never writes a formula. Two kinds
+of site cover the decoder layer of every supported family:
+
+* ``NormSite``: an RMSNorm and the modules that consume its output (q/k/v projections; the MLP
+  up to its down projection). Traced as ``n = norm(x); (n, c1(n), c2(n), …)`` where a consumer
+  with a ``tail`` is traced with that child replaced by the identity (``mlp`` without
+  ``down_proj`` is ``act(gate(n)) * up(n)``, however the family writes it).
+* ``ProjSite``: one projection alone (``o_proj``, ``down_proj``).
+
+The traced wrapper (`SiteModule`) holds the model's own modules (or shallow copies that share their
+parameters), so extraction sees the real parameters and nothing is copied.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+from torch import nn
+
+
+@dataclass(frozen=True)
+class Consumer:
+    path: str                 # module path relative to the decoder layer, e.g. "self_attn.q_proj"
+    tail: str | None = None   # child applied after the kernel (traced as identity), e.g. "down_proj"
+
+
+@dataclass(frozen=True)
+class NormSite:
+    name: str
+    norm: str
+    consumers: tuple[Consumer, ...]
+
+    def paths(self) -> tuple[str, ...]:
+        return (self.norm,) + tuple(c.path for c in self.consumers)
+
+
+@dataclass(frozen=True)
+class ProjSite:
+    name: str
+    proj: str
+
+    def paths(self) -> tuple[str, ...]:
+        return (self.proj,)
+
+
+@dataclass(frozen=True)
+class Family:
+    """What an adapter declares: where the decoder layers are and which sites each has."""
+
+    model_types: tuple[str, ...]
+    layers: tuple[str, ...]                       # candidate paths of the layer list, first found wins
+    sites: tuple[NormSite | ProjSite, ...]
+    not_patched: tuple[tuple[str, str], ...] = field(default=())  # (block, why) per layer
+
+
+def llama_like(model_types: tuple[str, ...], mlp_norm: str = "post_attention_layernorm",
+               qkv: tuple[str, ...] = ("q_proj", "k_proj", "v_proj")) -> Family:
+    """The site layout shared by Llama-style layers (attention + gated MLP, pre-norms)."""
+    return Family(
+        model_types=model_types,
+        layers=("model.layers", "model.language_model.layers"),
+        sites=(
+            NormSite("attn_in", "input_layernorm", tuple(Consumer(f"self_attn.{p}") for p in qkv)),
+            ProjSite("attn_out", "self_attn.o_proj"),
+            NormSite("mlp_in", mlp_norm, (Consumer("mlp", tail="down_proj"),)),
+            ProjSite("mlp_out", "mlp.down_proj"),
+        ),
+        not_patched=(
+            ("attention", "decode attention over the KV cache stays the original module "
+                          "(no attention site yet)"),
+            ("residual", "residual adds stay in the decoder layer's forward (o_proj / down_proj "
+                         "are fused without them)"),
+        ),
+    )
+
+
+def find_layers(model: nn.Module, family: Family) -> tuple[str, nn.ModuleList] | None:
+    for path in family.layers:
+        try:
+            layers = model.get_submodule(path)
+        except AttributeError:
+            continue
+        if isinstance(layers, nn.ModuleList):
+            return path, layers
+    return None
+
+
+class SiteModule(nn.Module):
+    """The traced form of a site: ``x -> (norm(x), consumer outputs…)`` or ``x -> proj(x)``."""
+
+    def __init__(self, head: nn.Module, consumers: list[nn.Module]):
+        super().__init__()
+        self.head = head
+        self.consumers = nn.ModuleList(consumers)
+
+    def forward(self, x):  # x: [M, D]
+        if not len(self.consumers):
+            return (self.head(x),)
+        n = self.head(x)
+        return (n, *[c(n) for c in self.consumers])
+
+
+def _without(module: nn.Module, child: str) -> nn.Module:
+    """A shallow copy of ``module`` whose ``child`` is the identity; parameters are shared."""
+    twin = copy.copy(module)
+    twin._modules = dict(module._modules)  # a new dict: the original module stays untouched
+    twin._modules[child] = nn.Identity()
+    return twin
+
+
+def site_module(layer: nn.Module, site: NormSite | ProjSite) -> SiteModule:
+    if isinstance(site, ProjSite):
+        return SiteModule(layer.get_submodule(site.proj), [])
+    cons = [layer.get_submodule(c.path) for c in site.consumers]
+    cons = [_without(m, c.tail) if c.tail else m for m, c in zip(cons, site.consumers)]
+    return SiteModule(layer.get_submodule(site.norm), cons)
+
+
+_PRIMITIVE = (int, float, str, bool, type(None))
+
+
+def signature(module: nn.Module) -> tuple:
+    """A structural key: module types, their scalar attributes, parameter shapes and dtypes.
+
+    Two sites with equal signatures trace to the same program, so extraction runs once for all
+    layers of a model (eps, activation choice and sizes are scalar attributes of the modules).
+    """
+    parts: list = []
+    for name, m in module.named_modules():
+        attrs = tuple(sorted((k, v) for k, v in vars(m).items()
+                             if not k.startswith("_") and isinstance(v, _PRIMITIVE)))
+        parts.append((name, type(m).__module__, type(m).__qualname__, attrs))
+    for name, t in list(module.named_parameters()) + list(module.named_buffers()):
+        parts.append((name, tuple(t.shape), str(t.dtype)))
+    return tuple(parts)
+
+
+def unsupported_layers(module: nn.Module) -> str | None:
+    """Why the site's modules cannot be patched (quantized or foreign linears), or None."""
+    for name, m in module.named_modules():
+        if isinstance(m, nn.Linear) and type(m) is not nn.Linear:
+            return f"quantized or unsupported layer type {type(m).__qualname__} at {name or 'site'}"
+    for name, t in list(module.named_parameters()) + list(module.named_buffers()):
+        if not t.is_floating_point():
+            return f"parameter {name} has dtype {t.dtype} (quantized?); only float weights are fused"
+    return None
