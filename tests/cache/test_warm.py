@@ -1,0 +1,112 @@
+"""warm_model: config resolution, model construction, and the plumbing into patch()."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import mirage_serve
+from mirage_serve.cache import CacheEntry, CacheKey, KernelCache, versions_now
+from mirage_serve.cache.warm import build_model, resolve_config, warm_model
+from mirage_serve.registry import UnknownModelError
+
+TINY = {"model_type": "llama", "hidden_size": 96, "intermediate_size": 136, "num_hidden_layers": 3,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 73, "head_dim": 24,
+        "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
+
+
+def test_resolve_config_from_every_kind_of_argument(tmp_path):
+    name, cfg = resolve_config("smollm2-135m")               # registry, case-insensitive
+    assert name == "SmolLM2-135M" and cfg.model_type == "llama" and cfg.hidden_size == 576
+    name, cfg = resolve_config(TINY)
+    assert name == "llama" and cfg.intermediate_size == 136
+    name, cfg = resolve_config({"name": "Tiny", "hub_id": "x/y", "config": TINY})
+    assert name == "Tiny" and cfg.num_key_value_heads == 2
+    (tmp_path / "mymodel").mkdir()
+    (tmp_path / "mymodel" / "config.json").write_text(json.dumps(TINY))
+    name, cfg = resolve_config(tmp_path / "mymodel")
+    assert name == "mymodel" and cfg.vocab_size == 73
+    assert resolve_config(cfg)[1] is cfg
+    with pytest.raises(UnknownModelError, match="closest"):
+        resolve_config("Llama-3.2-1")
+    with pytest.raises(TypeError):
+        resolve_config(42)
+
+
+def test_build_model_has_random_finite_weights():
+    import torch
+
+    model = build_model(resolve_config(TINY)[1], "fp32", "cpu")
+    w = model.model.layers[1].mlp.down_proj.weight           # [96, 136]
+    assert w.shape == (96, 136) and w.dtype == torch.float32 and not model.training
+    assert torch.isfinite(w).all() and 0.015 < w.std().item() < 0.025
+    assert build_model(resolve_config(TINY)[1], "bf16", "cpu").lm_head.weight.dtype == torch.bfloat16
+    with pytest.raises(ValueError):
+        build_model(resolve_config(TINY)[1], "int8", "cpu")
+
+
+def _fake_patch(calls):
+    """Stands in for patch(): one cache entry per (distinct Linear shape, batch bucket)."""
+    import torch
+
+    def patch(model, *, cache_dir, batch_sizes, backend="torch", progress=None):
+        calls.append({"cache_dir": cache_dir, "batch_sizes": batch_sizes, "backend": backend,
+                      "layers": len(model.model.layers)})
+        cache = KernelCache(cache_dir, shipped_dir=False)
+        shapes = sorted({tuple(m.weight.shape) for m in model.modules()
+                         if isinstance(m, torch.nn.Linear)})
+        sites = [(s, b) for s in shapes for b in batch_sizes]
+        for n, (shape, b) in enumerate(sites):
+            key = CacheKey(f"linear{shape}", f"b{b}", "fp32", "cpu", backend, versions_now(),
+                           f"linear-n{shape[0]}-k{shape[1]}")
+            with cache.lock(key):
+                if cache.get(key) is None:
+                    cache.put(key, CacheEntry(f"graph linear{shape}\n", {"kernel.py": "pass\n"}, {},
+                                              {"batch": b}))
+            if progress:
+                progress(f"site {shape} b{b}", n + 1, len(sites))
+        return {"sites": len(sites)}
+    return patch
+
+
+def test_warm_model_drives_patch_and_counts_entries(tmp_path, monkeypatch):
+    calls, seen = [], []
+    monkeypatch.setattr(mirage_serve, "patch", _fake_patch(calls), raising=False)
+    r = warm_model(TINY, batch_sizes=[8, 3, 3, 1], dtype="fp32", cache_dir=tmp_path / "c",
+                   progress=lambda msg, done, total: seen.append((msg, done, total)),
+                   backend="torch", device="cpu", num_layers=1)
+    assert calls == [{"cache_dir": tmp_path / "c", "batch_sizes": (1, 3, 8), "backend": "torch",
+                      "layers": 1}]
+    # Linear shapes: q [96,96], k/v [48,96], o [96,96], gate/up [136,96], down [96,136], lm_head [73,96].
+    assert r.report == {"sites": 15} and (r.entries_before, r.entries_after) == (0, 15)
+    assert r.batch_sizes == (1, 3, 8) and "15 new entries" in r.summary()
+    assert seen[0] == ("resolving config", 0, 3) and seen[-1][1:] == (3, 3)
+    assert sum(1 for m, _, _ in seen if m.startswith("site")) == 15
+    again = warm_model(TINY, batch_sizes=[1, 3, 8], dtype="fp32", cache_dir=tmp_path / "c",
+                       backend="torch", device="cpu", num_layers=1)
+    assert (again.entries_before, again.entries_after) == (15, 15)
+    with pytest.raises(ValueError):
+        warm_model(TINY, batch_sizes=[0], cache_dir=tmp_path / "c")
+
+
+@pytest.mark.slow
+def test_warm_with_the_real_patch_fills_the_cache_then_hits(tmp_path):
+    try:
+        from mirage_serve import optimize, patch  # noqa: F401
+    except ImportError as e:
+        pytest.skip(f"mirage_serve.patch is not implemented yet ({e})")
+    import torch
+
+    backend = "auto" if torch.cuda.is_available() else "torch"
+    first = warm_model(TINY, batch_sizes=[1, 3], dtype="fp32", cache_dir=tmp_path / "c",
+                       backend=backend, num_layers=2)
+    assert first.report.programs > 0, first.report
+    if not optimize.search_available():
+        pytest.skip("superopt.search is not available: patch() caches only searched winners, "
+                    f"so warm wrote {first.entries_after} entries")
+    assert first.entries_after > first.entries_before == 0
+    assert first.report.searches > 0
+    second = warm_model(TINY, batch_sizes=[1, 3], dtype="fp32", cache_dir=tmp_path / "c",
+                        backend=backend, num_layers=2)
+    assert second.entries_after == first.entries_after
+    assert second.report.searches == 0 and second.report.cache_hits == first.report.searches
