@@ -3,7 +3,9 @@
 Used by ``superopt.verify`` for probabilistic equivalence testing (Mirage paper §5). A value is a
 ``FieldValue``: ``.p`` residues in Z_p (the value itself), ``.q`` residues in Z_q (its image in the
 exponent ring; ``None`` when the domain does not track it), and ``.s``, a 64-bit multiset signature
-carried only by results of ``max``. Structural ops apply to every component.
+carried only by results of ``max``. Structural ops apply to every component. ``.p`` may be int64
+or float64 holding exact integers (random inputs are drawn as float64: a weight that only feeds
+matmuls then never pays an int→float conversion); arithmetic converts to int64 first.
 
 Meaning of each op (verify/equivalence.py derives the error bound from these choices):
 
@@ -46,6 +48,10 @@ def splitmix64(x: np.ndarray) -> np.ndarray:
     z = (z ^ (z >> _U64(30))) * _U64(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> _U64(27))) * _U64(0x94D049BB133111EB)
     return z ^ (z >> _U64(31))
+
+
+def _int(a: np.ndarray) -> np.ndarray:
+    return a if a.dtype == np.int64 else a.astype(np.int64)
 
 
 class FieldValue:
@@ -103,7 +109,7 @@ def matmul_mod(a: np.ndarray, b: np.ndarray, m: int) -> np.ndarray:
     memory-bound, so this halves the time of a four-product 16-bit-limb scheme.
     """
     k = a.shape[-1]
-    mb = (m - 1).bit_length()
+    mb = max(1, (m - 1).bit_length())
     bits = 53 - k.bit_length() - mb
     if bits < 8:  # very long K: exact per chunk, then add the chunks mod m
         step = 1 << (53 - 8 - mb - 1)
@@ -112,12 +118,12 @@ def matmul_mod(a: np.ndarray, b: np.ndarray, m: int) -> np.ndarray:
             out = (out + matmul_mod(a[..., start:start + step], b[..., start:start + step, :], m)) % m
         return out
     limbs = -(-mb // bits)
+    if limbs == 1:
+        r = np.matmul(a.astype(np.float64, copy=False), b.astype(np.float64, copy=False))
+        return r.astype(np.int64) % m
     split_a = a.size <= b.size
     small, big = (a, b) if split_a else (b, a)
-    big = big.astype(np.float64)
-    if limbs == 1:
-        r = np.matmul(a.astype(np.float64), b.astype(np.float64))
-        return r.astype(np.int64) % m
+    small, big = small.astype(np.int64, copy=False), big.astype(np.float64, copy=False)
     mask = (1 << bits) - 1
     parts = [((small >> (bits * i)) & mask).astype(np.float64) for i in range(limbs)]
     if split_a:  # rows: [..., L·M, K] @ [..., K, N] -> [..., L, M, N]
@@ -160,7 +166,7 @@ class FieldDomain:
             self._keys[name] = mixed[0]
         return self._keys[name]
 
-    def _hash(self, name: str, x: np.ndarray) -> np.ndarray:
+    def _hash(self, name: str, x: np.ndarray) -> np.ndarray:  # x: exact integers, int or float
         return splitmix64(x.astype(_U64) ^ self.key(name))
 
     def _uf(self, name: str, h: np.ndarray) -> FieldValue:
@@ -181,7 +187,7 @@ class FieldDomain:
     # ------------------------------------------------------------ arithmetic
     def _pair(self, fp, fq, *xs: FieldValue) -> FieldValue:
         q = fq(*(x.q for x in xs)) if self.track_q else None
-        return FieldValue(fp(*(x.p for x in xs)), q)
+        return FieldValue(fp(*(_int(x.p) for x in xs)), q)
 
     def const(self, value, dtype) -> FieldValue:
         fr = Fraction(value)
@@ -244,7 +250,8 @@ class FieldDomain:
         return v if keepdim else v.map(lambda a: np.squeeze(a, axis=axis))
 
     def matmul(self, a: FieldValue, b: FieldValue) -> FieldValue:
-        return self._pair(lambda x, y: matmul_mod(x, y, self.p), lambda x, y: matmul_mod(x, y, self.q), a, b)
+        q = matmul_mod(a.q, b.q, self.q) if self.track_q else None
+        return FieldValue(matmul_mod(a.p, b.p, self.p), q)  # no int conversion: see matmul_mod
 
     def cast(self, x, dtype):
         return x
@@ -276,8 +283,8 @@ class FieldDomain:
 
     # ------------------------------------------------------------ inputs
     def random_input(self, rng: np.random.Generator, shape, dtype) -> FieldValue:
-        """Uniform residues; with track_q one draw in Z_pq gives independent uniform (mod p, mod q)."""
-        if not self.track_q:
-            return FieldValue(rng.integers(0, self.p, size=shape, dtype=np.int64))
-        u = rng.integers(0, self.p * self.q, size=shape, dtype=np.int64)
-        return FieldValue(u % self.p, u % self.q)
+        """Independent uniform residues mod p (float64: floor(u·p), u uniform on 53-bit dyadics, so
+        no residue has probability above 1/p + 2^-53) and, with track_q, mod q."""
+        p = np.floor(rng.random(shape) * self.p)
+        q = rng.integers(0, self.q, size=shape, dtype=np.int64) if self.track_q else None
+        return FieldValue(p, q)
