@@ -42,8 +42,8 @@ class WarmResult:
 
 
 def resolve_config(model_name_or_config) -> tuple[str, Any]:
-    """(display name, transformers config) for a registry name, a config.json path (file or
-    folder), a dict of config facts (optionally wrapped as a registry entry), or a config object."""
+    """(display name, transformers config) for a registry name or hub id, a config.json path
+    (file or folder), a dict of config facts (optionally wrapped as a registry entry), or a config object."""
     from .. import registry
 
     m = model_name_or_config
@@ -57,7 +57,8 @@ def resolve_config(model_name_or_config) -> tuple[str, Any]:
         if p.suffix == ".json" and p.is_file():
             name, cfg = resolve_config(json.loads(p.read_text()))
             return (p.parent.name if name == cfg.model_type else name), cfg
-        entry = registry.get(str(m))      # UnknownModelError lists the closest names
+        by_hub = [e for e in registry.entries() if e.hub_id.lower() == str(m).lower()]
+        entry = by_hub[0] if by_hub else registry.get(str(m))   # else UnknownModelError, with hints
         return entry.name, registry.hf_config(entry.config)
     if hasattr(m, "model_type") and hasattr(m, "to_dict"):
         return str(getattr(m, "name_or_path", "") or m.model_type), m

@@ -18,6 +18,7 @@ TINY = {"model_type": "llama", "hidden_size": 96, "intermediate_size": 136, "num
 def test_resolve_config_from_every_kind_of_argument(tmp_path):
     name, cfg = resolve_config("smollm2-135m")               # registry, case-insensitive
     assert name == "SmolLM2-135M" and cfg.model_type == "llama" and cfg.hidden_size == 576
+    assert resolve_config("HuggingFaceTB/SmolLM2-135M")[0] == "SmolLM2-135M"   # hub id
     name, cfg = resolve_config(TINY)
     assert name == "llama" and cfg.intermediate_size == 136
     name, cfg = resolve_config({"name": "Tiny", "hub_id": "x/y", "config": TINY})
