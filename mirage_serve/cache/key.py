@@ -15,11 +15,12 @@ from importlib import metadata
 # Toolchain components whose version can change what a cache entry holds. Binaries depend on all
 # of them; μGraph text and generated source depend only on those in TEXT_VERSIONS (the shipped,
 # binary-free cache is keyed by those alone, so it serves users on any torch/triton/CUDA).
+# (name, distributions to try): CUDA wheels carry a -cuNN suffix in some releases.
 _DISTRIBUTIONS = (
-    ("triton", "triton"),
-    ("torch", "torch"),
-    ("cuda-nvrtc", "nvidia-cuda-nvrtc"),
-    ("cuda-bindings", "cuda-bindings"),
+    ("triton", ("triton",)),
+    ("torch", ("torch",)),
+    ("cuda-nvrtc", ("nvidia-cuda-nvrtc", "nvidia-cuda-nvrtc-cu13", "nvidia-cuda-nvrtc-cu12")),
+    ("cuda-bindings", ("cuda-bindings",)),
 )
 TEXT_VERSIONS = ("superopt",)
 
@@ -34,11 +35,13 @@ def versions_now() -> tuple[tuple[str, str], ...]:
     import superopt
 
     out = [("superopt", superopt.__version__)]
-    for name, dist in _DISTRIBUTIONS:
-        try:
-            out.append((name, metadata.version(dist)))
-        except metadata.PackageNotFoundError:
-            continue
+    for name, dists in _DISTRIBUTIONS:
+        for dist in dists:
+            try:
+                out.append((name, metadata.version(dist)))
+                break
+            except metadata.PackageNotFoundError:
+                continue
     return tuple(out)
 
 
@@ -85,7 +88,7 @@ class CacheKey:
         return hashlib.sha256(blob).hexdigest()
 
     def dirname(self) -> str:
-        label = _LABEL_BAD.sub("_", self.label)[:_LABEL_MAX].strip(".") or "kernel"
+        label = _LABEL_BAD.sub("_", self.label)[:_LABEL_MAX].strip(".-+") or "kernel"
         return f"{label}-{self.digest()[:8]}"
 
     def for_shipped(self) -> "CacheKey":

@@ -197,6 +197,12 @@ class KernelCache:
         try:
             write_entry(tmp, key, entry)
             final, _ = install_entry(self.root, tmp, key)
+        except OSError as e:   # disk full, directory gone: patch() must go on with the kernel
+            warnings.warn(f"mirage_serve cache: could not save {key.dirname()} ({e}); "
+                          "keeping it in memory", CacheWarning, stacklevel=2)
+            self._memory[key.digest()] = (key, replace(entry, origin="memory"))
+            self.stats.unsaved.append(key.dirname())
+            return None
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -207,9 +213,16 @@ class KernelCache:
     def lock(self, key: CacheKey, timeout: float | None = None) -> Iterator[None]:
         """Hold the cross-process lock for `key` (blocks; TimeoutError after `timeout` seconds).
 
-        With a read-only cache the lock is only per process: other processes could not share
-        the result anyway."""
-        if self.read_only:
+        Where no lock file can be made (a read-only cache) the lock is only per process: other
+        processes could not share the result anyway."""
+        fd = None
+        if not self.read_only:
+            # Lock files are never deleted: deleting one while another process waits on it
+            # would let a third process lock a fresh file and run concurrently with the waiter.
+            with contextlib.suppress(OSError):
+                path = self.private_dir(".locks") / f"{key.dirname()}.lock"
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        if fd is None:
             tl = self._thread_locks.setdefault(key.digest(), threading.Lock())
             if not tl.acquire(timeout=-1 if timeout is None else timeout):
                 raise TimeoutError(f"cache lock for {key.dirname()} not acquired in {timeout} s")
@@ -218,10 +231,6 @@ class KernelCache:
             finally:
                 tl.release()
             return
-        path = self.private_dir(".locks") / f"{key.dirname()}.lock"
-        # Lock files are never deleted: deleting one while another process waits on it would
-        # let a third process lock a fresh file and run concurrently with the waiter.
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             _flock(fd, timeout, key)
             try:
@@ -239,9 +248,13 @@ class KernelCache:
             return []
         return sorted(p for p in base.iterdir() if p.is_dir() and ENTRY_NAME.match(p.name))
 
-    def _info(self, path: Path, layer: str, full: bool) -> EntryInfo:
-        files = {p.name: p.stat().st_size for p in path.iterdir() if p.is_file()}
+    def _info(self, path: Path, layer: str, full: bool) -> EntryInfo | None:
+        """The entry's row; None if it vanished meanwhile (replaced or cleared by another process)."""
         key, created, binaries = None, None, ()
+        try:
+            files = {p.name: p.stat().st_size for p in path.iterdir() if p.is_file()}
+        except FileNotFoundError:
+            return None
         try:
             doc = read_meta(path)
             key = read_key(path, doc)
@@ -258,12 +271,16 @@ class KernelCache:
 
     def ls(self, layers: tuple[str, ...] = ("user", "shipped")) -> list[EntryInfo]:
         """Entries of the given layers, checking only meta.json (fast); `verify` checks files."""
-        return [self._info(p, layer, full=False) for layer in layers for p in self._entry_dirs(layer)]
+        return self._rows(layers, full=False)
+
+    def _rows(self, layers: tuple[str, ...], full: bool) -> list[EntryInfo]:
+        rows = (self._info(p, layer, full) for layer in layers for p in self._entry_dirs(layer))
+        return [r for r in rows if r is not None]
 
     def verify(self, layers: tuple[str, ...] = ("user", "shipped"), remove: bool = False
                ) -> list[EntryInfo]:
         """Fully check every entry (hashes of every file). `remove`: delete bad user entries."""
-        out = [self._info(p, layer, full=True) for layer in layers for p in self._entry_dirs(layer)]
+        out = self._rows(layers, full=True)
         if remove:
             self._require_writable("verify --remove")
             for info in out:

@@ -263,3 +263,19 @@ def test_bad_file_names_and_meta_are_refused_before_writing(cache):
     with pytest.raises(TypeError):
         cache.put(make_key(1), type(e)(e.ugraph_text, {}, {}, {"t": object()}))
     assert cache.ls() == [] and not any((cache.root / ".tmp").iterdir())
+
+
+def test_failed_write_keeps_the_kernel_in_memory(cache, monkeypatch):
+    from mirage_serve.cache import entry as entry_mod
+
+    def disk_full():
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(entry_mod, "between_files", disk_full)
+    key = make_key(1)
+    with pytest.warns(CacheWarning, match="No space left"):
+        assert cache.put(key, make_entry(1)) is None
+    assert cache.get(key) == make_entry(1) and cache.get(key).origin == "memory"
+    assert cache.stats.unsaved == [key.dirname()] and cache.ls() == []
+    assert not any((cache.root / ".tmp").iterdir())
+    monkeypatch.setattr(entry_mod, "between_files", None)
+    assert cache.put(make_key(2), make_entry(2)) is not None      # the cache itself still works
