@@ -5,8 +5,8 @@
     %y = customized(%x, %w) : bfloat16[8,6144] {
       grid 1,48,1 threads 128 forloop 64
       in %tx = arg0 imap(-1,-1,-1) fmap 1 : bfloat16[8,64]
-      %s = matmul(%tx, %tw) : float32[8,128]
-      %acc = accum_sum(%s) : float32[8,128]
+      %s = matmul(%tx, %tw) : bfloat16[8,128]
+      %acc = accum_sum(%s) : bfloat16[8,128]
       out %acc omap(-1,1,-1) reduce none
       fuse %a %b
     }
