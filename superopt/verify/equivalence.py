@@ -129,6 +129,21 @@ def float_rel_error(program: KernelGraph, candidate: KernelGraph, seed: int) -> 
     return worst
 
 
+def field_trial(program: KernelGraph, candidate: KernelGraph, field: Field, seed: int,
+                trial: int) -> tuple[int, tuple[int, ...]] | None:
+    """One trial: fresh inputs and keys from (seed, trial); the first differing (output, position)."""
+    track_q = _uses_exp(program) or _uses_exp(candidate)
+    dom = FieldDomain(field.p, field.q, field.g, seed=(seed << 32) + trial, track_q=track_q)
+    rng = np.random.default_rng([seed, trial])
+    inputs = {v.name: dom.random_input(rng, v.type.shape, v.type.dtype) for v in program.inputs}
+    for i, (a, b, t) in enumerate(zip(evaluate(program, inputs, dom), evaluate(candidate, inputs, dom),
+                                      program.output_types)):
+        a_p, b_p = np.broadcast_to(a.p, t.shape), np.broadcast_to(b.p, t.shape)
+        if not np.array_equal(a_p, b_p):
+            return i, _first_difference(a_p, b_p)
+    return None
+
+
 def check_equivalent(program: KernelGraph, candidate: KernelGraph, trials: int = 8, seed: int = 0,
                      float_check: bool = True, field: Field | None = None) -> Verdict:
     """Decide whether ``candidate`` computes ``program`` (see the module docstring for the bound)."""
@@ -147,18 +162,11 @@ def check_equivalent(program: KernelGraph, candidate: KernelGraph, trials: int =
     for i, (a, b) in enumerate(zip(p_types, c_types)):
         if a.shape != b.shape:
             return verdict(False, 0, f"output {i} has shape {list(b.shape)}, expected {list(a.shape)}")
-    track_q = _uses_exp(program) or _uses_exp(candidate)
     for t in range(trials):
-        dom = FieldDomain(field.p, field.q, field.g, seed=(seed << 32) + t, track_q=track_q)
-        rng = np.random.default_rng([seed, t])
-        inputs = {v.name: dom.random_input(rng, v.type.shape, v.type.dtype) for v in program.inputs}
-        outs_p = evaluate(program, inputs, dom)
-        outs_c = evaluate(candidate, inputs, dom)
-        for i, (a, b) in enumerate(zip(outs_p, outs_c)):
-            a_p, b_p = np.broadcast_to(a.p, p_types[i].shape), np.broadcast_to(b.p, p_types[i].shape)
-            if not np.array_equal(a_p, b_p):
-                pos = _first_difference(a_p, b_p)
-                return verdict(False, t + 1, f"output {i} differs at index {pos} in trial {t}", (t, i, pos))
+        diff = field_trial(program, candidate, field, seed, t)
+        if diff is not None:
+            i, pos = diff
+            return verdict(False, t + 1, f"output {i} differs at index {pos} in trial {t}", (t, i, pos))
     rel = None
     if float_check:
         rel = float_rel_error(program, candidate, seed)
