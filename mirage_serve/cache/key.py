@@ -29,9 +29,10 @@ _LABEL_MAX = 96
 
 
 def versions_now() -> tuple[tuple[str, str], ...]:
-    """(name, version) for superopt, triton, torch (its CUDA build is in the local version, e.g.
-    ``2.11.0+cu130``) and the CUDA toolkit pieces codegen uses (NVRTC, cuda-bindings), where
-    installed. Read from package metadata: nothing heavy is imported."""
+    """(name, version) for superopt, triton, torch and the CUDA toolkit pieces codegen uses
+    (NVRTC, cuda-bindings), where installed. Read from package metadata: nothing heavy is
+    imported. (Triton kernels are compiled by triton's own bundled ptxas, so triton's version
+    covers them; CUDA C++ kernels by NVRTC, whose wheel version covers those.)"""
     import superopt
 
     out = [("superopt", superopt.__version__)]

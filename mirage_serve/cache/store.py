@@ -57,7 +57,11 @@ def shipped_cache_dir() -> Path | None:
     try:
         p = Path(str(resources.files("mirage_serve.kernels_cache")))
     except ModuleNotFoundError:
-        return None
+        # A source checkout run through PYTHONPATH (the GPU machine) has no package-dir
+        # mapping: the folder sits beside mirage_serve/ at the repository root.
+        p = Path(__file__).resolve().parents[2] / "kernels_cache"
+        if not (p / "__init__.py").is_file():
+            return None
     return p if p.is_dir() else None
 
 

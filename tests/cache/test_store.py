@@ -279,3 +279,17 @@ def test_failed_write_keeps_the_kernel_in_memory(cache, monkeypatch):
     assert not any((cache.root / ".tmp").iterdir())
     monkeypatch.setattr(entry_mod, "between_files", None)
     assert cache.put(make_key(2), make_entry(2)) is not None      # the cache itself still works
+
+
+def test_committed_shipped_cache_is_whole_and_binary_free(tmp_path):
+    from mirage_serve.cache import shipped_cache_dir
+
+    shipped = shipped_cache_dir()
+    assert shipped is not None and (shipped / "__init__.py").is_file()
+    rows = KernelCache(tmp_path, shipped_dir=shipped).verify(layers=("shipped",))
+    assert [(r.path.name, r.reason) for r in rows if not r.ok] == []
+    assert [r.path.name for r in rows if r.binaries] == []
+    # Only entries and the package marker: no temp, lock or trash folders committed by accident.
+    stray = [p.name for p in shipped.iterdir()
+             if p.name not in ("__init__.py", "__pycache__") and p.name not in {r.path.name for r in rows}]
+    assert stray == []
