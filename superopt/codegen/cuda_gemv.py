@@ -2,8 +2,8 @@
 
 Decode matmuls are memory bound: every weight element is used M ≤ 16 times, so what pays is
 reading the weights once, 16 bytes per thread per load, coalesced across the warp, with several
-loads in flight. Threads are laid out as CG column groups (V = 16 bytes of columns each, the
-fastest index, so a warp reads contiguous row segments) × KS slices of K. Each thread keeps M×V
+loads in flight. Threads are laid out as CG column groups (V = 16 bytes of columns each — one column
+where rows are not 16-byte aligned —, the fastest index, so a warp reads contiguous row segments) × KS slices of K. Each thread keeps M×V
 float32 partial sums in registers; slices are combined with shared-memory ``atomicAdd``. A GEMV
 feeding an ``accum_sum`` keeps its registers across the whole for-loop and adds them into the
 accumulator once, after the loop.
@@ -29,7 +29,10 @@ def _k_loop(w: "KernelWriter", g: GemvPlan, acc: str, cg: str, ks: str) -> None:
         f"const {C_TYPES[p.dtype]}* __restrict__ bp = a{p.source} + base_{b} + {cg} * {g.V};")
     w.w("#pragma unroll 4")
     w.open("for (int k = k0; k < k1; ++k)")
-    w.w(f"float bv[{g.V}];", f"unpack(ldg_stream(bp + (long long)k * {row}), bv, bp);")
+    if g.V > 1:
+        w.w(f"float bv[{g.V}];", f"unpack(ldg_stream(bp + (long long)k * {row}), bv, bp);")
+    else:  # rows not 16-byte aligned: scalar loads, still coalesced across the column groups
+        w.w(f"const float bv[1] = {{ld_f(bp[(long long)k * {row}])}};")
     w.w("#pragma unroll")
     w.open(f"for (int m = 0; m < {g.M}; ++m)")
     w.w(f"const float av = {w.rd.read(g.a, ['m', 'k'])};")

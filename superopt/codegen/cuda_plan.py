@@ -131,22 +131,46 @@ def plan_block(b: BlockGraph, arg_shapes: list[tuple[int, ...]]) -> BlockPlan:
         if g is not None:
             plan.gemv[n.out.name] = g
     for name, p in inputs.items():
-        readers = plan.consumers(name)
-        only_gemv_rhs = readers and all(r.out.name in plan.gemv and r.args[1] == name and r.args[0] != name
-                                        for r in readers)
-        is_output = any(o.value == name for o in b.outputs)
-        p.staged = not only_gemv_rhs or is_output
+        p.staged = not _only_gemv_rhs(plan, name)
         p.double = p.staged and p.fmap != -1 and p.vec > 1 and b.forloop > 1
     _layout(plan)
     return plan
+
+
+def widened_input(plan: BlockPlan, name: str) -> str | None:
+    """The input tile that ``name`` is, possibly through inline casts to float32 (exact widening:
+    every tile is loaded to float32 anyway), or None."""
+    while name not in plan.inputs:
+        n = plan.nodes.get(name)
+        if n is None or n.op != "cast" or n.attr("dtype") != "float32" or name not in plan.inline:
+            return None
+        name = n.args[0]
+    return name
+
+
+def _only_gemv_rhs(plan: BlockPlan, name: str) -> bool:
+    """Whether every reader of ``name`` (through inline widening casts) is a GEMV's rhs operand."""
+    if any(o.value == name for o in plan.block.outputs):
+        return False
+    readers = plan.consumers(name)
+    if not readers:
+        return False
+    for r in readers:
+        if r.out.name in plan.gemv and r.args[1] == name and r.args[0] != name:
+            continue
+        if r.op == "cast" and widened_input(plan, r.out.name) is not None and _only_gemv_rhs(plan, r.out.name):
+            continue
+        return False
+    return True
 
 
 def _gemv(plan: BlockPlan, n: Node) -> GemvPlan | None:
     if n.op != "matmul":
         return None
     a, bname = n.args
-    rhs = plan.inputs.get(bname)
-    if rhs is None or len(rhs.tile) != 2 or len(plan.shape(a)) != 2 or rhs.vec == 1:
+    src = widened_input(plan, bname)
+    rhs = plan.inputs.get(src) if src else None
+    if rhs is None or len(rhs.tile) != 2 or len(plan.shape(a)) != 2:
         return None
     (M, K), (_, N) = plan.shape(a), rhs.tile
     if M > GEMV_MAX_M or M * rhs.vec > GEMV_MAX_REGS:
@@ -160,7 +184,7 @@ def _gemv(plan: BlockPlan, n: Node) -> GemvPlan | None:
             and not any(o.value == n.out.name for o in plan.block.outputs)
             and plan.var[n.out.name] == Variance.LOOP):
         into = readers[0].out.name
-    return GemvPlan(n, a, bname, M, K, N, rhs.vec, ks, into)
+    return GemvPlan(n, a, src, M, K, N, rhs.vec, ks, into)
 
 
 def _layout(plan: BlockPlan) -> None:

@@ -134,24 +134,24 @@ def from_storage(x: np.ndarray, dtype: str) -> np.ndarray:
     return (x.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
 
 
-def _launcher(k) -> str:
-    args = []
-    for i, b in enumerate(k.params):
-        args.append(f"({C_TYPES[b.dtype]}*)a[{i}]")
+def _launcher(k, ns: str) -> str:
+    args = [f"({C_TYPES[b.dtype]}*)a[{i}]" for i, b in enumerate(k.params)]
     args += [f"(long long)(intptr_t)a[{len(k.params) + j}]" for j in range(len(k.scalars))]
-    return (f'extern "C" void emu_{k.name}(void** a) {{ emu_launch([&] {{ {k.name}({", ".join(args)}); }}, '
+    return (f'extern "C" void emu_{ns}_{k.name}(void** a) {{ emu_launch([&] {{ {ns}::{k.name}({", ".join(args)}); }}, '
             f"{k.grid[0]}, {k.grid[1]}, {k.grid[2]}, {k.block[0]}, {k.smem_bytes}); }}")
 
 
-def build(module: CudaModule, workdir: str | None = None) -> ctypes.CDLL:
-    """Compile ``module`` for the CPU emulator; cached by source hash."""
-    src = module.source.replace(PRELUDE, SHIM)
-    src = src.replace("extern __shared__ __align__(16) unsigned char smem[];", "unsigned char* smem = emu_smem;")
-    names = set()
-    for k in module.kernels:
-        if k.name not in names:
-            names.add(k.name)
-            src += _launcher(k) + "\n"
+def build(modules: list[CudaModule], workdir: str | None = None) -> ctypes.CDLL:
+    """Compile modules for the CPU emulator in one g++ run (module i in namespace ``m{i}``, its
+    kernels exported as ``emu_m{i}_<name>``); cached by source hash."""
+    src = SHIM
+    for i, module in enumerate(modules):
+        body = module.source.split(PRELUDE, 1)[1]
+        body = body.replace('extern "C" __global__', "__global__").replace(
+            "extern __shared__ __align__(16) unsigned char smem[];", "unsigned char* smem = emu_smem;")
+        src += f"namespace m{i} {{\n{body}\n}}\n"
+        for name in dict.fromkeys(k.name for k in module.kernels):
+            src += _launcher(next(k for k in module.kernels if k.name == name), f"m{i}") + "\n"
     d = workdir or os.path.join(tempfile.gettempdir(), "superopt_cuda_emu")
     os.makedirs(d, exist_ok=True)
     key = hashlib.sha256(src.encode()).hexdigest()[:16]
@@ -169,7 +169,8 @@ def build(module: CudaModule, workdir: str | None = None) -> ctypes.CDLL:
     return ctypes.CDLL(so)
 
 
-def run(module: CudaModule, ugraph, inputs: list[np.ndarray], lib: ctypes.CDLL | None = None) -> list[np.ndarray]:
+def run(module: CudaModule, ugraph, inputs: list[np.ndarray], lib: ctypes.CDLL | None = None,
+        ns: str = "m0") -> list[np.ndarray]:
     """Evaluate ``ugraph`` with its customized ops run by the emulated kernels (float64 results).
 
     Library ops run in float64 numpy and are rounded to their dtype, as the GPU runtime's torch
@@ -178,7 +179,7 @@ def run(module: CudaModule, ugraph, inputs: list[np.ndarray], lib: ctypes.CDLL |
     from superopt.interp import NumpyDomain
     from superopt.interp.evaluate import apply_op
 
-    lib = lib or build(module)
+    lib = lib or build([module])
     env = {v.name: to_storage(x, v.type.dtype) for v, x in zip(ugraph.inputs, inputs)}
     by_node: dict[int, list] = {}
     for k in module.kernels:
@@ -204,7 +205,7 @@ def run(module: CudaModule, ugraph, inputs: list[np.ndarray], lib: ctypes.CDLL |
             for z in k.zero:
                 bufs[z][...] = 0
             ptrs = [b.ctypes.data for b in bufs] + list(k.scalars)
-            getattr(lib, f"emu_{k.name}")((ctypes.c_void_p * len(ptrs))(*ptrs))
+            getattr(lib, f"emu_{ns}_{k.name}")((ctypes.c_void_p * len(ptrs))(*ptrs))
         for v, o in zip(n.outs, outs):
             env[v.name] = o.reshape(v.type.shape)
     return [from_storage(env[o], ugraph.type_of(o).dtype).reshape(ugraph.type_of(o).shape) for o in ugraph.outputs]
