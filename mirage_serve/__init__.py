@@ -4,7 +4,7 @@ __version__ = "0.1.0"
 __all__ = ["PatchReport", "patch", "unpatch"]
 
 # Lazy: `import mirage_serve` stays cheap (no torch, no transformers) until a name is used.
-_LAZY = {"patch": ".patch", "unpatch": ".patch", "PatchReport": ".report"}
+_LAZY = {"patch": ".patch_api", "unpatch": ".patch_api", "PatchReport": ".report"}
 
 
 def __getattr__(name):

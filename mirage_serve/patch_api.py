@@ -1,5 +1,7 @@
 """patch(model) / unpatch(model): swap a Hugging Face decoder's blocks for superoptimized kernels.
 
+(Named patch_api, not patch, so the submodule never shadows the function `mirage_serve.patch`.)
+
     report = mirage_serve.patch(model)           # before model.generate(...)
     print(report)                                 # every site: patched or not, and why
     mirage_serve.unpatch(model)                   # the model exactly as it was
