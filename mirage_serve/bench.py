@@ -151,11 +151,12 @@ def run(lm: LoadedModel, opts: BenchOptions) -> dict[str, Any]:
     facts = lm.facts
     result: dict[str, Any] = {
         "schema": SCHEMA,
-        "model": {"spec": opts.model, "name": lm.name, "source": lm.source, "random_weights": lm.random_weights,
-                  "model_type": facts.get("model_type"), "num_hidden_layers": facts.get("num_hidden_layers"),
-                  "params": registry.param_count(facts), "decode_bytes": registry.decode_bytes(facts, opts.dtype)},
-        "settings": {k: getattr(opts, k) for k in ("batches", "prompt_len", "new_tokens", "dtype", "baselines",
-                                                  "backend", "device", "repeats", "seed")},
+        "model": {"spec": opts.model, "name": lm.name, "source": lm.source,
+                  "random_weights": lm.random_weights, "model_type": facts.get("model_type"),
+                  "num_hidden_layers": facts.get("num_hidden_layers"), "params": registry.param_count(facts),
+                  "decode_bytes": registry.decode_bytes(facts, opts.dtype)},
+        "settings": {k: getattr(opts, k) for k in ("batches", "prompt_len", "new_tokens", "dtype",
+                                                  "baselines", "backend", "device", "repeats", "seed")},
         "environment": environment(opts.device),
         "notes": [],
     }
@@ -163,8 +164,10 @@ def run(lm: LoadedModel, opts: BenchOptions) -> dict[str, Any]:
     result["copy_bandwidth_GBps"] = bw / 1e9 if bw else None
     result["floor_ms"] = result["model"]["decode_bytes"] / bw * 1e3 if bw else None
     runs = ["eager"] + [b for b in opts.baselines if b != "eager"]
-    steps_per_run = len(opts.batches) * (1 + opts.repeats)
-    prog = Progress("bench", steps_per_run * (len(runs) + 1))
+    caches = [BASELINES[name] for name in runs] + ["default"]  # "default": ours, the patch's caches
+    # One progress step per timed repetition, plus one for the warm-up decode_step_time does.
+    warm = [opts.device.startswith("cuda") or cache == "static" for cache in caches]
+    prog = Progress("bench", sum(len(opts.batches) * (w + opts.repeats) for w in warm))
     done: list[int] = []
     measured: dict[str, dict] = {}
     for name in runs:

@@ -14,23 +14,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-EXIT_OK = 0
-EXIT_INCORRECT = 1  # bench: the patched model's greedy tokens diverged from eager
-EXIT_USAGE = 2  # argparse's own code for bad arguments
-EXIT_UNKNOWN_MODEL = 3
-EXIT_NO_GPU = 4
-EXIT_OOM = 5
-EXIT_BAD_CHECKPOINT = 6
-EXIT_UNAVAILABLE = 7  # a component this build lacks (patch, search, cache back end) or no hub access
-EXIT_CACHE = 8  # the cache refused (read-only, bad archive)
-
-
-class CliError(Exception):
-    """An error reported as one line on stderr with its exit code."""
-
-    def __init__(self, message: str, code: int):
-        super().__init__(message)
-        self.code = code
+from .cli_errors import (EXIT_BAD_CHECKPOINT, EXIT_CACHE, EXIT_INCORRECT, EXIT_NO_GPU, EXIT_OK,  # noqa: F401
+                         EXIT_OOM, EXIT_UNAVAILABLE, EXIT_UNKNOWN_MODEL, EXIT_USAGE, CliError)
 
 
 def _int_list(text: str) -> list[int]:
@@ -88,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "(e.g. --set hidden_size=128); repeatable")
     b.add_argument("--repeats", type=int, help="timed repetitions, median taken (GPU default 3; CPU 1)")
     b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--report", action="store_true", help="print patch()'s full per-site report")
     b.add_argument("--json", metavar="FILE", help="write the full result record as JSON")
     b.add_argument("--plot", metavar="FILE.png", help="draw tok/s per batch size for ours and baselines")
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 import sys
 
-from .cli import (EXIT_BAD_CHECKPOINT, EXIT_INCORRECT, EXIT_NO_GPU, EXIT_OK, EXIT_OOM, EXIT_UNAVAILABLE,
-                  CliError)
+from .cli_errors import (EXIT_BAD_CHECKPOINT, EXIT_INCORRECT, EXIT_NO_GPU, EXIT_OK, EXIT_OOM,
+                         EXIT_UNAVAILABLE, EXIT_USAGE, CliError)
 
 GPU_DEFAULTS = dict(batch=[1, 8], prompt_len=128, new_tokens=256, dtype="bf16",
                     baselines=["eager", "static-compile"], repeats=3)
@@ -38,7 +38,7 @@ def options(args):
     pick = lambda value, key: d[key] if value is None else value  # noqa: E731
     new_tokens = pick(args.new_tokens, "new_tokens")
     if new_tokens < 2:
-        raise CliError("--new-tokens must be at least 2 (step time = (t(N) - t(1)) / (N - 1))", 2)
+        raise CliError("--new-tokens must be at least 2 (step time = (t(N) - t(1)) / (N - 1))", EXIT_USAGE)
     backend = args.backend
     if backend == "auto" and device == "cpu":
         backend = "torch"  # the exact torch executor: the only backend a CPU has
@@ -71,6 +71,10 @@ def _f(v, fmt: str, none: str = "-") -> str:
     return none if v is None else format(v, fmt)
 
 
+def _ratio(v) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
 def format_result(r: dict) -> str:
     """The human-readable report of a result record."""
     m, s, env = r["model"], r["settings"], r["environment"]
@@ -89,7 +93,8 @@ def format_result(r: dict) -> str:
     else:
         lines.append("bandwidth   not measured on CPU (the floor is a GPU quantity)")
     p = r["patch"]
-    lines.append(f"patch       {p['seconds']:.2f} s" if p["available"] else f"patch       not run: {p['error']}")
+    lines.append(f"patch       {p['seconds']:.2f} s to patch" if p["available"]
+                 else f"patch       not run: {p['error']}")
     bases = s["baselines"]
     head = f"{'batch':>5}  {'run':<15} {'ms/step':>9} {'tok/s':>9} {'% floor':>8}" + \
         "".join(f" {'vs ' + b:>18}" for b in bases)
@@ -97,8 +102,7 @@ def format_result(r: dict) -> str:
     for row in r["rows"]:
         lines.append(f"{row['batch']:>5}  {row['run']:<15} {row['ms_per_step']:>9.3f} "
                      f"{_f(row['tok_per_s'], '.1f'):>9} {_f(row['pct_of_floor'], '.1f'):>8}" +
-                     "".join(f" {_f(row['speedup'].get(b), '.2f') + ('x' if row['speedup'].get(b) else ''):>18}"
-                             for b in bases))
+                     "".join(f" {_ratio(row['speedup'].get(b)):>18}" for b in bases))
     lines += ["", "correctness " + correctness_line(r)]
     lines += [f"note        {n}" for n in r["notes"]]
     return "\n".join(lines)
@@ -112,8 +116,8 @@ def correctness_line(r: dict) -> str:
     if c["identical"]:
         return f"OK: greedy tokens identical to eager for {where}"
     d = c["first_divergence"]
-    return (f"FAILED: greedy tokens diverge from eager at step {d['step']} (batch {d['batch']}, row {d['row']}: "
-            f"expected {d['expected']}, got {d['got']}) within {where}")
+    return (f"FAILED: greedy tokens diverge from eager at step {d['step']} (batch {d['batch']}, "
+            f"row {d['row']}: expected {d['expected']}, got {d['got']}) within {where}")
 
 
 def cmd_bench(args) -> int:
@@ -134,7 +138,9 @@ def cmd_bench(args) -> int:
     if not result["patch"]["available"]:
         result["notes"].append("ours was not measured: patch() is missing from this build")
     elif result["patch"]["report"]:
-        print(result["patch"]["report"])
+        # The per-site table can run to hundreds of lines: its summary (last line) unless asked.
+        report = result["patch"]["report"].rstrip()
+        print(report if args.report else "patch report: " + report.splitlines()[-1])
         print()
     print(format_result(result))
     if args.json:
