@@ -1,0 +1,343 @@
+"""Render a μGraph's customized ops to Triton: one ``@triton.jit`` kernel (+ launcher) per op.
+
+The kernel of a block graph (ir/graph.py) is the block graph itself, written out: one Triton
+program per threadblock of the ``grid``; loop-invariant nodes before a ``for`` over the
+``forloop`` range; inside it the fmap'd tile loads, the loop-variant nodes and the accumulators
+in graph order (as ``interp.evaluate`` runs them); after it the nodes that read final values;
+then one masked store per output, an atomic add where blocks must be summed (``reduce sum``).
+
+Numerics: tiles are loaded in their dtype and every op computes in float32; a matmul feeds
+``tl.dot`` operands in the dtype the μGraph declares (tensor cores for fp16/bf16, exact IEEE
+for fp32) and accumulates in float32; a ``cast`` to fp16/bf16 rounds through that dtype; stores
+round to the output's dtype. Shapes, strides and offsets are baked in as constants (a μGraph is
+static), which lets Triton prove alignment and issue 16-byte vector loads. Tiles are padded to
+Triton's extents (``triton_pad``); masks keep padding out of reductions, dots and stores.
+
+Library ops are not rendered: the runtime runs them as torch calls. This module imports no
+triton and no torch; it only writes text.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..ir import BlockGraph, Category, KernelGraph, Node, Variance, block_variance, op_info, reduced_axes
+from .triton_pad import padded_shapes
+
+TL_DTYPES = {"float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32"}
+_UNARY = {
+    "exp": "tl.exp({0})",
+    "neg": "(-{0})",
+    "square": "({0} * {0})",
+    "sqrt": "tl.sqrt({0})",
+    "rsqrt": "tl.rsqrt({0})",
+    "sigmoid": "tl.sigmoid({0})",
+    "silu": "({0} * tl.sigmoid({0}))",
+    "tanh": "(2.0 * tl.sigmoid(2.0 * {0}) - 1.0)",
+    "gelu_tanh": "(0.5 * {0} * (1.0 + (2.0 * tl.sigmoid(1.5957691216057308 * ({0} + 0.044715 * {0} * {0} * {0}))"
+                 " - 1.0)))",
+}
+_BINARY = {"add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "div": "({0} / {1})",
+           "max": "tl.maximum({0}, {1})"}
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One rendered kernel: which customized node it runs and how the runtime launches it."""
+
+    name: str                  # the @triton.jit function
+    launcher: str              # the python function that launches it (wrapped as a torch custom op)
+    node_index: int            # position of the customized node in the kernel graph
+    grid: tuple[int, int, int]
+    args: tuple[str, ...]      # kernel-graph tensors read, in launcher order
+    outs: tuple[str, ...]      # kernel-graph tensors written, in launcher order
+    workspaces: tuple[int, ...]  # indices into ``outs`` summed by atomics in a float32 workspace
+    num_warps: int             # defaults (block_threads / 32, 3 stages); the profiler may change them
+    num_stages: int
+
+
+@dataclass(frozen=True)
+class TritonModule:
+    name: str
+    source: str
+    kernels: list[KernelSpec]
+    graph: KernelGraph
+
+
+def render_triton(ugraph: KernelGraph) -> TritonModule:
+    """Render every customized op of ``ugraph``; library ops are left to the runtime."""
+    base = _ident(ugraph.name)
+    parts = ["import torch", "import triton", "import triton.language as tl",
+             "from torch.library import wrap_triton", ""]
+    kernels = []
+    for idx, n in enumerate(ugraph.nodes):
+        if n.op != "customized":
+            continue
+        spec, text = _render_kernel(f"{base}_k{idx}", idx, n, ugraph)
+        kernels.append(spec)
+        parts.append(text)
+    return TritonModule(base, "\n".join(parts), kernels, ugraph)
+
+
+def _ident(name: str) -> str:
+    s = re.sub(r"\W", "_", name)
+    return s if s and not s[0].isdigit() else f"g_{s}"
+
+
+def _strides(shape: tuple[int, ...]) -> list[int]:
+    out, acc = [], 1
+    for s in reversed(shape):
+        out.append(acc)
+        acc *= s
+    return out[::-1]
+
+
+def _ar(p: int, d: int, rank: int) -> str:
+    """tl.arange over dim ``d`` of a rank-``rank`` tile, with broadcast axes elsewhere."""
+    r = f"tl.arange(0, {p})"
+    if rank == 1:
+        return r
+    return r + "[" + ", ".join(":" if k == d else "None" for k in range(rank)) + "]"
+
+
+def _mask(real: tuple[int, ...], pad: tuple[int, ...], dims=None) -> str | None:
+    dims = range(len(real)) if dims is None else dims
+    terms = [f"({_ar(pad[d], d, len(real))} < {real[d]})" for d in dims if pad[d] > real[d]]
+    return " & ".join(terms) if terms else None
+
+
+class _Kernel:
+    """Text of one kernel body; ``self.var`` maps block value names to Triton variables."""
+
+    def __init__(self, b: BlockGraph, narrow: str | None):
+        self.b = b
+        self.narrow = narrow
+        self.producer = {n.out.name: n for n in b.nodes}
+        self.pad = padded_shapes(b)
+        self.real = {i.value.name: i.value.type.shape for i in b.inputs}
+        self.real.update((n.out.name, n.out.type.shape) for n in b.nodes)
+        self.dtype = {i.value.name: i.value.type.dtype for i in b.inputs}
+        self.dtype.update((n.out.name, n.out.type.dtype) for n in b.nodes)
+        self.var: dict[str, str] = {}
+        self.native: set[str] = set()  # values held in their loaded dtype, not yet float32
+        self.lines: list[str] = []
+
+    def name(self, v: str) -> str:
+        if v not in self.var:
+            self.var[v] = f"v{len(self.var)}_{_ident(v)[:24]}"
+        return self.var[v]
+
+    def f32(self, v: str) -> str:
+        native = v in self.native and self.dtype[v] != "float32"
+        return f"{self.var[v]}.to(tl.float32)" if native else self.var[v]
+
+    def emit(self, line: str, ind: int) -> None:
+        self.lines.append("    " * ind + line)
+
+    # ------------------------------------------------------------ loads and stores
+    def load(self, inp, src_shape: tuple[int, ...], ind: int) -> None:
+        b, name = self.b, inp.value.name
+        tile, pad = self.real[name], self.pad[name]
+        terms = []
+        for d, stride in enumerate(_strides(src_shape)):
+            parts = [f"pid{a} * {src_shape[d] // b.grid[a]}" for a in range(3)
+                     if inp.imap[a] == d and b.grid[a] > 1]
+            if inp.fmap == d and b.forloop > 1:
+                parts.append(f"i * {tile[d]}")
+            idx = " + ".join(parts + [_ar(pad[d], d, len(tile))])
+            terms.append(f"({idx})" + (f" * {stride}" if stride != 1 else ""))
+        ptrs = f"a{inp.source}_ptr + " + " + ".join(terms)
+        mask = _mask(tile, pad)
+        args = f"{ptrs}, mask={mask}, other=0.0" if mask else ptrs
+        self.emit(f"{self.name(name)} = tl.load({args})", ind)
+        self.native.add(name)
+
+    def store(self, k: int, o, out_shape: tuple[int, ...], atomic: bool) -> None:
+        b = self.b
+        tile, pad = self.real[o.value], self.pad[o.value]
+        terms = []
+        for d, stride in enumerate(_strides(out_shape)):
+            parts = [f"pid{a} * {tile[d]}" for a in range(3) if o.omap[a] == d and b.grid[a] > 1]
+            idx = " + ".join(parts + [_ar(pad[d], d, len(tile))])
+            terms.append(f"({idx})" + (f" * {stride}" if stride != 1 else ""))
+        ptrs = f"o{k}_ptr + " + " + ".join(terms)
+        val = f"{self.f32(o.value)}.to(o{k}_ptr.dtype.element_ty)"
+        mask = _mask(tile, pad)
+        fn = "tl.atomic_add" if atomic else "tl.store"
+        self.emit(f"{fn}({ptrs}, {val}" + (f", mask={mask})" if mask else ")"), 1)
+
+    # ------------------------------------------------------------ nodes
+    def operand(self, v: str, out: str) -> str:
+        """``v`` in float32, squeezed where a padded extent-1 dim must broadcast (rare)."""
+        x, rv, pv = self.f32(v), self.real[v], self.pad[v]
+        po = self.pad[out]
+        for i in range(1, len(rv) + 1):
+            d = len(rv) - i
+            if rv[d] == 1 and pv[d] > 1 and i <= len(po) and po[-i] != pv[d]:
+                # real extent 1 padded for a dot elsewhere: keep element 0 only, as extent 1
+                x = f"tl.sum(tl.where({_ar(pv[d], d, len(rv))} == 0, {x}, 0.0), axis={d}, keep_dims=True)"
+        return x
+
+    def node(self, n: Node, ind: int) -> None:
+        out, cat = n.out.name, op_info(n.op).category
+        lhs = self.name(out)
+        if cat is Category.CONST:
+            self.emit(f"{lhs} = tl.full([], {_float(n.attr('value'))}, tl.float32)", ind)
+        elif cat is Category.UNARY:
+            self.emit(f"{lhs} = {_UNARY[n.op].format(self.f32(n.args[0]))}", ind)
+        elif cat is Category.BINARY:
+            a, c = (self.operand(x, out) for x in n.args)
+            self.emit(f"{lhs} = {_BINARY[n.op].format(a, c)}", ind)
+        elif cat is Category.REDUCE:
+            src, dim = n.args[0], n.attr("dim")
+            x = self.f32(src)
+            m = _mask(self.real[src], self.pad[src], [dim])
+            if m:
+                fill = "0.0" if n.op == "reduce_sum" else '-float("inf")'
+                x = f"tl.where({m}, {x}, {fill})"
+            fn = "tl.sum" if n.op == "reduce_sum" else "tl.max"
+            self.emit(f"{lhs} = {fn}({x}, axis={dim}, keep_dims={bool(n.attr('keepdim'))})", ind)
+        elif cat is Category.MATMUL:
+            self.matmul(n, lhs, ind)
+        elif n.op == "transpose":
+            r = len(self.real[out])
+            perm = "" if r == 2 else ", " + str(tuple(list(range(r - 2)) + [r - 1, r - 2]))
+            fn = "tl.trans" if r == 2 else "tl.permute"
+            self.emit(f"{lhs} = {fn}({self.f32(n.args[0])}{perm})", ind)
+        elif n.op == "cast":
+            x, dt = self.f32(n.args[0]), n.attr("dtype")
+            self.emit(f"{lhs} = {x}.to({TL_DTYPES[dt]}).to(tl.float32)" if dt in ("float16", "bfloat16")
+                      else f"{lhs} = {x}", ind)
+        else:
+            raise NotImplementedError(f"render_triton: no Triton form for block op {n.op!r}")
+
+    def matmul(self, n: Node, lhs: str, ind: int) -> None:
+        """tl.dot on rank 2, or rank 3 with the batch dims flattened; unit batch dims dropped."""
+        po = list(self.pad[n.out.name])
+        batch = 1
+        for e in po[:-2]:
+            batch *= e
+        ops = []
+        for j, v in enumerate(n.args):
+            if self.narrow:
+                v = self.unwidened(v)
+            rv, pv = self.real[v], list(self.pad[v])
+            kdim = len(rv) - 1 if j == 0 else len(rv) - 2
+            want = self.narrow or "float32"
+            native = v in self.native
+            x = self.var[v] if native else self.f32(v)
+            m = _mask(rv, pv, [kdim])
+            if m:  # padding along K must contribute nothing, whatever garbage it holds
+                x = f"tl.where({m}, {x}, 0.0)"
+            if want != "float32" and (not native or m or self.dtype[v] != want):
+                x = f"{x}.to({TL_DTYPES[want]})"
+            if batch > 1 and (len(pv) < len(po) or pv[:-2] != po[:-2]):
+                x = f"{x}[{', '.join(['None'] * (len(po) - len(pv)) + [':'] * len(pv))}]"
+                x = f"tl.broadcast_to({x}, {po[:-2] + pv[-2:]})"
+            if len(po) != 3 or batch == 1:
+                x = f"tl.reshape({x}, {([batch] if batch > 1 else []) + pv[-2:]})" if len(pv) != 2 else x
+            ops.append(x)
+        prec = "" if self.narrow else ', input_precision="ieee"'
+        dot = f"tl.dot({ops[0]}, {ops[1]}, out_dtype=tl.float32{prec})"
+        if len(po) != 2 and (len(po) != 3 or batch == 1):
+            dot = f"tl.reshape({dot}, {po})"
+        self.emit(f"{lhs} = {dot}", ind)
+
+    def unwidened(self, v: str) -> str:
+        """The fp16/bf16 value a float32 ``v`` was cast from, if it was: the dot can take it exactly."""
+        n = self.producer.get(v)
+        while n is not None and n.op == "cast" and self.dtype[n.args[0]] in ("float16", "bfloat16"):
+            v = n.args[0]
+            n = self.producer.get(v)
+        return v
+
+    def accumulate(self, n: Node, ind: int) -> None:
+        acc, x = self.var[n.out.name], self.f32(n.args[0])
+        if n.op == "accum_sum":
+            self.emit(f"{acc} = {acc} + {x}", ind)
+        elif n.op == "accum_sum_sq":
+            self.emit(f"{acc} = {acc} + {x} * {x}", ind)
+        elif n.op == "accum_max":
+            self.emit(f"{acc} = tl.maximum({acc}, {x})", ind)
+        else:  # online-softmax rescale: acc·exp(m_prev − m) + x, m updated earlier this iteration
+            m = n.args[1]
+            self.emit(f"{acc} = {acc} * tl.exp({self.var[m]}_prev - {self.var[m]}) + {x}", ind)
+
+
+def _float(v: float) -> str:
+    v = float(v)
+    if v != v:
+        return 'float("nan")'
+    if v in (float("inf"), float("-inf")):
+        return f'{"-" if v < 0 else ""}float("inf")'
+    return repr(v)
+
+
+def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph) -> tuple[KernelSpec, str]:
+    b: BlockGraph = node.block
+    io = [g.type_of(a).dtype for a in node.args] + [v.type.dtype for v in node.outs]
+    k = _Kernel(b, next((d for d in io if d in ("float16", "bfloat16")), None))
+    var = block_variance(b)
+    arg_shapes = [g.type_of(a).shape for a in node.args]
+    atomic = [bool(reduced_axes(o, b.grid)) for o in b.outputs]
+    for a in range(3):
+        if b.grid[a] > 1:
+            k.emit(f"pid{a} = tl.program_id({a})", 1)
+    for inp in b.inputs:
+        if inp.fmap == -1:
+            k.load(inp, arg_shapes[inp.source], 1)
+    accums = [n for n in b.nodes if op_info(n.op).category is Category.ACCUM]
+    for n in b.nodes:
+        if var[n.out.name] == Variance.PRE:
+            k.node(n, 1)
+    for n in accums:
+        init = '-float("inf")' if n.op == "accum_max" else "0.0"
+        k.emit(f"{k.name(n.out.name)} = tl.full({list(k.pad[n.out.name])}, {init}, tl.float32)", 1)
+    rescaled_by = {n.args[1] for n in accums if n.op == "accum_sum_rescaled"}
+    ind = 1
+    if b.forloop > 1:
+        k.emit(f"for i in range({b.forloop}):", 1)
+        ind = 2
+    for m in sorted(rescaled_by):
+        k.emit(f"{k.var[m]}_prev = {k.var[m]}", ind)
+    for inp in b.inputs:
+        if inp.fmap != -1:
+            k.load(inp, arg_shapes[inp.source], ind)
+    for n in b.nodes:
+        if op_info(n.op).category is Category.ACCUM:
+            k.accumulate(n, ind)
+        elif var[n.out.name] in (Variance.LOOP, Variance.RUNNING):
+            k.node(n, ind)
+    for n in b.nodes:
+        if var[n.out.name] == Variance.POST and op_info(n.op).category is not Category.ACCUM:
+            k.node(n, 1)
+    for j, o in enumerate(b.outputs):
+        k.store(j, o, node.outs[j].type.shape, atomic[j])
+    params = [f"a{j}_ptr" for j in range(len(node.args))] + [f"o{j}_ptr" for j in range(len(b.outputs))]
+    body = "\n".join(k.lines) if k.lines else "    pass"
+    text = f"@triton.jit\ndef {kname}({', '.join(params)}):\n{body}\n"
+    spec = KernelSpec(kname, f"launch_{kname}", idx, tuple(b.grid), tuple(node.args),
+                      tuple(v.name for v in node.outs),
+                      tuple(j for j, a in enumerate(atomic) if a and node.outs[j].type.dtype != "float32"),
+                      max(1, b.block_threads // 32), 3)
+    return spec, text + "\n" + _launcher(spec, node, atomic) + "\n"
+
+
+def _launcher(spec: KernelSpec, node: Node, atomic: list[bool]) -> str:
+    """The python function the runtime registers as a torch custom op (``triton_op``)."""
+    ins = [f"a{j}" for j in range(len(spec.args))]
+    outs = [f"o{j}" for j in range(len(spec.outs))]
+    wss = [f"w{j}" for j in spec.workspaces]
+    sig = ", ".join(f"{p}: torch.Tensor" for p in ins + outs + wss)
+    lines = [f"def {spec.launcher}({sig}, num_warps: int, num_stages: int) -> None:"]
+    targets = list(outs)
+    for j, a in enumerate(atomic):
+        if a:  # blocks add their partial tiles: start from zero, in float32
+            if j in spec.workspaces:
+                targets[j] = f"w{j}"
+            lines.append(f"    {targets[j]}.zero_()")
+    lines.append(f"    wrap_triton({spec.name})[{spec.grid}]({', '.join(ins + targets)}, "
+                 f"num_warps=num_warps, num_stages=num_stages)")
+    for j in spec.workspaces:
+        lines.append(f"    o{j}.copy_(w{j})")
+    return "\n".join(lines) + "\n"

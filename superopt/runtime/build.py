@@ -1,0 +1,75 @@
+"""Build rendered Triton modules: write the source to a file, import it, register custom ops.
+
+Triton's ``@jit`` reads a kernel's source with ``inspect``, so generated code must live in a real
+file; it goes to a content-addressed path (name + hash of the source), written atomically, so
+several processes may build the same module at once. Each launcher becomes a ``torch.library``
+custom op through ``triton_op``, which keeps the kernels opaque-but-traceable under
+``torch.compile``. Everything is memoised per process by content hash.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+import tempfile
+from pathlib import Path
+from types import ModuleType
+from typing import Callable
+
+from ..codegen.triton import KernelSpec, TritonModule
+
+_MODULES: dict[str, ModuleType] = {}
+_OPS: dict[str, Callable] = {}
+OP_NAMESPACE = "superopt_triton"
+
+
+def default_cache_dir() -> Path:
+    return Path(tempfile.gettempdir()) / f"superopt-triton-{os.getuid() if hasattr(os, 'getuid') else 0}"
+
+
+def source_key(tm: TritonModule) -> str:
+    return hashlib.sha256(tm.source.encode()).hexdigest()[:12]
+
+
+def interpreting() -> bool:
+    """Whether Triton runs kernels in its CPU interpreter in this process.
+
+    ``TRITON_INTERPRET=1`` must be set before triton is first imported: triton decorates its own
+    library functions at import, so the mode cannot change inside a process.
+    """
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def load_module(tm: TritonModule, cache_dir: str | Path | None = None) -> ModuleType:
+    """Import the module ``tm`` renders (memoised by source hash)."""
+    key = source_key(tm)
+    if key in _MODULES:
+        return _MODULES[key]
+    folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{tm.name}_{key}.py"
+    if not path.exists() or path.read_text() != tm.source:
+        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            f.write(tm.source)
+        os.replace(tmp, path)
+    modname = f"superopt_gen_{tm.name}_{key}"
+    spec = importlib.util.spec_from_file_location(modname, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[modname] = mod  # triton resolves globals of jitted functions through the module
+    spec.loader.exec_module(mod)
+    _MODULES[key] = mod
+    return mod
+
+
+def kernel_op(tm: TritonModule, spec: KernelSpec, cache_dir: str | Path | None = None) -> Callable:
+    """The torch custom op ``superopt_triton::<kernel>_<hash>`` that launches ``spec``'s kernel."""
+    from torch.library import triton_op
+
+    name = f"{OP_NAMESPACE}::{spec.name}_{source_key(tm)}"
+    if name not in _OPS:
+        fn = getattr(load_module(tm, cache_dir), spec.launcher)
+        mutated = [f"o{j}" for j in range(len(spec.outs))] + [f"w{j}" for j in spec.workspaces]
+        _OPS[name] = triton_op(name, mutates_args=tuple(mutated))(fn)
+    return _OPS[name]

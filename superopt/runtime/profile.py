@@ -1,0 +1,60 @@
+"""Pick the fastest of several verified μGraphs and their launch parameters by measurement.
+
+Every candidate is built with each launch configuration (num_warps, num_stages, applied to all
+its kernels), timed as a CUDA-graph replay over input sets rotated beyond L2, and ranked by its
+median time. A candidate that fails to build or run is kept in the result with its error, so
+the caller sees why it lost.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from ..ir import KernelGraph
+from .compiled import compile_graph
+from .timing import rotated_sets, time_call
+
+DEFAULT_CONFIGS = ((4, 3), (8, 3), (4, 4), (8, 2))  # (num_warps, num_stages)
+
+
+@dataclass(frozen=True)
+class ProfileResult:
+    index: int                  # position in the candidate list
+    ugraph: KernelGraph
+    launch: dict = field(default_factory=dict)  # kernel name -> (num_warps, num_stages)
+    median_us: float = float("inf")
+    tried: tuple = ()           # ((num_warps, num_stages), median_us) for every config timed
+    error: str | None = None
+
+
+def profile_candidates(ugraphs: Sequence[KernelGraph], example_inputs: Sequence[torch.Tensor],
+                       configs: Sequence[tuple[int, int]] = DEFAULT_CONFIGS, reps: int = 30,
+                       backend: str = "triton") -> list[ProfileResult]:
+    """Rank ``ugraphs`` (all computing the same program) by median time on ``example_inputs``."""
+    sets = rotated_sets(example_inputs)
+    results = []
+    for i, g in enumerate(ugraphs):
+        best, tried, err = None, [], None
+        for nw, ns in configs:
+            try:
+                cg = compile_graph(g, backend=backend, device=example_inputs[0].device,
+                                   launch={k.name: (nw, ns) for k in _kernels(g)})
+                us = time_call(cg, sets, graph=True, reps=reps)
+            except Exception as e:  # a candidate that cannot build or run loses, with its reason
+                err = f"{type(e).__name__}: {e}"
+                continue
+            tried.append(((nw, ns), us))
+            if best is None or us < best[1]:
+                best = (cg.launch, us)
+        if best is None:
+            results.append(ProfileResult(i, g, error=err))
+        else:
+            results.append(ProfileResult(i, g, best[0], best[1], tuple(tried)))
+    return sorted(results, key=lambda r: r.median_us)
+
+
+def _kernels(g: KernelGraph):
+    from ..codegen.triton import render_triton
+    return render_triton(g).kernels

@@ -1,0 +1,34 @@
+"""Generated Triton kernels, run in Triton's CPU interpreter, match the float64 program (fp32, fp16)."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.codegen.triton_cases import CASES, INTERP_DTYPES
+
+ROOT = Path(__file__).resolve().parents[2]
+TOL = {"float32": 1e-5, "float16": 2e-3}  # CONVENTIONS.md tolerance table
+
+
+@pytest.fixture(scope="module")
+def interp_errors() -> dict:
+    # one interpreter process for all cases: TRITON_INTERPRET must precede triton's import
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-m", "tests.codegen.triton_interp_run"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("dtype", INTERP_DTYPES)
+@pytest.mark.parametrize("case", [c[0] for c in CASES])
+def test_interpreted_kernel_matches_float64(interp_errors, case, dtype):
+    err = interp_errors[f"{case}/{dtype}"]
+    assert not isinstance(err, str), err
+    assert math.isfinite(err) and err <= TOL[dtype], f"{case} {dtype}: relative error {err:.3e}"
