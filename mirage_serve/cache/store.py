@@ -78,6 +78,16 @@ class EntryInfo:
     ok: bool
     reason: str = ""              # why the entry is bad ("" when ok)
 
+    def summary(self) -> str:
+        """One line for `mirage-serve cache ls`: layer, status, name, key facts, size."""
+        k = self.key
+        facts = f"{k.dtype} {k.bucket} {k.arch} {k.backend}" if k else "?"
+        size = sum(self.files.values()) / 1024
+        status = "ok " if self.ok else "BAD"
+        tail = "binary" if self.binaries else "text only"
+        line = f"{self.layer:7} {status} {self.path.name}  {facts}  {size:.1f} KiB  {tail}"
+        return line + (f"  ({self.reason})" if self.reason else "")
+
 
 @dataclass
 class CacheStats:
@@ -96,7 +106,7 @@ class CacheStats:
         if self.rejected:
             s += f"; rejected {len(self.rejected)}"
         if self.unsaved:
-            s += f"; {len(self.unsaved)} computed in memory only (cache is read-only)"
+            s += f"; {len(self.unsaved)} computed in memory only (not saved: cache not writable)"
         return s
 
 
@@ -195,23 +205,23 @@ class KernelCache:
                               "keeping results in memory", CacheWarning, stacklevel=2)
                 self.read_only = True
         if self.read_only:
-            self._memory[key.digest()] = (key, replace(entry, origin="memory"))
-            self.stats.unsaved.append(key.dirname())
-            return None
+            return self._keep_in_memory(key, entry)
         try:
             write_entry(tmp, key, entry)
             final, _ = install_entry(self.root, tmp, key)
         except OSError as e:   # disk full, directory gone: patch() must go on with the kernel
             warnings.warn(f"mirage_serve cache: could not save {key.dirname()} ({e}); "
                           "keeping it in memory", CacheWarning, stacklevel=2)
-            self._memory[key.digest()] = (key, replace(entry, origin="memory"))
-            self.stats.unsaved.append(key.dirname())
-            return None
+            return self._keep_in_memory(key, entry)
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
         self.stats.puts += 1
         return final
+
+    def _keep_in_memory(self, key: CacheKey, entry: CacheEntry) -> None:
+        self._memory[key.digest()] = (key, replace(entry, origin="memory"))
+        self.stats.unsaved.append(key.dirname())
 
     @contextlib.contextmanager
     def lock(self, key: CacheKey, timeout: float | None = None) -> Iterator[None]:

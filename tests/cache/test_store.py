@@ -293,3 +293,20 @@ def test_committed_shipped_cache_is_whole_and_binary_free(tmp_path):
     stray = [p.name for p in shipped.iterdir()
              if p.name not in ("__init__.py", "__pycache__") and p.name not in {r.path.name for r in rows}]
     assert stray == []
+
+
+def test_entry_summary_line_and_cheap_import(cache):
+    import subprocess
+    import sys
+
+    cache.put(make_key(1), make_entry(1))
+    cubin = cache.root / make_key(1).dirname() / "kernel.cubin"
+    line = cache.ls()[0].summary()
+    assert line.startswith("user    ok  rmsnorm_matmul-sm90-bf16-k896-n73-1-") and "bf16 b4 sm90 triton" in line
+    assert line.endswith("KiB  binary")
+    cubin.write_bytes(b"\0")
+    bad = cache.verify()[0].summary()
+    assert " BAD " in bad and "hash mismatch" in bad
+    code = "import sys, mirage_serve.cache; print(sorted({'torch', 'numpy', 'transformers'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
