@@ -14,14 +14,15 @@ from superopt.lax.extract import ExtractError, extract
 class RMSNormLinear(nn.Module):
     """Llama's RMSNorm written out (fp32 compute, cast back) feeding a biased projection."""
 
-    def __init__(self, d: int, n: int, eps: float = 1e-6):
+    def __init__(self, d: int, n: int, eps: float = 1e-6, compute: torch.dtype = torch.float32):
         super().__init__()
+        self.compute = compute
         self.weight = nn.Parameter(torch.randn(d) * 0.1 + 1)
         self.proj = nn.Linear(d, n, bias=True)
         self.eps = eps
 
     def forward(self, x):
-        h = x.to(torch.float32)
+        h = x.to(self.compute)
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         n = self.weight * h.to(x.dtype)
         return n, self.proj(n)
@@ -45,7 +46,7 @@ def _inputs(ex, module, x):
 
 def test_rmsnorm_linear_matches_float64_reference():
     torch.manual_seed(0)
-    m = RMSNormLinear(73, 45).double()
+    m = RMSNormLinear(73, 45, compute=torch.float64).double()
     x = torch.randn(3, 73, dtype=torch.float64)
     ex = extract(m, (x,), "rms_proj")
     assert [t.shape for t in ex.graph.output_types] == [(3, 73), (3, 45)]
