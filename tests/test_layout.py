@@ -1,0 +1,124 @@
+"""The layout rules of DESIGN.md, enforced: import direction, torch only at the edges, a cheap
+``import superopt.ir``, no source file over 800 lines, every package folder installed."""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MAX_LINES = 800
+
+# superopt subpackage -> the superopt subpackages it may import (DESIGN.md "Import direction":
+# ir <- interp <- abstract, verify <- search; lax, layout, codegen on ir; runtime on codegen;
+# pipeline on all). abstract may use lax: its axioms are written as Lax programs (a builder on ir).
+ALLOWED = {
+    "ir": set(),
+    "interp": {"ir"},
+    "lax": {"ir"},
+    "layout": {"ir"},
+    "codegen": {"ir"},
+    "abstract": {"ir", "interp", "lax"},
+    "verify": {"ir", "interp"},
+    "search": {"ir", "interp", "lax", "abstract", "verify"},
+    "runtime": {"ir", "codegen"},
+    "pipeline": {"ir", "interp", "lax", "layout", "codegen", "abstract", "verify", "search", "runtime"},
+}
+NEVER_IN_SUPEROPT = {"mirage_serve", "transformers", "patches"}
+HEAVY = {"torch", "triton"}
+# the edges where torch / triton may appear (DESIGN.md: lax extraction, runtime, a torch Domain)
+HEAVY_OK = ("superopt/runtime/", "superopt/lax/extract.py", "superopt/interp/torch_domain.py")
+
+
+def _sources(*folders: str) -> list[Path]:
+    return sorted(p for f in folders if (ROOT / f).is_dir() for p in (ROOT / f).rglob("*.py")
+                  if "__pycache__" not in p.parts)
+
+
+def _imports(path: Path) -> list[tuple[str, int]]:
+    """Absolute module names imported by ``path`` (relative imports resolved), with line numbers."""
+    rel = path.relative_to(ROOT).with_suffix("")
+    package = list(rel.parts[:-1])  # the package a relative import starts from (also for __init__)
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [(a.name, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+                names = [mod] if node.module else [f"{mod}.{a.name}" for a in node.names]
+            else:
+                names = [node.module]
+            out += [(n, node.lineno) for n in names]
+    return out
+
+
+def _subpackage(path: Path) -> str:
+    parts = path.relative_to(ROOT / "superopt").with_suffix("").parts
+    return parts[0]
+
+
+SUPEROPT = _sources("superopt")
+
+
+@pytest.mark.parametrize("path", SUPEROPT, ids=lambda p: str(p.relative_to(ROOT)))
+def test_superopt_import_direction(path):
+    own = _subpackage(path)
+    rel = str(path.relative_to(ROOT))
+    problems = []
+    for mod, line in _imports(path):
+        top = mod.split(".")[0]
+        if top in NEVER_IN_SUPEROPT:
+            problems.append(f"{rel}:{line} imports {mod}: superopt never imports {top}")
+        if top in HEAVY and not rel.startswith(HEAVY_OK):
+            problems.append(f"{rel}:{line} imports {mod}: torch/triton only in {', '.join(HEAVY_OK)}")
+        if top == "superopt" and own != "__init__":
+            parts = mod.split(".")
+            target = parts[1] if len(parts) > 1 else "superopt"
+            if target == own:
+                continue
+            if own not in ALLOWED:
+                problems.append(f"{rel}: superopt.{own} is not in tests/test_layout.py ALLOWED; add its "
+                                f"place in DESIGN.md's import direction")
+            elif target not in ALLOWED[own]:
+                problems.append(f"{rel}:{line} imports {mod}: superopt.{own} may import only "
+                                f"{sorted(ALLOWED[own]) or 'nothing else in superopt'}")
+    assert not problems, "\n".join(problems)
+
+
+def test_importing_ir_and_verify_is_cheap():
+    code = ("import sys, superopt.ir; heavy = {'torch', 'numpy', 'triton'} & set(sys.modules); "
+            "assert not heavy, heavy; import superopt.lax, superopt.interp, superopt.verify; "
+            "heavy = {'torch', 'triton', 'transformers'} & set(sys.modules); assert not heavy, heavy")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("path", _sources("superopt", "mirage_serve", "patches", "benchmarks"),
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_source_file_over_800_lines(path):
+    n = len(path.read_text().splitlines())
+    assert n <= MAX_LINES, f"{path.relative_to(ROOT)} has {n} lines (limit {MAX_LINES}): split it by responsibility"
+
+
+def test_every_package_folder_is_installed():
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(cfg["packages"])
+    dirs = {pkg: folder for pkg, folder in cfg.get("package-dir", {}).items() if pkg}
+    found = {}
+    for top, name in (("superopt", "superopt"), ("mirage_serve", "mirage_serve")):
+        for init in (ROOT / top).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / top).parts
+            found[".".join((name,) + rel)] = init.parent
+    for pkg, folder in dirs.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / folder).parts
+            found[".".join((pkg,) + rel)] = init.parent
+    missing = sorted(p for p in found if p not in listed and "__pycache__" not in str(found[p]))
+    assert not missing, (f"package folders missing from pyproject.toml [tool.setuptools] packages "
+                         f"(they would not be installed): {missing}")
