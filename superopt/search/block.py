@@ -1,0 +1,275 @@
+"""Block-level search: bottom-up enumeration of the values one threadblock can compute, pruned.
+
+For one tiling pattern, the search starts from the input tiles and the program's constants and
+applies every op of the program's vocabulary (plus ``accum_sum`` when there is a for-loop) to the
+values found so far, round by round (semi-naive: each round combines at least one new value).
+A new value survives only if
+
+1. its operands' loop variance may meet (``ir.check`` rules)          — pruned "variance";
+2. its shape type-checks                                              — pruned "shape";
+3. the dims it lines up carry the same program index                  — pruned "index";
+4. the abstract domain models it                                       — pruned "not_modelled";
+5. no earlier value has the same normal form, labels and variance      — pruned "duplicate";
+6. its normal form is a subexpression of the kernel's targets (oracle) — pruned "abstract";
+7. its derivation fits ``max_block_ops``                               — pruned "size".
+
+Rule 5 is the canonical order: a block graph is enumerated once per abstract value, through its
+first (smallest-round) derivation. The search stops when every target has a value with exactly
+the target's normal form and dim labels (after the cross-block sum, for split kernels), or when
+no new value appears, or at the state cap. A state is one attempted op application.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..abstract import NFStore, NotNormalizable, SubexprOracle, apply_abstract
+from ..ir import TensorType, infer_type, input_tile_shape
+from ..ir.shapes import ShapeError
+from .skeleton import KernelSkeleton, Pattern
+
+PRE, LOOP, POST = "pre", "loop", "post"
+COMMUTATIVE = {"add", "mul"}
+
+
+@dataclass(frozen=True)
+class Source:
+    """A device tensor a kernel may read: a program input or an earlier kernel's output."""
+
+    name: str
+    labels: tuple[int, ...]
+    type: TensorType
+
+
+@dataclass
+class Val:
+    expr: int
+    labels: tuple[int, ...]
+    type: TensorType
+    var: str
+    op: str
+    args: tuple
+    attrs: tuple
+    nodes: frozenset
+
+
+@dataclass(frozen=True)
+class Goal:
+    expr: int
+    labels: tuple[int, ...] | None   # None: any labels (split-kernel outputs)
+    name: str
+
+
+def tiling(pattern: Pattern, src: Source) -> tuple[tuple[int, int, int], int]:
+    """imap and fmap of a source under a pattern: each axis partitions the dim of its index."""
+    imap = [-1, -1, -1]
+    for a, idx in enumerate(pattern.grid):
+        imap[a] = src.labels.index(idx) if idx in src.labels else -1
+    fmap = src.labels.index(pattern.loop) if pattern.loop >= 0 and pattern.loop in src.labels else -1
+    return (imap[0], imap[1], imap[2]), fmap
+
+
+class BlockSearch:
+    def __init__(self, store: NFStore, oracle: SubexprOracle | None, sources: list[Source],
+                 pattern: Pattern, grid: tuple[int, int, int], forloop: int, vocab: dict,
+                 consts: tuple, max_ops: int, cap: int):
+        self.s, self.oracle, self.pattern = store, oracle, pattern
+        self.sources, self.vocab, self.max_ops, self.cap = sources, vocab, max_ops, cap
+        self.vals: list[Val] = []
+        self.seen: set[tuple] = set()
+        self.pruned: dict[str, int] = {}
+        self.states = 0
+        self.cap_hit = False
+        for pos, src in enumerate(sources):
+            imap, fmap = tiling(pattern, src)
+            tile = input_tile_shape(src.type.shape, grid, imap, fmap, forloop)
+            self._add(Val(store.atom(src.name, src.labels), src.labels, TensorType(tile, src.type.dtype),
+                          LOOP if fmap != -1 else PRE, "input", (pos, imap, fmap), (), frozenset()))
+        for i, (value, dtype) in enumerate(consts):
+            self._add(Val(store.const(value), (), TensorType((), dtype), PRE, "const", (),
+                          (("index", i),), frozenset()))
+
+    def _add(self, v: Val) -> None:
+        v.nodes = v.nodes | {len(self.vals)}
+        self.seen.add((v.expr, v.labels, v.var))
+        self.vals.append(v)
+
+    def _prune(self, reason: str) -> None:
+        self.pruned[reason] = self.pruned.get(reason, 0) + 1
+
+    # ------------------------------------------------------------ one op application
+    def _try(self, op: str, args: tuple[int, ...], attrs: tuple) -> None:
+        self.states += 1
+        vs = [self.vals[a] for a in args]
+        vars_ = {v.var for v in vs}
+        if op == "accum_sum":
+            if vs[0].var != LOOP:
+                return self._prune("variance")
+            var = POST
+        elif LOOP in vars_ and POST in vars_:
+            return self._prune("variance")
+        else:
+            var = LOOP if LOOP in vars_ else POST if POST in vars_ else PRE
+        try:
+            t = infer_type(op, [v.type for v in vs], attrs)
+        except ShapeError:
+            return self._prune("shape")
+        labels = self._labels(op, vs, dict(attrs), len(t.shape))
+        if labels is None:
+            return self._prune("index")
+        try:
+            if op == "accum_sum":
+                expr = self.s.reduce(vs[0].expr, ((self.pattern.loop, "l"),))
+            else:
+                expr = apply_abstract(self.s, op, [v.expr for v in vs], dict(attrs),
+                                      [v.labels for v in vs], labels, parts="t")
+        except NotNormalizable:
+            return self._prune("not_modelled")
+        if self._constant(expr) and not all(self._constant(v.expr) for v in vs):
+            return self._prune("constant")  # a constant recomputed from input data (x/x)
+        key = (expr, labels, var)
+        if key in self.seen:
+            return self._prune("duplicate")
+        if self.oracle is not None and not self.oracle.query(expr):
+            return self._prune("abstract")
+        nodes = frozenset().union(*(v.nodes for v in vs))
+        if len(nodes - self._leaves) + 1 > self.max_ops:
+            return self._prune("size")
+        self._add(Val(expr, labels, t, var, op, args, attrs, nodes))
+
+    def _constant(self, expr: int) -> bool:
+        return all(m == self.s.ONE_MONO for m, _ in self.s.terms(expr))
+
+    @staticmethod
+    def _labels(op: str, vs: list[Val], attrs: dict, rank: int) -> tuple[int, ...] | None:
+        if op in ("accum_sum",) or len(vs) == 1 and op not in ("reduce_sum", "transpose"):
+            return vs[0].labels
+        if op == "reduce_sum":
+            lab = list(vs[0].labels)
+            d = attrs["dim"]
+            if lab[d] < 0:
+                return None
+            if attrs["keepdim"]:
+                lab[d] = -1
+            else:
+                del lab[d]
+            return tuple(lab)
+        if op == "transpose":
+            lab = list(vs[0].labels)
+            lab[-1], lab[-2] = lab[-2], lab[-1]
+            return tuple(lab)
+        a, b = vs[0].labels, vs[1].labels
+        if op == "matmul":
+            if a[-1] != b[-2]:
+                return None
+            batch = _broadcast_labels(a[:-2], b[:-2])
+            return None if batch is None else batch + (a[-2], b[-1])
+        return _broadcast_labels(a, b)
+
+    # ------------------------------------------------------------ rounds
+    def run(self, goals: list[Goal], split: int = -1) -> dict[str, int] | None:
+        """Search until every goal has a value; return goal name -> value id, or None."""
+        self._leaves = frozenset(i for i, v in enumerate(self.vals) if v.op in ("input", "const"))
+        found: dict[str, int] = {}
+        new = list(range(len(self.vals)))
+        self._match(goals, new, found, split)
+        while new and len(found) < len(goals):
+            start = len(self.vals)
+            if not self._round(set(new)):
+                self.cap_hit = True
+                break
+            new = list(range(start, len(self.vals)))
+            self._match(goals, new, found, split)
+        return found if len(found) == len(goals) else None
+
+    def _round(self, new: set[int]) -> bool:
+        n = len(self.vals)
+        for op in self.vocab["unary"]:
+            for i in sorted(new):
+                if not self._ok():
+                    return False
+                self._try(op, (i,), ())
+        for keep in self.vocab["reduce"]:
+            for i in sorted(new):
+                for d in range(self.vals[i].type.rank):
+                    if not self._ok():
+                        return False
+                    self._try("reduce_sum", (i,), (("dim", d), ("keepdim", keep)))
+        if self.vocab["transpose"]:
+            for i in sorted(new):
+                if self.vals[i].type.rank >= 2:
+                    self._try("transpose", (i,), ())
+        if self.pattern.loop >= 0:
+            for i in sorted(new):
+                if not self._ok():
+                    return False
+                self._try("accum_sum", (i,), ())
+        for op in self.vocab["binary"]:
+            for i in range(n):
+                for j in range(n):
+                    if i not in new and j not in new:
+                        continue
+                    if op in COMMUTATIVE and j < i:
+                        continue
+                    if not self._ok():
+                        return False
+                    self._try(op, (i, j), ())
+        return True
+
+    def _ok(self) -> bool:
+        return self.states < self.cap
+
+    def _match(self, goals: list[Goal], new: list[int], found: dict[str, int], split: int) -> None:
+        for i in new:
+            v = self.vals[i]
+            if v.var == LOOP:
+                continue
+            expr = v.expr
+            if split >= 0:
+                try:
+                    expr = self.s.reduce(expr, ((split, "g"),))
+                except NotNormalizable:
+                    continue
+            for g in goals:
+                if g.name not in found and g.expr == expr and (g.labels is None or g.labels == v.labels):
+                    found[g.name] = i
+
+    # ------------------------------------------------------------ the result
+    def skeleton(self, found: dict[str, int], goals: list[Goal], split: int) -> KernelSkeleton:
+        used = sorted(frozenset().union(*(self.vals[found[g.name]].nodes for g in goals)))
+        srcs = sorted({self.vals[i].args[0] for i in used if self.vals[i].op == "input"})
+        ref: dict[int, int] = {}
+        inputs = []
+        for i in used:
+            v = self.vals[i]
+            if v.op == "input":
+                ref[i] = len(inputs)
+                inputs.append((srcs.index(v.args[0]), v.args[1], v.args[2]))
+        nodes = []
+        for i in used:
+            v = self.vals[i]
+            if v.op != "input":
+                ref[i] = len(inputs) + len(nodes)
+                nodes.append((v.op, tuple(ref[a] for a in v.args), v.attrs))
+        outputs, out_labels = [], []
+        for g in goals:
+            v = self.vals[found[g.name]]
+            omap = [-1, -1, -1]
+            for a, idx in enumerate(self.pattern.grid):
+                if idx in v.labels:
+                    omap[a] = v.labels.index(idx)
+            reduce = "sum" if split >= 0 else "none"
+            outputs.append((ref[found[g.name]], tuple(omap), reduce, g.name))
+            out_labels.append(v.labels)
+        return KernelSkeleton(self.pattern, tuple(self.sources[s].name for s in srcs), tuple(inputs),
+                              tuple(nodes), tuple(outputs), tuple(out_labels))
+
+
+def _broadcast_labels(a: tuple, b: tuple) -> tuple | None:
+    out = []
+    for i in range(1, max(len(a), len(b)) + 1):
+        x = a[-i] if i <= len(a) else -1
+        y = b[-i] if i <= len(b) else -1
+        if x != y and x != -1 and y != -1:
+            return None
+        out.append(x if x != -1 else y)
+    return tuple(reversed(out))

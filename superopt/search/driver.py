@@ -1,0 +1,213 @@
+"""``superoptimize``: the search pipeline, its result, and structure reuse at other shapes.
+
+Stages, in order (wall time of each in ``stats.seconds``):
+
+1. ``analyze``    index analysis and abstract targets of the Lax program (``superopt.abstract``);
+2. ``patterns``   tiling patterns derived from the shapes (``kernel.enumerate_patterns``);
+3. ``search``     one block search per pattern, in worker processes, checkpointed as each ends;
+4. ``rank``       every found design at every candidate extent, ranked by the cost model;
+5. ``verify``     the best distinct designs re-built at a reduced shape and checked by
+                  ``superopt.verify.check_equivalent``; the winner re-checked at the real shape in
+                  float64 when its inputs are small enough (``budget.full_verify_elements``).
+
+The unfused program is always in the ranking, so ``result.best`` is never None.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from dataclasses import dataclass, field
+
+from ..abstract import Unsupported, analyze
+from ..ir import KernelGraph, check, digest, to_text
+from .budget import SearchBudget, SearchStats
+from .checkpoint import Checkpoint
+from .cost import graph_cost
+from .instantiate import build, extent_choices
+from .kernel import enumerate_patterns, run_pattern
+from .skeleton import design_key
+from .verify import verify_full, verify_reduced
+
+
+@dataclass
+class SearchResult:
+    program: KernelGraph
+    budget: SearchBudget
+    arch: str
+    seed: int
+    ranked: list                      # (KernelGraph, cost µs), best first, all verified
+    stats: SearchStats
+    designs: list = field(default_factory=list)  # (design, extents) parallel to ranked; None for the fallback
+
+    @property
+    def best(self) -> KernelGraph:
+        return self.ranked[0][0]
+
+    def reinstantiate(self, program: KernelGraph) -> "SearchResult":
+        """The same structures at another shape of the same program, re-verified, without a search."""
+        t0 = time.perf_counter()
+        index = analyze(program)
+        stats = SearchStats()
+        found = _rank_and_verify(program, index, [d for d, _ in self.designs if d is not None], self.budget,
+                                 self.arch, self.seed, stats, top=1)
+        stats.seconds["reinstantiate"] = time.perf_counter() - t0
+        return SearchResult(program, self.budget, self.arch, self.seed, [(g, c) for g, c, _ in found], stats,
+                            [(d, e) for _, _, (d, e) in found])
+
+
+def _job(args):
+    program, index, pattern, budget, cap, deadline = args
+    if time.time() > deadline:
+        return pattern, None, None
+    designs, st = run_pattern(program, index, pattern, budget, cap)
+    return pattern, designs, st
+
+
+def superoptimize(program: KernelGraph, budget: SearchBudget = SearchBudget(), arch: str = "sm_90",
+                  seed: int = 0, checkpoint=None) -> SearchResult:
+    t_start = time.perf_counter()
+    deadline = time.time() + budget.max_seconds
+    stats = SearchStats()
+    check(program, arch)
+    designs: list = []
+    try:
+        t0 = time.perf_counter()
+        index = analyze(program)
+        stats.seconds["analyze"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        patterns = enumerate_patterns(program, index, budget)
+        stats.patterns = len(patterns)
+        stats.seconds["patterns"] = time.perf_counter() - t0
+    except Unsupported as e:
+        stats.verify_notes.append(f"no search: {e}")
+        index, patterns = None, []
+    if patterns:
+        t0 = time.perf_counter()
+        designs = _search(program, index, patterns, budget, seed, deadline, checkpoint, stats)
+        stats.seconds["search"] = time.perf_counter() - t0
+    found = _rank_and_verify(program, index, designs, budget, arch, seed, stats) if designs else []
+    ckpt = Checkpoint(checkpoint, digest(program), _budget_key(budget), seed) if checkpoint else None
+    for g, cost, _ in found:
+        if ckpt:
+            ckpt.record_found(to_text(g), cost)
+    ranked = [(g, c) for g, c, _ in found]
+    kept = [x for _, _, x in found]
+    fallback = (program, graph_cost(program, arch))
+    pos = next((i for i, (_, c) in enumerate(ranked) if c > fallback[1]), len(ranked))
+    ranked.insert(pos, fallback)
+    kept.insert(pos, (None, None))
+    stats.seconds["total"] = time.perf_counter() - t_start
+    return SearchResult(program, budget, arch, seed, ranked, stats, kept)
+
+
+def _budget_key(budget: SearchBudget) -> dict:
+    """The budget fields that change what a pattern search finds (not its clock or its workers)."""
+    log = budget.log()
+    for k in ("max_seconds", "workers", "verify_top", "full_verify_elements"):
+        log.pop(k)
+    return log
+
+
+def _search(program, index, patterns, budget, seed, deadline, checkpoint, stats) -> list:
+    ckpt = Checkpoint(checkpoint, digest(program), _budget_key(budget), seed)
+    cap = max(1000, budget.max_states // len(patterns))
+    results: dict = {}
+    todo = []
+    for p in patterns:
+        if p.key() in ckpt.patterns:
+            results[p.key()] = ckpt.patterns[p.key()]
+            stats.patterns_resumed += 1
+        else:
+            todo.append((program, index, p, budget, cap, deadline))
+    if budget.workers > 1 and len(todo) > 1:
+        with mp.get_context("fork").Pool(budget.workers) as pool:
+            outs = pool.imap(_job, todo)
+            for out in outs:
+                _take(out, results, ckpt, stats)
+    else:
+        for job in todo:
+            _take(_job(job), results, ckpt, stats)
+    designs, seen = [], set()
+    for p in patterns:  # pattern order, not completion order: deterministic
+        got = results.get(p.key())
+        if got is None:
+            continue
+        ds, st = got
+        _add_stats(stats, st)
+        stats.patterns_found += bool(ds)
+        for d in ds:
+            k = design_key(d)
+            if k not in seen:
+                seen.add(k)
+                designs.append(d)
+    return designs
+
+
+def _take(out, results, ckpt, stats) -> None:
+    pattern, designs, st = out
+    if designs is None:
+        stats.patterns_skipped_time += 1
+        stats.time_budget_hit = True
+        return
+    stats.patterns_searched += 1
+    results[pattern.key()] = (designs, st)
+    ckpt.record_pattern(pattern.key(), designs, st)
+
+
+def _add_stats(stats: SearchStats, st: dict) -> None:
+    stats.states += st["states"]
+    stats.values_kept += st["values"]
+    stats.add_pruned(st["pruned"])
+    stats.oracle_queries += st["oracle_queries"]
+    stats.oracle_hits += st["oracle_hits"]
+    stats.oracle_seconds += st["oracle_seconds"]
+    stats.state_budget_hit += st["cap_hit"]
+
+
+def _rank_and_verify(program, index, designs, budget, arch, seed, stats, top=None) -> list:
+    """[(graph, cost, (design, extents))] verified, best first; one entry per design."""
+    t0 = time.perf_counter()
+    best_per_design = []
+    for d in designs:
+        # Kernel costs add up and a kernel's input shapes do not depend on another kernel's
+        # extents, so each kernel's extents are chosen on their own, the others held fixed.
+        options = [extent_choices(k, index, budget.tile_sizes, budget.block_threads) for k in d]
+        if not all(options):
+            continue
+        chosen = [o[0] for o in options]
+        best = None
+        for i, opts in enumerate(options):
+            for e in opts:
+                ext = tuple(chosen[:i]) + (e,) + tuple(chosen[i + 1:])
+                try:
+                    g = check(build(d, program, index, ext), arch)
+                except (ValueError, KeyError):
+                    continue
+                stats.instances += 1
+                c = graph_cost(g, arch)
+                if best is None or c < best[1]:
+                    best = (g, c, (d, ext))
+            if best is not None:
+                chosen = list(best[2][1])
+        if best is not None:
+            best_per_design.append(best)
+    best_per_design.sort(key=lambda x: x[1])
+    stats.seconds["rank"] = stats.seconds.get("rank", 0.0) + time.perf_counter() - t0
+    t0 = time.perf_counter()
+    out = []
+    for g, c, (d, ext) in best_per_design[: top or budget.verify_top]:
+        ok, note = verify_reduced(program, index, d, seed, arch)
+        if ok and not out:
+            ok2, note2 = verify_full(program, g, seed, budget.full_verify_elements)
+            note += "; " + note2
+            ok = ok and ok2
+        stats.verify_notes.append(f"{g.num_kernels} kernel(s), {c:.1f} us: {note}")
+        if ok:
+            stats.verified += 1
+            out.append((g, c, (d, ext)))
+        else:
+            stats.rejected += 1
+    stats.seconds["verify"] = stats.seconds.get("verify", 0.0) + time.perf_counter() - t0
+    return out
+
+

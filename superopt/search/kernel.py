@@ -1,0 +1,254 @@
+"""Kernel-level search: which tiling patterns to try, and one pattern's search (one or two kernels).
+
+Patterns come from the program's index analysis, never from a per-benchmark template:
+
+* a *single* fused kernel: grid axes partition indices that every output carries (a block must
+  see all of a reduction it finishes), the for-loop walks one reduction index or none;
+* a *split* kernel plus a combine kernel (flash-decoding): one grid axis partitions a reduction
+  index ``r`` and the blocks' partial results are summed across blocks. The split kernel must
+  produce the *frontier* of ``r`` — the outermost sums over ``r`` in the target, e.g. Σ_L e^s·v
+  and Σ_L e^s for attention — and a second kernel computes the target from them, searched like
+  a single kernel on the target with the frontier replaced by those tensors.
+
+Which program inputs a kernel reads is decided by the target: exactly the inputs its normal form
+mentions (Mirage hard-codes "all three tensors or the last two").
+"""
+from __future__ import annotations
+
+from fractions import Fraction
+from itertools import combinations
+
+from ..abstract import ALL, NFStore, ProgramIndex, SubexprOracle, program_exprs
+from ..ir import KernelGraph, TensorType
+from ..ir.ops import BINARY_OPS, UNARY_OPS
+from .block import BlockSearch, Goal, Source
+from .budget import SearchBudget
+from .skeleton import Pattern
+
+
+def vocabulary(program: KernelGraph) -> dict:
+    ops = {n.op for n in program.nodes}
+    binary = sorted(ops & BINARY_OPS) + (["matmul"] if "matmul" in ops else [])
+    return {"unary": sorted(ops & UNARY_OPS), "binary": binary,
+            "reduce": sorted({n.attr("keepdim") for n in program.nodes if n.op == "reduce_sum"}),
+            "transpose": "transpose" in ops}
+
+
+def nontrivial(pattern: Pattern) -> dict[int, frozenset]:
+    parts: dict[int, set] = {}
+    for idx in pattern.grid:
+        parts.setdefault(idx, {"t"}).add("g")
+    if pattern.loop >= 0:
+        parts.setdefault(pattern.loop, {"t"}).add("l")
+    return {k: frozenset(v) for k, v in parts.items()}
+
+
+def representative(pattern: Pattern, sizes: dict[int, int]) -> tuple[tuple[int, int, int], int] | None:
+    """Smallest grid / loop extents ≥ 2 that leave tiles of ≥ 2 (None if the shape forbids the pattern)."""
+    grid = [1, 1, 1]
+    forloop = 1
+    for a, idx in enumerate(pattern.grid):
+        s = sizes[idx]
+        need = 4 if idx == pattern.loop else 2
+        g = next((g for g in range(2, s + 1) if s % g == 0 and s // g >= need and
+                  (idx != pattern.loop or _div_ge2(s // g))), None)
+        if g is None:
+            return None
+        grid[a] = g
+    if pattern.loop >= 0:
+        s = sizes[pattern.loop]
+        if pattern.loop in pattern.grid:
+            s //= grid[pattern.grid.index(pattern.loop)]
+        f = _div_ge2(s)
+        if f is None:
+            return None
+        forloop = f
+    return (grid[0], grid[1], grid[2]), forloop
+
+
+def _div_ge2(s: int) -> int | None:
+    return next((f for f in range(2, s + 1) if s % f == 0 and s // f >= 2), None)
+
+
+# ---------------------------------------------------------------- walking normal forms
+
+
+def bound_indices(store: NFStore, exprs: list[int]) -> list[int]:
+    out: set[int] = set()
+    for f in _factors(store, exprs):
+        k = store.fkey(f)
+        if k[0] == "sum":
+            out.update(i for i, _ in k[1])
+    return sorted(out)
+
+
+def atom_names(store: NFStore, exprs: list[int]) -> set[str]:
+    return {store.fkey(f)[1] for f in _factors(store, exprs) if store.fkey(f)[0] == "in"}
+
+
+def _factors(store: NFStore, exprs: list[int]) -> list[int]:
+    seen: list[int] = []
+    stack = [("e", e) for e in exprs]
+    visited = set()
+    while stack:
+        kind, x = stack.pop()
+        if (kind, x) in visited:
+            continue
+        visited.add((kind, x))
+        monos = [m for m, _ in store.terms(x)] if kind == "e" else [x]
+        for m in monos:
+            for f, _ in store.mono_items(m):
+                seen.append(f)
+                k = store.fkey(f)
+                if k[0] in ("fn", "inv"):
+                    stack.append(("e", k[-1]))
+                elif k[0] == "sum":
+                    stack.append(("m", k[2]))
+    return seen
+
+
+def frontier(store: NFStore, exprs: list[int], r: int) -> list[int]:
+    """The outermost sum factors that bind all of index ``r``, in a deterministic order."""
+    out: list[int] = []
+
+    def walk_mono(m):
+        for f, _ in store.mono_items(m):
+            k = store.fkey(f)
+            if k[0] == "sum" and (r, ALL) in k[1]:
+                if f not in out:
+                    out.append(f)
+            elif k[0] == "sum":
+                walk_mono(k[2])
+            elif k[0] in ("fn", "inv"):
+                walk_expr(k[-1])
+
+    def walk_expr(e):
+        for m, _ in store.terms(e):
+            walk_mono(m)
+
+    for e in exprs:
+        walk_expr(e)
+    return out
+
+
+# ---------------------------------------------------------------- patterns
+
+
+def enumerate_patterns(program: KernelGraph, index: ProgramIndex, budget: SearchBudget) -> list[Pattern]:
+    store = NFStore()
+    env = program_exprs(program, index, store)
+    targets = [env[o] for o in program.outputs]
+    in_labels = {i for v in program.inputs for i in index.labels[v.name] if i >= 0}
+    bound = [i for i in bound_indices(store, targets) if i in in_labels]
+    out_sets = [set(index.labels[o]) - {-1} for o in program.outputs]
+    first = index.labels[program.outputs[0]]
+    common = sorted(set.intersection(*out_sets), key=lambda i: -first.index(i))
+    pats = []
+    for loop in [-1] + bound:
+        for n in range(0, min(budget.grid_dims, len(common)) + 1):
+            for combo in combinations(common, n):
+                pats.append(Pattern(combo, loop, -1))
+    if budget.max_kernels >= 2:
+        for r in bound:
+            fr = frontier(store, targets, r)
+            if not fr:
+                continue
+            free = sorted(set.intersection(*(set(store.free(f)) for f in fr)), reverse=True)
+            for loop in [-1] + bound:
+                for n in range(0, min(budget.grid_dims - 1, len(free)) + 1):
+                    for combo in combinations(free, n):
+                        pats.append(Pattern(combo + (r,), loop, r))
+    return [p for p in pats if representative(p, index.sizes) is not None]
+
+
+# ---------------------------------------------------------------- one pattern
+
+
+def _block(store, targets, sources, pattern, index, vocab, consts, budget, cap, stats):
+    rep = representative(pattern, index.sizes)
+    oracle = SubexprOracle(store, targets) if budget.abstract_pruning else None
+    bs = BlockSearch(store, oracle, sources, pattern, rep[0], rep[1], vocab, consts, budget.max_block_ops, cap)
+    stats["bs"].append((bs, oracle))
+    return bs
+
+
+def run_pattern(program: KernelGraph, index: ProgramIndex, pattern: Pattern, budget: SearchBudget,
+                cap: int) -> tuple[list[tuple], dict]:
+    """Search one pattern. Returns (designs, stats): each design is a tuple of kernel skeletons."""
+    vocab = vocabulary(program)
+    col: dict = {"bs": []}
+    store = NFStore(nontrivial(pattern))
+    env = program_exprs(program, index, store)
+    targets = [env[o] for o in program.outputs]
+    designs: list[tuple] = []
+    if pattern.split < 0:
+        goals = [Goal(t, index.labels[o], o) for t, o in zip(targets, program.outputs)]
+        bs = _block(store, targets, _program_sources(program, index, store, targets), pattern, index,
+                    vocab, index.consts, budget, cap, col)
+        found = bs.run(goals)
+        if found:
+            designs.append((bs.skeleton(found, goals, -1),))
+    else:
+        fr = frontier(store, targets, pattern.split)
+        goals = [Goal(store.expr({store.mono({f: 1}): Fraction(1)}), None, f"part{j}") for j, f in enumerate(fr)]
+        bs = _block(store, [g.expr for g in goals], _program_sources(program, index, store, [g.expr for g in goals]),
+                    pattern, index, vocab, index.consts, budget, cap, col)
+        found = bs.run(goals, split=pattern.split)
+        if found:
+            k1 = bs.skeleton(found, goals, pattern.split)
+            parts = [Source(name, labels, TensorType(tuple(index.sizes[i] if i >= 0 else 1 for i in labels),
+                                                     program.inputs[0].type.dtype))
+                     for (_, _, _, name), labels in zip(k1.outputs, k1.out_labels)]
+            for k2 in _combine_kernels(program, index, pattern.split, parts, vocab, budget, cap, col):
+                designs.append((k1, k2))
+    stats = _collect(col)
+    return designs, stats
+
+
+def _combine_kernels(program, index, split, parts, vocab, budget, cap, col) -> list:
+    """Every single-kernel pattern that computes the target from the split kernel's outputs."""
+    sizes = index.sizes
+    out_sets = [set(index.labels[o]) - {-1} for o in program.outputs]
+    first = index.labels[program.outputs[0]]
+    common = sorted(set.intersection(*out_sets), key=lambda i: -first.index(i))
+    found_any = []
+    for loop in [-1]:
+        for n in range(min(budget.grid_dims, len(common)), -1, -1):
+            for combo in combinations(common, n):
+                p = Pattern(combo, loop, -1)
+                if representative(p, sizes) is None:
+                    continue
+                store = NFStore(nontrivial(p))
+                env = program_exprs(program, index, store)
+                targets = [env[o] for o in program.outputs]
+                fr = frontier(store, targets, split)
+                table = {f: store.atom(s.name, s.labels) for f, s in zip(fr, parts)}
+                t2 = [store.substitute(t, table) for t in targets]
+                srcs = _program_sources(program, index, store, t2) + [s for s in parts if s.name in atom_names(store, t2)]
+                goals = [Goal(t, index.labels[o], o) for t, o in zip(t2, program.outputs)]
+                bs = _block(store, t2, srcs, p, index, vocab, index.consts, budget, cap, col)
+                found = bs.run(goals)
+                if found:
+                    found_any.append(bs.skeleton(found, goals, -1))
+    return found_any
+
+
+def _program_sources(program, index, store, exprs) -> list[Source]:
+    names = atom_names(store, exprs)
+    return [Source(v.name, index.labels[v.name], v.type) for v in program.inputs if v.name in names]
+
+
+def _collect(col: dict) -> dict:
+    st = {"states": 0, "values": 0, "pruned": {}, "oracle_queries": 0, "oracle_hits": 0,
+          "oracle_seconds": 0.0, "cap_hit": 0}
+    for bs, oracle in col["bs"]:
+        st["states"] += bs.states
+        st["values"] += len(bs.vals)
+        st["cap_hit"] += int(bs.cap_hit)
+        for k, v in bs.pruned.items():
+            st["pruned"][k] = st["pruned"].get(k, 0) + v
+        if oracle is not None:
+            st["oracle_queries"] += oracle.queries
+            st["oracle_hits"] += oracle.hits
+            st["oracle_seconds"] += oracle.seconds
+    return st
