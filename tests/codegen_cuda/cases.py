@@ -1,8 +1,31 @@
-"""The μGraphs the CUDA codegen tests render: every fixture at its default shape, plus odd shapes
-that take the other code paths (16-byte GEMV rows, several column groups per thread, batch 3/5)."""
+"""The μGraphs the CUDA codegen tests render: every fixture at its default shape, odd shapes that
+take the other code paths (16-byte GEMV rows, batch 3/5), and a split-K matmul whose blocks
+reduce into the output (float32 atomics; a workspace and a finishing kernel for half outputs)."""
 from __future__ import annotations
 
+from superopt.lax import Program
+from tests.fixtures.build import BlockBuilder, Fixture, KernelBuilder, compute_dtype
 from tests.fixtures.ugraphs import FIXTURES
+
+
+def splitk_matmul(rows: int = 3, hidden: int = 256, out: int = 96, split: int = 4, dtype: str = "float32"):
+    """x · W with K split across grid axis z (blocks sum with reduce="sum") and walked by the loop."""
+    p = Program("splitk_matmul")
+    x = p.input("x", (rows, hidden), dtype)
+    w = p.input("w", (hidden, out), dtype)
+    p.output(p.matmul(x, w))
+    prog = p.build()
+    k = KernelBuilder(prog, "splitk_matmul")
+    cd = compute_dtype(dtype)
+    b = BlockBuilder((1, out // 32, split), 2)
+    b.load("xt", 0, x.type, (-1, -1, 1), 1, cd)   # [rows, K/(split·2)]
+    b.load("wt", 1, w.type, (-1, 1, 0), 0, cd)    # [K/(split·2), 32]
+    b.op("s", "matmul", "xt", "wt")
+    b.op("acc", "accum_sum", "s")
+    y = b.op("acc_out", "cast", "acc", fuse=True, dtype=dtype) if dtype != cd else "acc"
+    b.output(y, (-1, 1, -1), reduce="sum")
+    (o,) = k.customized(["x", "w"], b, ["out"])
+    return Fixture("splitk_matmul", prog, k.build(o), lambda xs: [xs[0] @ xs[1]])
 
 # name -> (fixture builder name, shape kwargs)
 ODD_SHAPES = {
@@ -16,11 +39,11 @@ ODD_SHAPES = {
 
 
 def all_cases() -> dict[str, tuple[str, dict]]:
-    cases = {name: (name, {}) for name in FIXTURES}
+    cases = {name: (name, {}) for name in [*FIXTURES, "splitk_matmul"]}
     cases.update(ODD_SHAPES)
     return cases
 
 
 def build(case: str, dtype: str):
     builder, kwargs = all_cases()[case]
-    return FIXTURES[builder](dtype=dtype, **kwargs)
+    return {**FIXTURES, "splitk_matmul": splitk_matmul}[builder](dtype=dtype, **kwargs)
