@@ -98,7 +98,8 @@ class CudaGraphRunner:
                 attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
                 _check(driver.cuFuncSetAttribute(func, attr, spec.smem_bytes), "cuFuncSetAttribute")
             self.launches.setdefault(spec.node, []).append(_Launch(spec, func))
-        self.buffers: dict[str, torch.Tensor] = {}
+        self.buffers: dict[str, torch.Tensor] = {}     # results written by every call
+        self.constants: dict[str, torch.Tensor] = {}   # kernel-level const nodes, filled once
         self.workspaces: dict[tuple[int, int], torch.Tensor] = {}
         for idx, n in enumerate(ugraph.nodes):
             if n.op in _VIEWS:
@@ -106,8 +107,9 @@ class CudaGraphRunner:
             for v in n.outs:
                 buf = torch.empty(v.type.shape, dtype=TORCH_DTYPES[v.type.dtype], device=self.device)
                 if n.op == "const":
-                    buf.fill_(n.attr("value"))
-                self.buffers[v.name] = buf
+                    self.constants[v.name] = buf.fill_(n.attr("value"))
+                else:
+                    self.buffers[v.name] = buf
         for k in self.module.kernels:
             for b in k.params:
                 if b.role == "ws":
@@ -143,7 +145,7 @@ class CudaGraphRunner:
             if n.op in _VIEWS:
                 env[n.out.name] = view(n, args[0])
             elif n.op == "const":
-                env[n.out.name] = self.buffers[n.out.name]
+                env[n.out.name] = self.constants[n.out.name]
             elif n.op != "customized":
                 out = self.buffers[n.out.name]
                 run_library(n, args, out)
