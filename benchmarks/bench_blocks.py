@@ -1,0 +1,165 @@
+"""Block benchmark: our Triton kernels vs PyTorch eager and torch.compile, each also in a CUDA graph.
+
+Rows: the Mirage paper suite (6 programs × b ∈ {1, 8}) and Llama-3-8B / Qwen2.5-0.5B decode blocks
+(../shared/BENCHMARKS.md §1–2). Until the search lands, our μGraphs are the hand-written fixtures
+(tests/fixtures) plus their re-tilings (superopt.runtime.retile) and launch configurations, picked
+by ``profile_candidates``. Every row checks our output against a float64 reference first.
+
+    PYTHONPATH=$PWD python benchmarks/bench_blocks.py --suite all --out $OUT/blocks.md
+
+Times are µs per call, medians of CUDA-event-timed CUDA-graph replays over input sets rotated
+beyond L2; "eager" columns time single calls. GB/s counts each input and output once.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from benchmarks.torch_program import torch_program
+from superopt.runtime import compile_graph, profile_candidates
+from superopt.runtime.retile import dense_tilings, split_kv_tilings
+from superopt.runtime.timing import copy_bandwidth, rotated_sets, time_call
+from tests.fixtures.ugraphs import FIXTURES
+
+TOL = {"bfloat16": 1e-2, "float16": 2e-3}
+ATTN = {"gqa", "qknorm", "decode_attention"}
+
+
+def paper_rows(dtype: str):
+    for b in (1, 8):
+        yield f"GQA b{b}", "gqa", dict(batch=b, q_len=256, head_dim=64, kv_len=4096), dtype
+        yield f"QKNorm b{b}", "qknorm", dict(batch=b, q_len=256, head_dim=64, kv_len=4096), dtype
+        yield f"RMSNorm b{b}", "rmsnorm_matmul", dict(rows=2 * b, hidden=4096, out=6144), dtype
+        yield f"LoRA b{b}", "lora", dict(rows=16, hidden=256, out=4096, rank=16), dtype
+        yield f"GatedMLP b{b}", "gated_mlp", dict(rows=8, hidden=4096, inter=4096), dtype
+        yield f"nTrans b{b}", "ntrans", dict(rows=8 * b, hidden=4096), dtype
+
+
+def llama_rows(dtype: str = "bfloat16"):
+    models = [("Llama-3-8B", 4096, 32, 8, 128, 14336, (4096, 32768)),
+              ("Qwen2.5-0.5B", 896, 14, 2, 64, 4864, (4096,))]
+    for model, hid, hq, hkv, hd, inter, lens in models:
+        qkv = (hq + 2 * hkv) * hd
+        for b in (1, 8):
+            yield f"{model} qkv b{b}", "llama_qkv", dict(rows=b, hidden=hid, out=qkv), dtype
+            for n in lens:
+                yield (f"{model} attn {n // 1024}k b{b}", "decode_attention",
+                       dict(batch=b, q_heads=hq, kv_heads=hkv, head_dim=hd, kv_len=n), dtype)
+            yield f"{model} o+res b{b}", "matmul_residual", dict(rows=b, hidden=hq * hd, out=hid), dtype
+            yield f"{model} mlp_up b{b}", "rmsnorm_gated_mlp", dict(rows=b, hidden=hid, inter=inter), dtype
+            yield f"{model} down+res b{b}", "matmul_residual", dict(rows=b, hidden=inter, out=hid), dtype
+
+
+def candidates(name: str, kw: dict, dtype: str) -> tuple:
+    """The fixture's μGraph and its re-tilings (KV splits and tiles for attention)."""
+    fx = FIXTURES[name](dtype=dtype, **kw)
+    if name in ATTN:
+        return fx, [fx.ugraph] + split_kv_tilings(fx.ugraph)
+    return fx, [fx.ugraph] + dense_tilings(fx.ugraph)
+
+
+def make_inputs(fx, dtype: str, name: str) -> list[torch.Tensor]:
+    # attention without a max (paper GQA) overflows fp16 on unit-normal scores: scale q, k, v down
+    scale = 0.2 if name in ATTN else 1.0
+    return [(torch.randn(v.type.shape, device="cuda") * scale).to(getattr(torch, dtype)) for v in fx.program.inputs]
+
+
+def rel_err(outs, refs) -> float:
+    return max(float((o.double() - r).norm() / r.norm()) for o, r in zip(outs, refs))
+
+
+def bench_row(label, name, kw, dtype, copy_bw, compile_mode, do_compile: bool) -> dict:
+    fx, cands = candidates(name, kw, dtype)
+    xs = make_inputs(fx, dtype, name)
+    ref = torch_program(fx.program)(*[x.double() for x in xs])
+    first = profile_candidates(cands, xs, configs=[(4, 4)], reps=10)
+    best = first[0]
+    if best.error:
+        return dict(label=label, error=best.error)
+    tuned = profile_candidates([best.ugraph], xs, configs=[(4, 3), (8, 3), (8, 4)], reps=10)
+    if tuned[0].median_us < best.median_us:
+        best = tuned[0]
+    cg = compile_graph(best.ugraph, launch=best.launch)
+    err = rel_err(cg(*xs), ref)
+    sets = rotated_sets(xs)
+    row = dict(label=label, dtype=dtype, err=err, ok=err <= TOL[dtype],
+               ours_eager=time_call(cg, sets, graph=False), ours=time_call(cg, sets, graph=True))
+    blk = best.ugraph.customized_nodes()[0].block
+    row["config"] = f"grid {'x'.join(map(str, blk.grid))} f{blk.forloop} " + \
+        " ".join(f"w{nw}s{ns}" for nw, ns in sorted(set(best.launch.values())))
+    eager = torch_program(fx.program)
+    row["eager"], row["eager_g"] = time_call(eager, sets, graph=False), time_call(eager, sets, graph=True)
+    if do_compile:
+        torch._dynamo.reset()
+        comp = torch.compile(eager, mode=None if compile_mode == "default" else compile_mode, dynamic=False)
+        row["compile"], row["compile_g"] = time_call(comp, sets, graph=False), time_call(comp, sets, graph=True)
+    base = [row[k] for k in ("eager", "eager_g", "compile", "compile_g") if k in row]
+    row["best_base"] = min(base)
+    row["ratio"] = row["best_base"] / row["ours"]
+    nbytes = sum(x.numel() * x.element_size() for x in xs) + sum(o.numel() * o.element_size() for o in cg(*xs))
+    row["gbps"] = nbytes / (row["ours"] * 1e-6) / 1e9
+    row["pct"] = 100 * nbytes / (row["ours"] * 1e-6) / copy_bw
+    row["floor"] = nbytes / copy_bw * 1e6
+    return row
+
+
+HEAD = ("| row | dtype | ours (graph) | ours (eager call) | eager | eager graph | compile | compile graph | "
+        "best baseline | speed-up | GB/s | % copy BW | floor µs | rel err | μGraph tiling, launch |")
+
+
+def fmt(r: dict) -> str:
+    if "error" in r:
+        return f"| {r['label']} | FAILED: {r['error'][:200]} |"
+    t = lambda k: f"{r[k]:.1f}" if k in r else "—"  # noqa: E731
+    return (f"| {r['label']} | {r['dtype']} | {t('ours')} | {t('ours_eager')} | {t('eager')} | {t('eager_g')} | "
+            f"{t('compile')} | {t('compile_g')} | {t('best_base')} | {r['ratio']:.2f}× | {r['gbps']:.0f} | "
+            f"{r['pct']:.0f}% | {r['floor']:.1f} | {r['err']:.1e}{'' if r['ok'] else ' FAIL'} | {r['config']} |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--suite", choices=("paper", "llama", "all"), default="all")
+    ap.add_argument("--paper-dtypes", default="bfloat16,float16")
+    ap.add_argument("--compile-mode", default="default")
+    ap.add_argument("--compile-budget-s", type=float, default=420.0,
+                    help="skip torch.compile baselines once the run has taken this long")
+    ap.add_argument("--only", default="", help="comma-separated substrings of row labels")
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    t0 = time.time()
+    rows = []
+    if args.suite in ("llama", "all"):
+        rows += list(llama_rows())
+    if args.suite in ("paper", "all"):
+        for dt in args.paper_dtypes.split(","):
+            rows += list(paper_rows(dt))
+    if args.only:
+        rows = [r for r in rows if any(s in r[0] for s in args.only.split(","))]
+    bw = copy_bandwidth()
+    props = torch.cuda.get_device_properties(0)
+    import transformers
+    import triton
+    head = [f"device: {props.name} ({props.multi_processor_count} SMs); torch {torch.__version__}, "
+            f"triton {triton.__version__}, transformers {transformers.__version__}; "
+            f"date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
+            f"copy bandwidth (read+write, 1 GiB D2D): {bw / 1e12:.2f} TB/s; torch.compile mode: {args.compile_mode}",
+            "", HEAD, "|" + "---|" * (HEAD.count("|") - 1)]
+    print("\n".join(head), flush=True)
+    lines = list(head)
+    for label, name, kw, dt in rows:
+        try:
+            r = bench_row(label, name, kw, dt, bw, args.compile_mode, time.time() - t0 < args.compile_budget_s)
+        except Exception as e:  # one broken row must not hide the others
+            r = dict(label=label, error=f"{type(e).__name__}: {e}")
+        lines.append(fmt(r))
+        print(lines[-1], flush=True)
+        if args.out:
+            with open(args.out, "w") as f:
+                f.write("\n".join(lines) + "\n")
+    print(f"total {time.time() - t0:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""Re-tile a customized op: same block graph structure, other grid extents and for-loop range.
+
+The profiler's "split factors": a μGraph found at one tiling is re-instantiated at others
+(tile types re-inferred, the whole graph re-checked) and the fastest is kept. Re-tiling keeps the
+graph's meaning when every loop-variant value is accumulated by sums/maxima and tiles are only
+cut along dims that ops treat element by element — true of the matmul-over-K blocks it is
+offered for (``dense_tilings``); callers check each result numerically before use.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..ir import (BlockGraph, GraphError, KernelGraph, TensorType, TilingError, Value, check, infer_type,
+                  input_tile_shape, output_shape)
+from ..ir.shapes import ShapeError
+
+
+def retile(g: KernelGraph, node_index: int, grid: tuple[int, int, int], forloop: int) -> KernelGraph:
+    """``g`` with customized node ``node_index`` run on ``grid`` × ``forloop``; raises if invalid.
+
+    Every type downstream is re-inferred: a block that writes per-split partial results (flash
+    decoding) changes the shape of its outputs, and the kernels reading them follow.
+    """
+    kinds = {v.name: v.type for v in g.inputs}
+    nodes = []
+    for idx, n in enumerate(g.nodes):
+        args = [kinds[a] for a in n.args]
+        if n.op == "customized":
+            b = n.block
+            if idx == node_index:
+                b = replace(b, grid=tuple(grid), forloop=forloop)
+            b = _reinfer_block(b, args)
+            outs = tuple(Value(v.name, TensorType(output_shape(_block_type(b, o.value).shape, b.grid, o.omap),
+                                                  v.type.dtype)) for v, o in zip(n.outs, b.outputs))
+            n = replace(n, block=b, outs=outs)
+        else:
+            n = replace(n, outs=(Value(n.out.name, infer_type(n.op, args, n.attrs)),))
+        kinds.update((v.name, v.type) for v in n.outs)
+        nodes.append(n)
+    new = replace(g, nodes=tuple(nodes), _types=None)
+    if new.output_types != g.output_types:
+        raise GraphError(f"retile: outputs change from {g.output_types} to {new.output_types}")
+    return check(new)
+
+
+def _block_type(b: BlockGraph, name: str) -> TensorType:
+    for i in b.inputs:
+        if i.value.name == name:
+            return i.value.type
+    return next(n.out.type for n in b.nodes if n.out.name == name)
+
+
+def _reinfer_block(b: BlockGraph, args: list[TensorType]) -> BlockGraph:
+    types: dict[str, TensorType] = {}
+    inputs = []
+    for i in b.inputs:
+        t = TensorType(input_tile_shape(args[i.source].shape, b.grid, i.imap, i.fmap, b.forloop), i.value.type.dtype)
+        types[i.value.name] = t
+        inputs.append(replace(i, value=Value(i.value.name, t)))
+    nodes = []
+    for bn in b.nodes:
+        t = bn.out.type if bn.op == "const" else infer_type(bn.op, [types[a] for a in bn.args], bn.attrs)
+        types[bn.out.name] = t
+        nodes.append(replace(bn, outs=(Value(bn.out.name, t),)))
+    return replace(b, inputs=tuple(inputs), nodes=tuple(nodes))
+
+
+def split_kv_tilings(g: KernelGraph, sms: int = 132, kv_tiles=(32, 64, 128)) -> list[KernelGraph]:
+    """Flash-decoding re-tilings: the first kernel's KV splits (the grid axis that cuts the dim its
+    for-loop walks) and KV tile per iteration.
+
+    Split counts that put between one and two waves of blocks on ``sms`` SMs, KV tiles that divide
+    each split; the combine kernel follows the new number of splits.
+    """
+    idx = next((i for i, n in enumerate(g.nodes) if n.op == "customized"), None)
+    if idx is None:
+        return []
+    n = g.nodes[idx]
+    b = n.block
+    walked = {(a, g.type_of(n.args[i.source]).shape[i.fmap]) for i in b.inputs if i.fmap != -1
+              for a in range(3) if i.imap[a] == i.fmap}
+    if len(walked) != 1:
+        return []
+    ((axis, length),) = walked
+    others = b.num_blocks // b.grid[axis]
+    out = []
+    for splits in sorted(s for s in range(1, length + 1) if length % s == 0 and sms <= others * s <= 2 * sms)[:2]:
+        for t in kv_tiles:
+            if (length // splits) % t:
+                continue
+            grid = list(b.grid)
+            grid[axis] = splits
+            try:
+                out.append(retile(g, idx, tuple(grid), length // splits // t))
+            except (GraphError, TilingError, ShapeError):  # e.g. the combine's tile outgrows the SM
+                continue
+    return out
+
+
+def dense_tilings(g: KernelGraph, n_tiles=(32, 48, 64, 128), k_tiles=(128, 256), sms: int = 132,
+                  keep: int = 2) -> list[KernelGraph]:
+    """Re-tilings of a one-kernel graph whose block splits output columns on grid y and walks K.
+
+    Tiles of N / grid_y columns and K / forloop rows, keeping grid x and z. Decode GEMVs are
+    memory-bound, so what matters is keeping every SM streaming: the ``keep`` column tilings
+    whose block count fills whole waves of ``sms`` best, each with every K tile.
+    """
+    idx = [i for i, n in enumerate(g.nodes) if n.op == "customized"]
+    if len(idx) != 1:
+        return []
+    n = g.nodes[idx[0]]
+    b = n.block
+    y_dims = {g.type_of(n.args[i.source]).shape[i.imap[1]] for i in b.inputs if i.imap[1] != -1}
+    k_dims = {g.type_of(n.args[i.source]).shape[i.fmap] for i in b.inputs if i.fmap != -1}
+    if len(y_dims) != 1 or len(k_dims) != 1 or b.grid[0] != 1 or b.grid[2] != 1:
+        return []
+    (N,), (K,) = y_dims, k_dims
+
+    def fill(bn: int) -> float:  # fraction of SM-slots busy over the waves the grid needs
+        blocks = N // bn
+        return blocks / (-(-blocks // sms) * sms)
+    widths = sorted((bn for bn in n_tiles if N % bn == 0), key=lambda bn: (-fill(bn), -bn))[:keep]
+    out = []
+    for bn in widths:
+        for bk in k_tiles:
+            if K % bk:
+                continue
+            try:
+                out.append(retile(g, idx[0], (1, N // bn, 1), K // bk))
+            except (GraphError, TilingError, ShapeError):
+                continue
+    return out
