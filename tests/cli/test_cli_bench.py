@@ -1,0 +1,159 @@
+"""`mirage-serve bench` on a tiny random Llama (CPU): the table, the --json schema, the --plot PNG,
+the correctness line when ours diverges, and the out-of-memory report."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mirage_serve import bench
+from mirage_serve import cli_errors as E
+from mirage_serve.cli import main
+
+from .conftest import TINY_SET, tiny_bench_args
+from .test_cli_plot import read_png
+
+ROW_KEYS = {"batch": int, "run": str, "ms_per_step": float, "tok_per_s": float, "speedup": dict}
+
+
+def check_schema(doc: dict, batches: list[int], baselines: list[str]) -> None:
+    assert doc["schema"] == bench.SCHEMA
+    m = doc["model"]
+    assert isinstance(m["params"], int) and m["params"] > 0 and isinstance(m["decode_bytes"], int)
+    assert isinstance(m["random_weights"], bool) and m["model_type"] == "llama"
+    s = doc["settings"]
+    assert s["batches"] == batches and s["baselines"] == baselines and s["new_tokens"] >= 2
+    for key in ("python", "torch", "transformers", "device", "device_name", "date"):
+        assert doc["environment"][key], key
+    assert set(doc["patch"]) == {"available", "seconds", "report", "error"}
+    runs = (["ours"] if doc["patch"]["available"] else []) + baselines
+    assert [(r["batch"], r["run"]) for r in doc["rows"]] == [(b, r) for b in batches for r in runs]
+    for row in doc["rows"]:
+        for key, typ in ROW_KEYS.items():
+            assert isinstance(row[key], typ), (key, row)
+        assert row["ms_per_step"] > 0 and row["tok_per_s"] == pytest.approx(row["batch"] * 1e3 / row["ms_per_step"])
+        assert set(row["speedup"]) == (set(baselines) if row["run"] == "ours" else set())
+    c = doc["correctness"]
+    assert c["reference"] == "eager" and c["steps"] == s["new_tokens"]
+
+
+def test_bench_tiny_json_and_plot(tmp_path, capsys, needs_patch):
+    j, p = tmp_path / "r.json", tmp_path / "r.png"
+    assert main(tiny_bench_args("--json", str(j), "--plot", str(p))) == E.EXIT_OK
+    out = capsys.readouterr().out
+    assert "random weights" in out and "speed numbers need a GPU" in out
+    assert "correctness OK: greedy tokens identical to eager for 6 steps x batch 1,3" in out
+    assert "s to patch" in out
+    doc = json.loads(j.read_text())
+    check_schema(doc, [1, 3], ["eager"])
+    assert doc["model"]["num_hidden_layers"] == 2 and doc["model"]["random_weights"] is True
+    assert doc["correctness"] == {"reference": "eager", "checked": True, "identical": True, "steps": 6,
+                                  "first_divergence": None}
+    png = read_png(p)
+    series = json.loads(png["text"]["mirage-serve-series"])
+    assert series["batches"] == [1, 3] and set(series["series"]) == {"ours", "eager"}
+    for row in doc["rows"]:
+        assert series["series"][row["run"]][[1, 3].index(row["batch"])] == pytest.approx(row["tok_per_s"])
+
+
+def test_bench_checkpoint_directory_with_weights(tmp_path, capsys, needs_patch):
+    """A saved safetensors checkpoint loads with its own weights (not random) and passes."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from mirage_serve import registry
+    from .conftest import TINY_FACTS
+
+    torch.manual_seed(3)
+    model = AutoModelForCausalLM.from_config(registry.hf_config(TINY_FACTS))
+    with torch.no_grad():
+        for prm in model.parameters():
+            prm.normal_(0, 0.02)
+    model.save_pretrained(tmp_path / "ckpt")
+    j = tmp_path / "r.json"
+    argv = ["bench", str(tmp_path / "ckpt"), "--batch", "3", "--prompt-len", "7", "--new-tokens", "4",
+            "--device", "cpu", "--json", str(j)]
+    assert main(argv) == E.EXIT_OK
+    doc = json.loads(j.read_text())
+    check_schema(doc, [3], ["eager"])
+    assert doc["model"]["random_weights"] is False and doc["model"]["name"] == "ckpt"
+    assert doc["correctness"]["identical"] is True
+
+
+def test_bench_config_only_directory_gets_random_weights(tmp_path, capsys, monkeypatch):
+    """config.json without weight files: random weights from that config (patch stubbed out)."""
+    from .conftest import TINY_FACTS
+
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "config.json").write_text(json.dumps(TINY_FACTS))
+    monkeypatch.setattr(bench, "patch_api", _no_patch)
+    j = tmp_path / "r.json"
+    assert main(["bench", str(tmp_path / "cfg"), "--batch", "2", "--new-tokens", "3", "--prompt-len", "5",
+                 "--device", "cpu", "--json", str(j)]) == E.EXIT_OK
+    doc = json.loads(j.read_text())
+    check_schema(doc, [2], ["eager"])
+    assert doc["model"]["random_weights"] and "no weight files" in doc["model"]["source"]
+    assert doc["patch"]["available"] is False and doc["correctness"]["checked"] is False
+    assert "ours was not measured" in capsys.readouterr().out
+
+
+def _no_patch():
+    raise ImportError("mirage_serve.patch is not available in this build (stubbed by the test)")
+
+
+def _sign_flip_patch():
+    """A wrong 'patch': negates the final norm's weight, so the logits flip sign and greedy picks the
+    argmin — tokens must diverge at the first step. (Not lm_head: SmolLM2 ties it to the embedding.)"""
+    def patch(model, **kw):
+        with __import__("torch").no_grad():
+            model.model.norm.weight.neg_()
+        return "sign-flip patch"
+
+    def unpatch(model):
+        with __import__("torch").no_grad():
+            model.model.norm.weight.neg_()
+    return patch, unpatch
+
+
+def test_bench_reports_first_divergence(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(bench, "patch_api", _sign_flip_patch)
+    j = tmp_path / "r.json"
+    assert main(tiny_bench_args("--json", str(j))) == E.EXIT_INCORRECT
+    out = capsys.readouterr().out
+    assert "FAILED: greedy tokens diverge from eager at step 0 (batch 1, row 0" in out
+    d = json.loads(j.read_text())["correctness"]
+    assert d["identical"] is False and d["first_divergence"]["step"] == 0
+    assert d["first_divergence"]["expected"] != d["first_divergence"]["got"]
+
+
+def test_out_of_memory_reports_largest_batch(capsys, monkeypatch):
+    """A batch that does not fit is reported with the largest batch that did (here 3 of 1,3,5)."""
+    import torch
+
+    real = bench.decode_step_time
+
+    def fake(model, ids, *a, **kw):
+        if ids.shape[0] >= 5:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(model, ids, *a, **kw)
+
+    monkeypatch.setattr(bench, "decode_step_time", fake)
+    argv = tiny_bench_args()
+    argv[argv.index("1,3")] = "1,3,5"
+    assert main(argv) == E.EXIT_OOM
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("mirage-serve")]
+    assert err == ["mirage-serve: error: out of GPU memory at batch 5; the largest batch that fits is 3 "
+                   "(try --batch 3 or --layers N)"]
+
+
+def test_tiny_set_really_shrinks_the_model(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "patch_api", _no_patch)
+    j = tmp_path / "r.json"
+    argv = ["bench", "SmolLM2-135M", "--layers", "1", "--batch", "1", "--new-tokens", "2", "--prompt-len", "3",
+            "--device", "cpu", "--json", str(j)]
+    for kv in TINY_SET:
+        argv += ["--set", kv]
+    assert main(argv) == E.EXIT_OK
+    m = json.loads(j.read_text())["model"]
+    # embed 311×72 + lm_head (tied in SmolLM2) + 1 layer + final norm.
+    assert m["params"] == 311 * 72 + (72 * 72 + 2 * 72 * 36 + 72 * 72 + 3 * 72 * 100 + 2 * 72) + 72
