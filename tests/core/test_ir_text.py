@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -118,7 +119,7 @@ def test_digest_is_stable_across_processes_and_releases():
     code = ("from tests.core.graphs import rmsnorm_matmul; from superopt.ir import digest; "
             "print(digest(rmsnorm_matmul(3, 96, 80, 4, 3)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={"PYTHONHASHSEED": "123", "PATH": ""}, cwd=".")
+                         env={"PYTHONHASHSEED": "123", "PATH": ""}, cwd=Path(__file__).resolve().parents[2])
     assert out.stdout.strip() == digest(g) == GOLDEN_DIGEST
 
 
