@@ -100,11 +100,7 @@ def test_output_that_varies_with_the_loop():
 
 
 def test_accumulating_a_loop_invariant():
-    g = base()
-    # accumulate the eps-shifted mean (computed after the loop) instead of the loop's partial sums
-    bad = with_nodes(g, lambda n: replace(n, args=("rs",)) if n.out.name == "as" else n)
-    rejects(bad, r"operand %rs is not defined before use")
-    # a loop-invariant tile of w (fmap -1) accumulated: rejected by the variance rules
+    # a tile the for-loop does not walk (fmap -1), accumulated: rejected by the variance rules
     p = Program("inv")
     x = p.input("x", (4, 8))
     p.output(p.sum(x, 0, keepdim=True))
@@ -131,9 +127,12 @@ def test_reduce_none_on_an_unmapped_axis():
     assert check(ok) is ok
 
 
-def test_undefined_and_duplicate_values_and_wrong_output_shape():
+def test_undefined_values_wrong_output_shape_and_thread_count():
     g = base()
     rejects(replace(g, outputs=("nope",)), r"graph outputs: operand %nope is not defined before use")
+    # accumulating a value computed after the loop: it is not defined yet where the loop runs
+    bad = with_nodes(g, lambda n: replace(n, args=("rs",)) if n.out.name == "as" else n)
+    rejects(bad, r"node accum_sum -> %as: operand %rs is not defined before use")
     node = g.nodes[0]
     rejects(replace(g, nodes=(replace(node, outs=(V("out", (B, N + 4)),)),), _types=None),
             r"output %y writes float32\[3, 80\] but the op declares float32\[3, 84\]")
