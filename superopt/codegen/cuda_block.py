@@ -17,6 +17,7 @@ from .cuda_plan import BlockPlan, InputPlan, is_accum, plan_block
 from .cuda_prelude import C_TYPES
 
 BARRIER = "__syncthreads();"
+WARP_REDUCE_MIN = 16  # reduced extent from which a warp (not a thread) computes each output
 
 
 class KernelWriter:
@@ -184,7 +185,9 @@ class KernelWriter:
             emit_gemv(self, plan.gemv[name])
             return
         shape, dst = n.out.type.shape, f"t_{cname(name)}"
-        if n.op in ("reduce_sum", "reduce_max"):
+        if n.op in ("reduce_sum", "reduce_max") and self.plan.shape(n.args[0])[n.attr("dim")] >= WARP_REDUCE_MIN:
+            self._warp_reduce(n, dst)
+        elif n.op in ("reduce_sum", "reduce_max"):
             self.each(shape, lambda c: self._reduce(n, c, dst))
         elif n.op == "matmul":
             self.each(shape, lambda c: self._matmul(n, c, dst))
@@ -193,6 +196,7 @@ class KernelWriter:
         self.barrier()
 
     def _reduce(self, n: Node, coords: list[str], dst: str) -> None:
+        """Thread per output for short reductions (the caller's element loop)."""
         a, d = n.args[0], n.attr("dim")
         src = list(coords)
         if n.attr("keepdim"):
@@ -206,6 +210,31 @@ class KernelWriter:
         self.w(f"r += {x};" if first else f"r = fmaxf(r, {x});")
         self.close()
         self.w(f"{dst}[{flat(n.out.type.shape, coords)}] = r;")
+
+    def _warp_reduce(self, n: Node, dst: str) -> None:
+        """Warp per output for long reductions: lanes stride the reduced dim, then shuffle."""
+        a, d = n.args[0], n.attr("dim")
+        shape, warps = n.out.type.shape, self.b.block_threads // 32
+        numel = _numel(shape)
+        first = n.op == "reduce_sum"
+        self.open(f"for (int o = tid >> 5; o < {numel}; o += {warps})")
+        decl, coords = coord_lines(shape, "o")
+        self.w(*decl)
+        src = list(coords)
+        if n.attr("keepdim"):
+            src[d] = "j"
+        else:
+            src.insert(d, "j")
+        self.w("float r = 0.0f;" if first else "float r = __int_as_float(0xff800000);")
+        self.open(f"for (int j = tid & 31; j < {self.plan.shape(a)[d]}; j += 32)")
+        x = self.rd.read(a, src)
+        self.w(f"r += {x};" if first else f"r = fmaxf(r, {x});")
+        self.close()
+        op = "r += __shfl_xor_sync(0xffffffffu, r, s);" if first else \
+            "r = fmaxf(r, __shfl_xor_sync(0xffffffffu, r, s));"
+        self.w("#pragma unroll", f"for (int s = 16; s > 0; s >>= 1) {op}")
+        self.w(f"if ((tid & 31) == 0) {dst}[{flat(shape, coords)}] = r;")
+        self.close()
 
     def _matmul(self, n: Node, coords: list[str], dst: str) -> None:
         """Generic batched matmul: one output element per thread, a dot product over K."""

@@ -6,38 +6,83 @@ loads in flight. Threads are laid out as CG column groups (V = 16 bytes of colum
 where rows are not 16-byte aligned —, the fastest index, so a warp reads contiguous row segments) × KS slices of K. Each thread keeps M×V
 float32 partial sums in registers; slices are combined with shared-memory ``atomicAdd``. A GEMV
 feeding an ``accum_sum`` keeps its registers across the whole for-loop and adds them into the
-accumulator once, after the loop.
+accumulator once, after the loop; when its K slice is one batch of loads, it also issues the next
+iteration's loads before this iteration's FMAs (register double-buffering of the weight stream).
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .cuda_expr import cname
+from .cuda_expr import base_expr, cname
 from .cuda_plan import GemvPlan
 from .cuda_prelude import C_TYPES
+
+GEMV_UNROLL = 8  # rows of B loaded before the first FMA: 8 × 16 bytes in flight per thread
 
 if TYPE_CHECKING:
     from .cuda_block import KernelWriter
 
 
-def _k_loop(w: "KernelWriter", g: GemvPlan, acc: str, cg: str, ks: str) -> None:
-    """acc[m][v] += A[m,k] · B[k, cg·V + v] over this thread's K slice."""
+def _loads(w: "KernelWriter", g: GemvPlan, dst: str, ptr: str, kb: str) -> None:
+    """dst[u] = B row kb + u (16-byte vectors, or scalars), U rows issued back to back."""
     p = w.plan.inputs[g.b]
-    row = p.src_shape[1]
-    b = cname(g.b)
-    w.w(f"const int k0 = {ks} * {g.KC};", f"const int k1 = min({g.K}, k0 + {g.KC});",
-        f"const {C_TYPES[p.dtype]}* __restrict__ bp = a{p.source} + base_{b} + {cg} * {g.V};")
-    w.w("#pragma unroll 4")
-    w.open("for (int k = k0; k < k1; ++k)")
+    U, exact = _unroll(g)
+    guard = "" if exact else "if (k < k1) "
+    load = (f"ldg_stream({ptr} + (long long)k * {p.src_shape[1]})" if g.V > 1
+            else f"ld_f({ptr}[(long long)k * {p.src_shape[1]}])")
+    w.w("#pragma unroll", f"for (int u = 0; u < {U}; ++u) {{ const int k = {kb} + u; {guard}{dst}[u] = {load}; }}")
+
+
+def _unroll(g: GemvPlan) -> tuple[int, bool]:
+    """(U rows per batch of loads, whether every K slice is full so no bounds checks are needed)."""
+    U = min(g.KC, GEMV_UNROLL)
+    return U, g.KS * g.KC == g.K and g.KC % U == 0
+
+
+def _prefetches(w: "KernelWriter", g: GemvPlan) -> bool:
+    """A register-accumulating GEMV whose K slice is one batch of loads issues the next iteration's
+    loads before this iteration's FMAs, so the weight stream stays in flight across barriers."""
+    return bool(g.into_accum) and g.KC <= GEMV_UNROLL and w.b.forloop > 1
+
+
+def _bp(w: "KernelWriter", g: GemvPlan, name: str, cg: str, it: str | None) -> str:
+    p = w.plan.inputs[g.b]
+    base = f"base_{cname(g.b)}" if it is None else base_expr(p, w.b.grid, w.b.forloop, it)
+    return f"const {C_TYPES[p.dtype]}* __restrict__ {name} = a{p.source} + {base} + {cg} * {g.V};"
+
+
+def _k_loop(w: "KernelWriter", g: GemvPlan, acc: str, cg: str, ks: str, prefetch: str | None = None) -> None:
+    """acc[m][v] += A[m,k] · B[k, cg·V + v] over this thread's K slice, U rows of B in flight."""
+    U, exact = _unroll(g)
+    w.w(f"const int k0 = {ks} * {g.KC};")
+    if not exact:
+        w.w(f"const int k1 = min({g.K}, k0 + {g.KC});")
+    w.w(_bp(w, g, "bp", cg, None))
+    w.open(f"for (int kb = k0; kb < k0 + {g.KC}; kb += {U})")
+    w.w(f"{'uint4' if g.V > 1 else 'float'} raw[{U}];")
+    if prefetch:
+        w.w("#pragma unroll", f"for (int u = 0; u < {U}; ++u) raw[u] = {prefetch}[u];")
+        w.open(f"if (it + 1 < {w.b.forloop})")
+        w.w(_bp(w, g, "bpn", cg, "it + 1"))
+        _loads(w, g, prefetch, "bpn", "kb")
+        w.close()
+    else:
+        _loads(w, g, "raw", "bp", "kb")
+    w.w("#pragma unroll")
+    w.open(f"for (int u = 0; u < {U}; ++u)")
+    w.w("const int k = kb + u;")
+    if not exact:
+        w.w("if (k >= k1) break;")
     if g.V > 1:
-        w.w(f"float bv[{g.V}];", f"unpack(ldg_stream(bp + (long long)k * {row}), bv, bp);")
-    else:  # rows not 16-byte aligned: scalar loads, still coalesced across the column groups
-        w.w(f"const float bv[1] = {{ld_f(bp[(long long)k * {row}])}};")
+        w.w(f"float bv[{g.V}];", "unpack(raw[u], bv, bp);")
+    else:
+        w.w("const float bv[1] = {raw[u]};")
     w.w("#pragma unroll")
     w.open(f"for (int m = 0; m < {g.M}; ++m)")
     w.w(f"const float av = {w.rd.read(g.a, ['m', 'k'])};")
     w.w("#pragma unroll")
     w.w(f"for (int v = 0; v < {g.V}; ++v) {acc}[m][v] = fmaf(av, bv[v], {acc}[m][v]);")
+    w.close()
     w.close()
     w.close()
 
@@ -68,6 +113,16 @@ def gemv_prologue(w: "KernelWriter") -> None:
         w.w(f"const int cg_{n} = tid % {g.CG};", f"const int ks_{n} = tid / {g.CG};")
         _zero_regs(w, g, f"acc_{n}")
         _zero_tile(w, g.into_accum)
+        if _prefetches(w, g):
+            U, exact = _unroll(g)
+            w.w(f"{'uint4' if g.V > 1 else 'float'} pf_{n}[{U}];  // iteration 0's rows of %{g.b}, in flight")
+            w.open(f"if (tid < {g.CG * g.KS})")
+            w.w(f"const int kb = ks_{n} * {g.KC};")
+            if not exact:
+                w.w(f"const int k1 = min({g.K}, kb + {g.KC});")
+            w.w(_bp(w, g, "bp0", f"cg_{n}", "0"))
+            _loads(w, g, f"pf_{n}", "bp0", "kb")
+            w.close()
     if persistent:
         w.barrier()
 
@@ -87,7 +142,7 @@ def emit_gemv(w: "KernelWriter", g: GemvPlan) -> None:
     n = cname(g.node.out.name)
     if g.into_accum:
         w.open(f"if (tid < {g.CG * g.KS})")
-        _k_loop(w, g, f"acc_{n}", f"cg_{n}", f"ks_{n}")
+        _k_loop(w, g, f"acc_{n}", f"cg_{n}", f"ks_{n}", f"pf_{n}" if _prefetches(w, g) else None)
         w.close()
         return
     w.w(f"// %{g.node.out.name} = %{g.a} @ %{g.b}: [{g.M},{g.K}]x[{g.K},{g.N}], {g.CG} column groups "

@@ -21,6 +21,7 @@ from superopt.codegen.cuda_prelude import C_TYPES, PRELUDE
 
 SHIM = r"""
 #include <barrier>
+#include <memory>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -30,6 +31,8 @@ SHIM = r"""
 struct dim3_ { unsigned x = 0, y = 0, z = 0; };
 thread_local dim3_ threadIdx, blockIdx;
 thread_local std::barrier<>* emu_bar;
+thread_local std::barrier<>* emu_warp_bar;   // the 32 threads of this thread's warp
+thread_local float* emu_warp_buf;            // 32 exchange slots of this warp
 thread_local unsigned char* emu_smem;
 #define __global__
 #define __device__
@@ -39,6 +42,14 @@ thread_local unsigned char* emu_smem;
 #define __align__(n)
 #define __shared__
 inline void __syncthreads() { emu_bar->arrive_and_wait(); }
+inline float __shfl_xor_sync(unsigned, float v, int s) {
+  const int lane = threadIdx.x & 31;
+  emu_warp_buf[lane] = v;
+  emu_warp_bar->arrive_and_wait();
+  const float r = emu_warp_buf[lane ^ s];
+  emu_warp_bar->arrive_and_wait();
+  return r;
+}
 inline int min(int a, int b) { return a < b ? a : b; }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline float __int_as_float(unsigned x) { float f; std::memcpy(&f, &x, 4); return f; }
@@ -107,9 +118,13 @@ template <typename F> void emu_launch(F body, int gx, int gy, int gz, int nt, si
   for (int z = 0; z < gz; ++z) for (int y = 0; y < gy; ++y) for (int x = 0; x < gx; ++x) {
     std::fill(smem.begin(), smem.end(), (unsigned char)0xff);  // poison: NaN floats
     std::barrier<> bar(nt);
+    std::vector<std::unique_ptr<std::barrier<>>> warp_bars;
+    for (int w = 0; w < nt / 32; ++w) warp_bars.emplace_back(new std::barrier<>(32));
+    std::vector<float> warp_buf(nt);
     std::vector<std::thread> threads;
     for (int t = 0; t < nt; ++t) threads.emplace_back([&, t] {
       threadIdx.x = t; blockIdx.x = x; blockIdx.y = y; blockIdx.z = z; emu_bar = &bar; emu_smem = base;
+      emu_warp_bar = warp_bars[t / 32].get(); emu_warp_buf = warp_buf.data() + (t / 32) * 32;
       body();
     });
     for (auto& th : threads) th.join();

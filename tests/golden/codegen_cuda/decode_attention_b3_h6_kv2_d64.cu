@@ -90,13 +90,15 @@ decode_attention_n1(const __half* __restrict__ a0, const __half* __restrict__ a1
       t_s[c3 * 32 + c4] = r;
     }
     __syncthreads();
-    for (int e = tid; e < 3; e += 128) {
-      const int c3 = e;
+    for (int o = tid >> 5; o < 3; o += 4) {
+      const int c3 = o;
       float r = __int_as_float(0xff800000);
-      for (int j = 0; j < 32; ++j) {
+      for (int j = tid & 31; j < 32; j += 32) {
         r = fmaxf(r, op_mul(t_s[c3 * 32 + j], 0.125f));
       }
-      t_rm[c3] = r;
+      #pragma unroll
+      for (int s = 16; s > 0; s >>= 1) r = fmaxf(r, __shfl_xor_sync(0xffffffffu, r, s));
+      if ((tid & 31) == 0) t_rm[c3] = r;
     }
     __syncthreads();
     for (int e = tid; e < 3; e += 128) {
@@ -121,13 +123,15 @@ decode_attention_n1(const __half* __restrict__ a0, const __half* __restrict__ a1
       t_pv[c3 * 64 + c4] = r;
     }
     __syncthreads();
-    for (int e = tid; e < 3; e += 128) {
-      const int c3 = e;
+    for (int o = tid >> 5; o < 3; o += 4) {
+      const int c3 = o;
       float r = 0.0f;
-      for (int j = 0; j < 32; ++j) {
+      for (int j = tid & 31; j < 32; j += 32) {
         r += t_p[c3 * 32 + j];
       }
-      t_ps[c3] = r;
+      #pragma unroll
+      for (int s = 16; s > 0; s >>= 1) r += __shfl_xor_sync(0xffffffffu, r, s);
+      if ((tid & 31) == 0) t_ps[c3] = r;
     }
     __syncthreads();
     for (int e = tid; e < 192; e += 128) {

@@ -28,6 +28,14 @@ gated_mlp_n0(const __half* __restrict__ a0, const __half* __restrict__ a1, const
     const int c1 = (e) % 20;
     t_acc1[e] = 0.0f;
   }
+  float pf_s1[6];  // iteration 0's rows of %w1t_in, in flight
+  if (tid < 120) {
+    const int kb = ks_s1 * 6;
+    const int k1 = min(32, kb + 6);
+    const __half* __restrict__ bp0 = a1 + (long long)(0) * 32 * 80 + (long long)blockIdx.y * 20 + cg_s1 * 1;
+    #pragma unroll
+    for (int u = 0; u < 6; ++u) { const int k = kb + u; if (k < k1) pf_s1[u] = ld_f(bp0[(long long)k * 80]); }
+  }
   // %s2 = %xt @ %w2t_in: [8,32]x[32,20], 20 column groups x 6 k-slices, summed into %acc2 in registers
   const int cg_s2 = tid % 20;
   const int ks_s2 = tid / 20;
@@ -40,6 +48,14 @@ gated_mlp_n0(const __half* __restrict__ a0, const __half* __restrict__ a1, const
     const int c0 = e / 20;
     const int c1 = (e) % 20;
     t_acc2[e] = 0.0f;
+  }
+  float pf_s2[6];  // iteration 0's rows of %w2t_in, in flight
+  if (tid < 120) {
+    const int kb = ks_s2 * 6;
+    const int k1 = min(32, kb + 6);
+    const __half* __restrict__ bp0 = a2 + (long long)(0) * 32 * 80 + (long long)blockIdx.y * 20 + cg_s2 * 1;
+    #pragma unroll
+    for (int u = 0; u < 6; ++u) { const int k = kb + u; if (k < k1) pf_s2[u] = ld_f(bp0[(long long)k * 80]); }
   }
   __syncthreads();
   for (int e = tid; e < 32; e += 128) {
@@ -70,14 +86,26 @@ gated_mlp_n0(const __half* __restrict__ a0, const __half* __restrict__ a1, const
       const int k0 = ks_s1 * 6;
       const int k1 = min(32, k0 + 6);
       const __half* __restrict__ bp = a1 + base_w1t_in + cg_s1 * 1;
-      #pragma unroll 4
-      for (int k = k0; k < k1; ++k) {
-        const float bv[1] = {ld_f(bp[(long long)k * 80])};
+      for (int kb = k0; kb < k0 + 6; kb += 6) {
+        float raw[6];
         #pragma unroll
-        for (int m = 0; m < 8; ++m) {
-          const float av = rnd_float32(ld_f(s_xt_in[m * 32 + k]));
+        for (int u = 0; u < 6; ++u) raw[u] = pf_s1[u];
+        if (it + 1 < 3) {
+          const __half* __restrict__ bpn = a1 + (long long)(it + 1) * 32 * 80 + (long long)blockIdx.y * 20 + cg_s1 * 1;
           #pragma unroll
-          for (int v = 0; v < 1; ++v) acc_s1[m][v] = fmaf(av, bv[v], acc_s1[m][v]);
+          for (int u = 0; u < 6; ++u) { const int k = kb + u; if (k < k1) pf_s1[u] = ld_f(bpn[(long long)k * 80]); }
+        }
+        #pragma unroll
+        for (int u = 0; u < 6; ++u) {
+          const int k = kb + u;
+          if (k >= k1) break;
+          const float bv[1] = {raw[u]};
+          #pragma unroll
+          for (int m = 0; m < 8; ++m) {
+            const float av = rnd_float32(ld_f(s_xt_in[m * 32 + k]));
+            #pragma unroll
+            for (int v = 0; v < 1; ++v) acc_s1[m][v] = fmaf(av, bv[v], acc_s1[m][v]);
+          }
         }
       }
     }
@@ -85,14 +113,26 @@ gated_mlp_n0(const __half* __restrict__ a0, const __half* __restrict__ a1, const
       const int k0 = ks_s2 * 6;
       const int k1 = min(32, k0 + 6);
       const __half* __restrict__ bp = a2 + base_w2t_in + cg_s2 * 1;
-      #pragma unroll 4
-      for (int k = k0; k < k1; ++k) {
-        const float bv[1] = {ld_f(bp[(long long)k * 80])};
+      for (int kb = k0; kb < k0 + 6; kb += 6) {
+        float raw[6];
         #pragma unroll
-        for (int m = 0; m < 8; ++m) {
-          const float av = rnd_float32(ld_f(s_xt_in[m * 32 + k]));
+        for (int u = 0; u < 6; ++u) raw[u] = pf_s2[u];
+        if (it + 1 < 3) {
+          const __half* __restrict__ bpn = a2 + (long long)(it + 1) * 32 * 80 + (long long)blockIdx.y * 20 + cg_s2 * 1;
           #pragma unroll
-          for (int v = 0; v < 1; ++v) acc_s2[m][v] = fmaf(av, bv[v], acc_s2[m][v]);
+          for (int u = 0; u < 6; ++u) { const int k = kb + u; if (k < k1) pf_s2[u] = ld_f(bpn[(long long)k * 80]); }
+        }
+        #pragma unroll
+        for (int u = 0; u < 6; ++u) {
+          const int k = kb + u;
+          if (k >= k1) break;
+          const float bv[1] = {raw[u]};
+          #pragma unroll
+          for (int m = 0; m < 8; ++m) {
+            const float av = rnd_float32(ld_f(s_xt_in[m * 32 + k]));
+            #pragma unroll
+            for (int v = 0; v < 1; ++v) acc_s2[m][v] = fmaf(av, bv[v], acc_s2[m][v]);
+          }
         }
       }
     }

@@ -28,6 +28,13 @@ gated_mlp_n0(const __half* __restrict__ a0, const __half* __restrict__ a1, const
     const int c1 = (e) % 32;
     t_acc1[e] = 0.0f;
   }
+  uint4 pf_s1[1];  // iteration 0's rows of %w1t_in, in flight
+  if (tid < 128) {
+    const int kb = ks_s1 * 1;
+    const __half* __restrict__ bp0 = a1 + (long long)(0) * 32 * 64 + (long long)blockIdx.y * 32 + cg_s1 * 8;
+    #pragma unroll
+    for (int u = 0; u < 1; ++u) { const int k = kb + u; pf_s1[u] = ldg_stream(bp0 + (long long)k * 64); }
+  }
   // %s2 = %xt @ %w2t_in: [3,32]x[32,32], 4 column groups x 32 k-slices, summed into %acc2 in registers
   const int cg_s2 = tid % 4;
   const int ks_s2 = tid / 4;
@@ -40,6 +47,13 @@ gated_mlp_n0(const __half* __restrict__ a0, const __half* __restrict__ a1, const
     const int c0 = e / 32;
     const int c1 = (e) % 32;
     t_acc2[e] = 0.0f;
+  }
+  uint4 pf_s2[1];  // iteration 0's rows of %w2t_in, in flight
+  if (tid < 128) {
+    const int kb = ks_s2 * 1;
+    const __half* __restrict__ bp0 = a2 + (long long)(0) * 32 * 64 + (long long)blockIdx.y * 32 + cg_s2 * 8;
+    #pragma unroll
+    for (int u = 0; u < 1; ++u) { const int k = kb + u; pf_s2[u] = ldg_stream(bp0 + (long long)k * 64); }
   }
   __syncthreads();
   for (int e = tid; e < 12; e += 128) {
@@ -68,33 +82,53 @@ gated_mlp_n0(const __half* __restrict__ a0, const __half* __restrict__ a1, const
     __syncthreads();
     if (tid < 128) {
       const int k0 = ks_s1 * 1;
-      const int k1 = min(32, k0 + 1);
       const __half* __restrict__ bp = a1 + base_w1t_in + cg_s1 * 8;
-      #pragma unroll 4
-      for (int k = k0; k < k1; ++k) {
-        float bv[8];
-        unpack(ldg_stream(bp + (long long)k * 64), bv, bp);
+      for (int kb = k0; kb < k0 + 1; kb += 1) {
+        uint4 raw[1];
         #pragma unroll
-        for (int m = 0; m < 3; ++m) {
-          const float av = rnd_float32(ld_f(s_xt_in[m * 32 + k]));
+        for (int u = 0; u < 1; ++u) raw[u] = pf_s1[u];
+        if (it + 1 < 4) {
+          const __half* __restrict__ bpn = a1 + (long long)(it + 1) * 32 * 64 + (long long)blockIdx.y * 32 + cg_s1 * 8;
           #pragma unroll
-          for (int v = 0; v < 8; ++v) acc_s1[m][v] = fmaf(av, bv[v], acc_s1[m][v]);
+          for (int u = 0; u < 1; ++u) { const int k = kb + u; pf_s1[u] = ldg_stream(bpn + (long long)k * 64); }
+        }
+        #pragma unroll
+        for (int u = 0; u < 1; ++u) {
+          const int k = kb + u;
+          float bv[8];
+          unpack(raw[u], bv, bp);
+          #pragma unroll
+          for (int m = 0; m < 3; ++m) {
+            const float av = rnd_float32(ld_f(s_xt_in[m * 32 + k]));
+            #pragma unroll
+            for (int v = 0; v < 8; ++v) acc_s1[m][v] = fmaf(av, bv[v], acc_s1[m][v]);
+          }
         }
       }
     }
     if (tid < 128) {
       const int k0 = ks_s2 * 1;
-      const int k1 = min(32, k0 + 1);
       const __half* __restrict__ bp = a2 + base_w2t_in + cg_s2 * 8;
-      #pragma unroll 4
-      for (int k = k0; k < k1; ++k) {
-        float bv[8];
-        unpack(ldg_stream(bp + (long long)k * 64), bv, bp);
+      for (int kb = k0; kb < k0 + 1; kb += 1) {
+        uint4 raw[1];
         #pragma unroll
-        for (int m = 0; m < 3; ++m) {
-          const float av = rnd_float32(ld_f(s_xt_in[m * 32 + k]));
+        for (int u = 0; u < 1; ++u) raw[u] = pf_s2[u];
+        if (it + 1 < 4) {
+          const __half* __restrict__ bpn = a2 + (long long)(it + 1) * 32 * 64 + (long long)blockIdx.y * 32 + cg_s2 * 8;
           #pragma unroll
-          for (int v = 0; v < 8; ++v) acc_s2[m][v] = fmaf(av, bv[v], acc_s2[m][v]);
+          for (int u = 0; u < 1; ++u) { const int k = kb + u; pf_s2[u] = ldg_stream(bpn + (long long)k * 64); }
+        }
+        #pragma unroll
+        for (int u = 0; u < 1; ++u) {
+          const int k = kb + u;
+          float bv[8];
+          unpack(raw[u], bv, bp);
+          #pragma unroll
+          for (int m = 0; m < 3; ++m) {
+            const float av = rnd_float32(ld_f(s_xt_in[m * 32 + k]));
+            #pragma unroll
+            for (int v = 0; v < 8; ++v) acc_s2[m][v] = fmaf(av, bv[v], acc_s2[m][v]);
+          }
         }
       }
     }

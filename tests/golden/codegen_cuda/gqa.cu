@@ -83,13 +83,15 @@ gqa_n1(const __half* __restrict__ a0, const __half* __restrict__ a1, const __hal
       t_s[c2 * 32 + c3] = r;
     }
     __syncthreads();
-    for (int e = tid; e < 16; e += 128) {
-      const int c2 = e;
+    for (int o = tid >> 5; o < 16; o += 4) {
+      const int c2 = o;
       float r = __int_as_float(0xff800000);
-      for (int j = 0; j < 32; ++j) {
+      for (int j = tid & 31; j < 32; j += 32) {
         r = fmaxf(r, t_s[c2 * 32 + j]);
       }
-      t_rm[c2] = r;
+      #pragma unroll
+      for (int s = 16; s > 0; s >>= 1) r = fmaxf(r, __shfl_xor_sync(0xffffffffu, r, s));
+      if ((tid & 31) == 0) t_rm[c2] = r;
     }
     __syncthreads();
     for (int e = tid; e < 16; e += 128) {
@@ -114,13 +116,15 @@ gqa_n1(const __half* __restrict__ a0, const __half* __restrict__ a1, const __hal
       t_pv[c2 * 64 + c3] = r;
     }
     __syncthreads();
-    for (int e = tid; e < 16; e += 128) {
-      const int c2 = e;
+    for (int o = tid >> 5; o < 16; o += 4) {
+      const int c2 = o;
       float r = 0.0f;
-      for (int j = 0; j < 32; ++j) {
+      for (int j = tid & 31; j < 32; j += 32) {
         r += t_p[c2 * 32 + j];
       }
-      t_ps[c2] = r;
+      #pragma unroll
+      for (int s = 16; s > 0; s >>= 1) r += __shfl_xor_sync(0xffffffffu, r, s);
+      if ((tid & 31) == 0) t_ps[c2] = r;
     }
     __syncthreads();
     for (int e = tid; e < 1024; e += 128) {

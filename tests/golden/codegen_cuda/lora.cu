@@ -29,6 +29,14 @@ lora_n0(const __half* __restrict__ a0, const __half* __restrict__ a1, const __ha
     const int c1 = (e) % 20;
     t_accw[e] = 0.0f;
   }
+  float pf_sw[6];  // iteration 0's rows of %wt_in, in flight
+  if (tid < 120) {
+    const int kb = ks_sw * 6;
+    const int k1 = min(32, kb + 6);
+    const __half* __restrict__ bp0 = a1 + (long long)(0) * 32 * 80 + (long long)blockIdx.y * 20 + cg_sw * 1;
+    #pragma unroll
+    for (int u = 0; u < 6; ++u) { const int k = kb + u; if (k < k1) pf_sw[u] = ld_f(bp0[(long long)k * 80]); }
+  }
   // %sa = %xt @ %at_in: [16,32]x[32,8], 1 column groups x 32 k-slices, summed into %acca in registers
   const int cg_sa = tid % 1;
   const int ks_sa = tid / 1;
@@ -41,6 +49,13 @@ lora_n0(const __half* __restrict__ a0, const __half* __restrict__ a1, const __ha
     const int c0 = e / 8;
     const int c1 = (e) % 8;
     t_acca[e] = 0.0f;
+  }
+  uint4 pf_sa[1];  // iteration 0's rows of %at_in, in flight
+  if (tid < 32) {
+    const int kb = ks_sa * 1;
+    const __half* __restrict__ bp0 = a2 + (long long)(0) * 32 * 8 + cg_sa * 8;
+    #pragma unroll
+    for (int u = 0; u < 1; ++u) { const int k = kb + u; pf_sa[u] = ldg_stream(bp0 + (long long)k * 8); }
   }
   __syncthreads();
   for (int e = tid; e < 64; e += 128) {
@@ -71,30 +86,52 @@ lora_n0(const __half* __restrict__ a0, const __half* __restrict__ a1, const __ha
       const int k0 = ks_sw * 6;
       const int k1 = min(32, k0 + 6);
       const __half* __restrict__ bp = a1 + base_wt_in + cg_sw * 1;
-      #pragma unroll 4
-      for (int k = k0; k < k1; ++k) {
-        const float bv[1] = {ld_f(bp[(long long)k * 80])};
+      for (int kb = k0; kb < k0 + 6; kb += 6) {
+        float raw[6];
         #pragma unroll
-        for (int m = 0; m < 16; ++m) {
-          const float av = rnd_float32(ld_f(s_xt_in[m * 32 + k]));
+        for (int u = 0; u < 6; ++u) raw[u] = pf_sw[u];
+        if (it + 1 < 3) {
+          const __half* __restrict__ bpn = a1 + (long long)(it + 1) * 32 * 80 + (long long)blockIdx.y * 20 + cg_sw * 1;
           #pragma unroll
-          for (int v = 0; v < 1; ++v) acc_sw[m][v] = fmaf(av, bv[v], acc_sw[m][v]);
+          for (int u = 0; u < 6; ++u) { const int k = kb + u; if (k < k1) pf_sw[u] = ld_f(bpn[(long long)k * 80]); }
+        }
+        #pragma unroll
+        for (int u = 0; u < 6; ++u) {
+          const int k = kb + u;
+          if (k >= k1) break;
+          const float bv[1] = {raw[u]};
+          #pragma unroll
+          for (int m = 0; m < 16; ++m) {
+            const float av = rnd_float32(ld_f(s_xt_in[m * 32 + k]));
+            #pragma unroll
+            for (int v = 0; v < 1; ++v) acc_sw[m][v] = fmaf(av, bv[v], acc_sw[m][v]);
+          }
         }
       }
     }
     if (tid < 32) {
       const int k0 = ks_sa * 1;
-      const int k1 = min(32, k0 + 1);
       const __half* __restrict__ bp = a2 + base_at_in + cg_sa * 8;
-      #pragma unroll 4
-      for (int k = k0; k < k1; ++k) {
-        float bv[8];
-        unpack(ldg_stream(bp + (long long)k * 8), bv, bp);
+      for (int kb = k0; kb < k0 + 1; kb += 1) {
+        uint4 raw[1];
         #pragma unroll
-        for (int m = 0; m < 16; ++m) {
-          const float av = rnd_float32(ld_f(s_xt_in[m * 32 + k]));
+        for (int u = 0; u < 1; ++u) raw[u] = pf_sa[u];
+        if (it + 1 < 3) {
+          const __half* __restrict__ bpn = a2 + (long long)(it + 1) * 32 * 8 + cg_sa * 8;
           #pragma unroll
-          for (int v = 0; v < 8; ++v) acc_sa[m][v] = fmaf(av, bv[v], acc_sa[m][v]);
+          for (int u = 0; u < 1; ++u) { const int k = kb + u; pf_sa[u] = ldg_stream(bpn + (long long)k * 8); }
+        }
+        #pragma unroll
+        for (int u = 0; u < 1; ++u) {
+          const int k = kb + u;
+          float bv[8];
+          unpack(raw[u], bv, bp);
+          #pragma unroll
+          for (int m = 0; m < 16; ++m) {
+            const float av = rnd_float32(ld_f(s_xt_in[m * 32 + k]));
+            #pragma unroll
+            for (int v = 0; v < 8; ++v) acc_sa[m][v] = fmaf(av, bv[v], acc_sa[m][v]);
+          }
         }
       }
     }
@@ -129,16 +166,21 @@ lora_n0(const __half* __restrict__ a0, const __half* __restrict__ a1, const __ha
     #pragma unroll
       for (int v = 0; v < 1; ++v) acc[m][v] = 0.0f;
     const int k0 = ks * 2;
-    const int k1 = min(8, k0 + 2);
     const __half* __restrict__ bp = a3 + base_bt_in + cg * 1;
-    #pragma unroll 4
-    for (int k = k0; k < k1; ++k) {
-      const float bv[1] = {ld_f(bp[(long long)k * 80])};
+    for (int kb = k0; kb < k0 + 2; kb += 2) {
+      float raw[2];
       #pragma unroll
-      for (int m = 0; m < 16; ++m) {
-        const float av = t_acca[m * 8 + k];
+      for (int u = 0; u < 2; ++u) { const int k = kb + u; raw[u] = ld_f(bp[(long long)k * 80]); }
+      #pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const int k = kb + u;
+        const float bv[1] = {raw[u]};
         #pragma unroll
-        for (int v = 0; v < 1; ++v) acc[m][v] = fmaf(av, bv[v], acc[m][v]);
+        for (int m = 0; m < 16; ++m) {
+          const float av = t_acca[m * 8 + k];
+          #pragma unroll
+          for (int v = 0; v < 1; ++v) acc[m][v] = fmaf(av, bv[v], acc[m][v]);
+        }
       }
     }
     #pragma unroll

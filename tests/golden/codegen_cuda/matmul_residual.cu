@@ -32,6 +32,14 @@ matmul_residual_n0(const __half* __restrict__ a0, const __half* __restrict__ a1,
     const int c1 = e;
     t_acc[e] = 0.0f;
   }
+  float pf_s[6];  // iteration 0's rows of %wt_in, in flight
+  if (tid < 120) {
+    const int kb = ks_s * 6;
+    const int k1 = min(32, kb + 6);
+    const __half* __restrict__ bp0 = a1 + (long long)(0) * 32 * 80 + (long long)blockIdx.y * 20 + cg_s * 1;
+    #pragma unroll
+    for (int u = 0; u < 6; ++u) { const int k = kb + u; if (k < k1) pf_s[u] = ld_f(bp0[(long long)k * 80]); }
+  }
   __syncthreads();
   for (int e = tid; e < 4; e += 128) {
     const int f = e * 8;
@@ -58,14 +66,26 @@ matmul_residual_n0(const __half* __restrict__ a0, const __half* __restrict__ a1,
       const int k0 = ks_s * 6;
       const int k1 = min(32, k0 + 6);
       const __half* __restrict__ bp = a1 + base_wt_in + cg_s * 1;
-      #pragma unroll 4
-      for (int k = k0; k < k1; ++k) {
-        const float bv[1] = {ld_f(bp[(long long)k * 80])};
+      for (int kb = k0; kb < k0 + 6; kb += 6) {
+        float raw[6];
         #pragma unroll
-        for (int m = 0; m < 1; ++m) {
-          const float av = rnd_float32(ld_f(s_xt_in[k]));
+        for (int u = 0; u < 6; ++u) raw[u] = pf_s[u];
+        if (it + 1 < 3) {
+          const __half* __restrict__ bpn = a1 + (long long)(it + 1) * 32 * 80 + (long long)blockIdx.y * 20 + cg_s * 1;
           #pragma unroll
-          for (int v = 0; v < 1; ++v) acc_s[m][v] = fmaf(av, bv[v], acc_s[m][v]);
+          for (int u = 0; u < 6; ++u) { const int k = kb + u; if (k < k1) pf_s[u] = ld_f(bpn[(long long)k * 80]); }
+        }
+        #pragma unroll
+        for (int u = 0; u < 6; ++u) {
+          const int k = kb + u;
+          if (k >= k1) break;
+          const float bv[1] = {raw[u]};
+          #pragma unroll
+          for (int m = 0; m < 1; ++m) {
+            const float av = rnd_float32(ld_f(s_xt_in[k]));
+            #pragma unroll
+            for (int v = 0; v < 1; ++v) acc_s[m][v] = fmaf(av, bv[v], acc_s[m][v]);
+          }
         }
       }
     }

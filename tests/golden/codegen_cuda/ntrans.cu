@@ -43,13 +43,15 @@ ntrans_n0(const __half* __restrict__ a0, const __half* __restrict__ a1, const __
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();
-  for (int e = tid; e < 2; e += 128) {
-    const int c0 = e;
+  for (int o = tid >> 5; o < 2; o += 4) {
+    const int c0 = o;
     float r = 0.0f;
-    for (int j = 0; j < 96; ++j) {
+    for (int j = tid & 31; j < 96; j += 32) {
       r += op_square(rnd_float32(ld_f(s_ht_in[c0 * 96 + j])));
     }
-    t_rh[c0] = r;
+    #pragma unroll
+    for (int s = 16; s > 0; s >>= 1) r += __shfl_xor_sync(0xffffffffu, r, s);
+    if ((tid & 31) == 0) t_rh[c0] = r;
   }
   __syncthreads();
   for (int e = tid; e < 2; e += 128) {
@@ -73,13 +75,15 @@ ntrans_n0(const __half* __restrict__ a0, const __half* __restrict__ a1, const __
     t_z[c0 * 96 + c1] = op_add(rnd_float32(ld_f(s_xt_in[c0 * 96 + c1])), op_mul(rnd_float32(ld_f(s_at_in[c0 * 96 + c1])), op_add(op_mul(rnd_float32(ld_f(s_ht_in[c0 * 96 + c1])), t_rsh[c0]), rnd_float32(ld_f(s_xt_in[c0 * 96 + c1])))));
   }
   __syncthreads();
-  for (int e = tid; e < 2; e += 128) {
-    const int c0 = e;
+  for (int o = tid >> 5; o < 2; o += 4) {
+    const int c0 = o;
     float r = 0.0f;
-    for (int j = 0; j < 96; ++j) {
+    for (int j = tid & 31; j < 96; j += 32) {
       r += op_square(t_z[c0 * 96 + j]);
     }
-    t_rz[c0] = r;
+    #pragma unroll
+    for (int s = 16; s > 0; s >>= 1) r += __shfl_xor_sync(0xffffffffu, r, s);
+    if ((tid & 31) == 0) t_rz[c0] = r;
   }
   __syncthreads();
   for (int e = tid; e < 2; e += 128) {

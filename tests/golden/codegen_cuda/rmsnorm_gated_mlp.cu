@@ -36,6 +36,14 @@ rmsnorm_gated_mlp_n0(const __half* __restrict__ a0, const __half* __restrict__ a
     const int c1 = e;
     t_acc1[e] = 0.0f;
   }
+  float pf_s1[6];  // iteration 0's rows of %w1t_in, in flight
+  if (tid < 120) {
+    const int kb = ks_s1 * 6;
+    const int k1 = min(32, kb + 6);
+    const __half* __restrict__ bp0 = a2 + (long long)(0) * 32 * 80 + (long long)blockIdx.y * 20 + cg_s1 * 1;
+    #pragma unroll
+    for (int u = 0; u < 6; ++u) { const int k = kb + u; if (k < k1) pf_s1[u] = ld_f(bp0[(long long)k * 80]); }
+  }
   // %s2 = %xg @ %w2t_in: [1,32]x[32,20], 20 column groups x 6 k-slices, summed into %acc2 in registers
   const int cg_s2 = tid % 20;
   const int ks_s2 = tid / 20;
@@ -47,6 +55,14 @@ rmsnorm_gated_mlp_n0(const __half* __restrict__ a0, const __half* __restrict__ a
   for (int e = tid; e < 20; e += 128) {
     const int c1 = e;
     t_acc2[e] = 0.0f;
+  }
+  float pf_s2[6];  // iteration 0's rows of %w2t_in, in flight
+  if (tid < 120) {
+    const int kb = ks_s2 * 6;
+    const int k1 = min(32, kb + 6);
+    const __half* __restrict__ bp0 = a3 + (long long)(0) * 32 * 80 + (long long)blockIdx.y * 20 + cg_s2 * 1;
+    #pragma unroll
+    for (int u = 0; u < 6; ++u) { const int k = kb + u; if (k < k1) pf_s2[u] = ld_f(bp0[(long long)k * 80]); }
   }
   __syncthreads();
   for (int e = tid; e < 4; e += 128) {
@@ -82,26 +98,40 @@ rmsnorm_gated_mlp_n0(const __half* __restrict__ a0, const __half* __restrict__ a
     s_xt_in = s_xt_in_buf + (it & 1) * 32;
     s_gt_in = s_gt_in_buf + (it & 1) * 32;
     __syncthreads();
-    for (int e = tid; e < 1; e += 128) {
+    for (int o = tid >> 5; o < 1; o += 4) {
       float r = 0.0f;
-      for (int j = 0; j < 32; ++j) {
+      for (int j = tid & 31; j < 32; j += 32) {
         r += op_square(rnd_float32(ld_f(s_xt_in[j])));
       }
-      t_r[0] = r;
+      #pragma unroll
+      for (int s = 16; s > 0; s >>= 1) r += __shfl_xor_sync(0xffffffffu, r, s);
+      if ((tid & 31) == 0) t_r[0] = r;
     }
     __syncthreads();
     if (tid < 120) {
       const int k0 = ks_s1 * 6;
       const int k1 = min(32, k0 + 6);
       const __half* __restrict__ bp = a2 + base_w1t_in + cg_s1 * 1;
-      #pragma unroll 4
-      for (int k = k0; k < k1; ++k) {
-        const float bv[1] = {ld_f(bp[(long long)k * 80])};
+      for (int kb = k0; kb < k0 + 6; kb += 6) {
+        float raw[6];
         #pragma unroll
-        for (int m = 0; m < 1; ++m) {
-          const float av = op_mul(rnd_float32(ld_f(s_xt_in[k])), rnd_float32(ld_f(s_gt_in[k])));
+        for (int u = 0; u < 6; ++u) raw[u] = pf_s1[u];
+        if (it + 1 < 3) {
+          const __half* __restrict__ bpn = a2 + (long long)(it + 1) * 32 * 80 + (long long)blockIdx.y * 20 + cg_s1 * 1;
           #pragma unroll
-          for (int v = 0; v < 1; ++v) acc_s1[m][v] = fmaf(av, bv[v], acc_s1[m][v]);
+          for (int u = 0; u < 6; ++u) { const int k = kb + u; if (k < k1) pf_s1[u] = ld_f(bpn[(long long)k * 80]); }
+        }
+        #pragma unroll
+        for (int u = 0; u < 6; ++u) {
+          const int k = kb + u;
+          if (k >= k1) break;
+          const float bv[1] = {raw[u]};
+          #pragma unroll
+          for (int m = 0; m < 1; ++m) {
+            const float av = op_mul(rnd_float32(ld_f(s_xt_in[k])), rnd_float32(ld_f(s_gt_in[k])));
+            #pragma unroll
+            for (int v = 0; v < 1; ++v) acc_s1[m][v] = fmaf(av, bv[v], acc_s1[m][v]);
+          }
         }
       }
     }
@@ -109,14 +139,26 @@ rmsnorm_gated_mlp_n0(const __half* __restrict__ a0, const __half* __restrict__ a
       const int k0 = ks_s2 * 6;
       const int k1 = min(32, k0 + 6);
       const __half* __restrict__ bp = a3 + base_w2t_in + cg_s2 * 1;
-      #pragma unroll 4
-      for (int k = k0; k < k1; ++k) {
-        const float bv[1] = {ld_f(bp[(long long)k * 80])};
+      for (int kb = k0; kb < k0 + 6; kb += 6) {
+        float raw[6];
         #pragma unroll
-        for (int m = 0; m < 1; ++m) {
-          const float av = op_mul(rnd_float32(ld_f(s_xt_in[k])), rnd_float32(ld_f(s_gt_in[k])));
+        for (int u = 0; u < 6; ++u) raw[u] = pf_s2[u];
+        if (it + 1 < 3) {
+          const __half* __restrict__ bpn = a3 + (long long)(it + 1) * 32 * 80 + (long long)blockIdx.y * 20 + cg_s2 * 1;
           #pragma unroll
-          for (int v = 0; v < 1; ++v) acc_s2[m][v] = fmaf(av, bv[v], acc_s2[m][v]);
+          for (int u = 0; u < 6; ++u) { const int k = kb + u; if (k < k1) pf_s2[u] = ld_f(bpn[(long long)k * 80]); }
+        }
+        #pragma unroll
+        for (int u = 0; u < 6; ++u) {
+          const int k = kb + u;
+          if (k >= k1) break;
+          const float bv[1] = {raw[u]};
+          #pragma unroll
+          for (int m = 0; m < 1; ++m) {
+            const float av = op_mul(rnd_float32(ld_f(s_xt_in[k])), rnd_float32(ld_f(s_gt_in[k])));
+            #pragma unroll
+            for (int v = 0; v < 1; ++v) acc_s2[m][v] = fmaf(av, bv[v], acc_s2[m][v]);
+          }
         }
       }
     }

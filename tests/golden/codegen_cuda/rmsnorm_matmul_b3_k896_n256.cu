@@ -31,6 +31,13 @@ rmsnorm_matmul_n0(const __half* __restrict__ a0, const __half* __restrict__ a1, 
     const int c1 = (e) % 32;
     t_acc[e] = 0.0f;
   }
+  uint4 pf_s[1];  // iteration 0's rows of %wt_in, in flight
+  if (tid < 128) {
+    const int kb = ks_s * 1;
+    const __half* __restrict__ bp0 = a1 + (long long)(0) * 32 * 256 + (long long)blockIdx.y * 32 + cg_s * 8;
+    #pragma unroll
+    for (int u = 0; u < 1; ++u) { const int k = kb + u; pf_s[u] = ldg_stream(bp0 + (long long)k * 256); }
+  }
   __syncthreads();
   for (int e = tid; e < 12; e += 128) {
     const int f = e * 8;
@@ -57,27 +64,39 @@ rmsnorm_matmul_n0(const __half* __restrict__ a0, const __half* __restrict__ a1, 
     __syncthreads();
     if (tid < 128) {
       const int k0 = ks_s * 1;
-      const int k1 = min(32, k0 + 1);
       const __half* __restrict__ bp = a1 + base_wt_in + cg_s * 8;
-      #pragma unroll 4
-      for (int k = k0; k < k1; ++k) {
-        float bv[8];
-        unpack(ldg_stream(bp + (long long)k * 256), bv, bp);
+      for (int kb = k0; kb < k0 + 1; kb += 1) {
+        uint4 raw[1];
         #pragma unroll
-        for (int m = 0; m < 3; ++m) {
-          const float av = rnd_float32(ld_f(s_xt_in[m * 32 + k]));
+        for (int u = 0; u < 1; ++u) raw[u] = pf_s[u];
+        if (it + 1 < 28) {
+          const __half* __restrict__ bpn = a1 + (long long)(it + 1) * 32 * 256 + (long long)blockIdx.y * 32 + cg_s * 8;
           #pragma unroll
-          for (int v = 0; v < 8; ++v) acc_s[m][v] = fmaf(av, bv[v], acc_s[m][v]);
+          for (int u = 0; u < 1; ++u) { const int k = kb + u; pf_s[u] = ldg_stream(bpn + (long long)k * 256); }
+        }
+        #pragma unroll
+        for (int u = 0; u < 1; ++u) {
+          const int k = kb + u;
+          float bv[8];
+          unpack(raw[u], bv, bp);
+          #pragma unroll
+          for (int m = 0; m < 3; ++m) {
+            const float av = rnd_float32(ld_f(s_xt_in[m * 32 + k]));
+            #pragma unroll
+            for (int v = 0; v < 8; ++v) acc_s[m][v] = fmaf(av, bv[v], acc_s[m][v]);
+          }
         }
       }
     }
-    for (int e = tid; e < 3; e += 128) {
-      const int c0 = e;
+    for (int o = tid >> 5; o < 3; o += 4) {
+      const int c0 = o;
       float r = 0.0f;
-      for (int j = 0; j < 32; ++j) {
+      for (int j = tid & 31; j < 32; j += 32) {
         r += op_square(rnd_float32(ld_f(s_xt_in[c0 * 32 + j])));
       }
-      t_r[c0] = r;
+      #pragma unroll
+      for (int s = 16; s > 0; s >>= 1) r += __shfl_xor_sync(0xffffffffu, r, s);
+      if ((tid & 31) == 0) t_r[c0] = r;
     }
     __syncthreads();
     for (int e = tid; e < 3; e += 128) {

@@ -25,6 +25,13 @@ splitk_matmul_n0(const __half* __restrict__ a0, const __half* __restrict__ a1, f
     const int c1 = (e) % 32;
     t_acc[e] = 0.0f;
   }
+  uint4 pf_s[1];  // iteration 0's rows of %wt_in, in flight
+  if (tid < 128) {
+    const int kb = ks_s * 1;
+    const __half* __restrict__ bp0 = a1 + (long long)blockIdx.z * 64 * 96 + (long long)(0) * 32 * 96 + (long long)blockIdx.y * 32 + cg_s * 8;
+    #pragma unroll
+    for (int u = 0; u < 1; ++u) { const int k = kb + u; pf_s[u] = ldg_stream(bp0 + (long long)k * 96); }
+  }
   __syncthreads();
   for (int e = tid; e < 12; e += 128) {
     const int f = e * 8;
@@ -51,17 +58,27 @@ splitk_matmul_n0(const __half* __restrict__ a0, const __half* __restrict__ a1, f
     __syncthreads();
     if (tid < 128) {
       const int k0 = ks_s * 1;
-      const int k1 = min(32, k0 + 1);
       const __half* __restrict__ bp = a1 + base_wt_in + cg_s * 8;
-      #pragma unroll 4
-      for (int k = k0; k < k1; ++k) {
-        float bv[8];
-        unpack(ldg_stream(bp + (long long)k * 96), bv, bp);
+      for (int kb = k0; kb < k0 + 1; kb += 1) {
+        uint4 raw[1];
         #pragma unroll
-        for (int m = 0; m < 3; ++m) {
-          const float av = rnd_float32(ld_f(s_xt_in[m * 32 + k]));
+        for (int u = 0; u < 1; ++u) raw[u] = pf_s[u];
+        if (it + 1 < 2) {
+          const __half* __restrict__ bpn = a1 + (long long)blockIdx.z * 64 * 96 + (long long)(it + 1) * 32 * 96 + (long long)blockIdx.y * 32 + cg_s * 8;
           #pragma unroll
-          for (int v = 0; v < 8; ++v) acc_s[m][v] = fmaf(av, bv[v], acc_s[m][v]);
+          for (int u = 0; u < 1; ++u) { const int k = kb + u; pf_s[u] = ldg_stream(bpn + (long long)k * 96); }
+        }
+        #pragma unroll
+        for (int u = 0; u < 1; ++u) {
+          const int k = kb + u;
+          float bv[8];
+          unpack(raw[u], bv, bp);
+          #pragma unroll
+          for (int m = 0; m < 3; ++m) {
+            const float av = rnd_float32(ld_f(s_xt_in[m * 32 + k]));
+            #pragma unroll
+            for (int v = 0; v < 8; ++v) acc_s[m][v] = fmaf(av, bv[v], acc_s[m][v]);
+          }
         }
       }
     }
