@@ -55,7 +55,8 @@ def _int(a: np.ndarray) -> np.ndarray:
 
 
 class FieldValue:
-    """A tensor of residues: ``p`` (int64, in [0, p)), ``q`` (int64 or None), ``s`` (uint64 or None)."""
+    """A tensor of residues: ``p`` (in [0, p), int64 or exact float64), ``q`` (int64 or None), ``s``
+    (uint64 or None)."""
 
     __slots__ = ("p", "q", "s")
 
@@ -184,7 +185,7 @@ class FieldDomain:
     def _hash(self, name: str, x: np.ndarray) -> np.ndarray:  # x: exact integers, int or float
         return splitmix64(x.astype(_U64) ^ self.key(name))
 
-    def _uf(self, name: str, h: np.ndarray) -> FieldValue:
+    def _uf(self, h: np.ndarray) -> FieldValue:
         """A fresh field value from a 64-bit hash (uniform up to a bias below 2^-32)."""
         p = (h % _U64(self.p)).astype(np.int64)
         q = (splitmix64(h) % _U64(self.q)).astype(np.int64) if self.track_q else None
@@ -195,7 +196,7 @@ class FieldDomain:
         return x.s if x.s is not None else self._hash("max", x.p)
 
     def _from_signature(self, s: np.ndarray) -> FieldValue:
-        v = self._uf("max.value", splitmix64(s ^ self.key("max.value")))
+        v = self._uf(splitmix64(s ^ self.key("max.value")))
         v.s = s
         return v
 
@@ -228,7 +229,7 @@ class FieldDomain:
             p = t0[e & mask] * t1[(e >> _EXP_BITS) & mask] % P * t2[e >> (2 * _EXP_BITS)] % P
             q = (self._hash("exp.q", x.q) % _U64(Q)).astype(np.int64)
             return FieldValue(p, q)
-        return self._uf(op, self._hash(op, x.p))
+        return self._uf(self._hash(op, x.p))
 
     def binary(self, op, a: FieldValue, b: FieldValue) -> FieldValue:
         P, Q = self.p, self.q
