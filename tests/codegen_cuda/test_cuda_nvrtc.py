@@ -38,7 +38,8 @@ def test_decode_matmul_uses_16_byte_paths():
     activations with cp.async, double-buffered across the for-loop."""
     src = render_cuda(build("rmsnorm_matmul_b3_k896_n256", "float16").ugraph).source
     body = src.split('extern "C" __global__', 1)[1]
-    assert "unpack(ldg_stream(" in body and "cp_async16(" in body and "cp_async_wait<1>()" in body
+    assert "= ldg_stream(bp" in body and "unpack(raw[u], bv, bp)" in body
+    assert "cp_async16(" in body and "cp_async_wait<1>()" in body
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
