@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import platform
-import sys
 import time
 from typing import Any
 
@@ -130,8 +129,7 @@ def environment(device: str) -> dict:
     env = {"python": platform.python_version(), "torch": torch.__version__,
            "transformers": transformers.__version__, "device": device,
            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-           "command": "mirage-serve " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("mirage-serve")
-           else None}
+           "command": None}  # filled in by the CLI, which knows its argv
     try:
         import triton
 

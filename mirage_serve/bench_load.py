@@ -64,14 +64,19 @@ def _facts(config) -> dict:
 
 
 def random_init_(model, seed: int) -> None:
-    """normal_(0, 0.02) on every parameter, from a fixed seed (same weights on every run)."""
+    """normal_(0, 0.02) on every parameter, from a fixed seed (same weights on every run of a device).
+
+    Drawn on the parameter's own device: an 8B model drawn on CPU would take minutes.
+    """
     import torch
 
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    gens: dict = {}
     with torch.no_grad():
         for p in model.parameters():
-            # Draw on CPU in fp32 so the weights do not depend on device or dtype kernels.
-            p.copy_(torch.empty(p.shape, dtype=torch.float32).normal_(0.0, 0.02, generator=gen))
+            gen = gens.get(p.device)
+            if gen is None:
+                gen = gens[p.device] = torch.Generator(device=p.device).manual_seed(seed)
+            p.normal_(0.0, 0.02, generator=gen)
 
 
 def _from_facts(facts: dict, name: str, source: str, dtype: str, device: str, seed: int) -> LoadedModel:

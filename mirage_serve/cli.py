@@ -136,6 +136,7 @@ def _dispatch(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # recorded in result files
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE

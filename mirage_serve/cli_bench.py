@@ -7,6 +7,7 @@ On CPU the speed columns are printed but flagged: they say nothing about GPU dec
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 
 from .cli_errors import (EXIT_BAD_CHECKPOINT, EXIT_INCORRECT, EXIT_NO_GPU, EXIT_OK, EXIT_OOM,
@@ -129,6 +130,7 @@ def cmd_bench(args) -> int:
         result = bench.run(lm, opts)
     except bench.BenchOOM as err:
         raise CliError(str(err), EXIT_OOM) from None
+    result["environment"]["command"] = "mirage-serve " + " ".join(shlex.quote(a) for a in args.argv)
     if lm.random_weights:
         result["notes"].append("random weights: token ids are meaningless, only speed and agreement matter")
     if opts.device == "cpu":

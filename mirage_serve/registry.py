@@ -16,6 +16,7 @@ import difflib
 import functools
 import importlib.resources
 import json
+from pathlib import Path
 from typing import Any, Mapping
 
 # Families whose decoder layer has four RMSNorms (pre/post attention, pre/post feed-forward).
@@ -57,10 +58,19 @@ class ModelEntry:
         return dataclasses.replace(self, config=cfg)
 
 
+def _registry_files():
+    """The registry's JSON files: package data when installed; the checkout's models/ when the
+    source tree runs through PYTHONPATH (no package-dir mapping, as on the GPU machine)."""
+    try:
+        return list(importlib.resources.files("mirage_serve.models").iterdir())
+    except ModuleNotFoundError:
+        return list((Path(__file__).resolve().parents[1] / "models").iterdir())
+
+
 @functools.lru_cache(maxsize=1)
 def _load_all() -> dict[str, ModelEntry]:
     entries = {}
-    for res in importlib.resources.files("mirage_serve.models").iterdir():
+    for res in _registry_files():
         if not res.name.endswith(".json"):
             continue
         doc = json.loads(res.read_text())
