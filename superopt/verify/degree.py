@@ -7,14 +7,20 @@ accumulators, cross-block sums) exactly as evaluated, with no second reading of 
 
 An element is viewed as a rational function N/Den over *atoms*: input variables, uninterpreted
 function (UF) results, max results and exp results, each of degree 1. ``Deg`` records
-  n, d   upper bounds on deg N and deg Den;
-  cu     opaque arguments in the element's cone, with multiplicity (UF arguments and the elements
-         of every max multiset); du, the largest n + d of any of them;
-  ce     exp applications in the cone; de, the largest n + d of an exponent;
-  cv     divisions in the cone; dv, the largest numerator degree of a divisor.
+  n, d    upper bounds on deg N and deg Den;
+  u, e, v the atoms in the element's cone, counted with multiplicity: opaque arguments (UF
+          arguments and the elements of every max multiset), exp applications, divisions;
+  du, de, dv  the largest n + d of an opaque argument, of an exponent, and the largest numerator
+          degree of a divisor.
 Rules: a + b → (max(n_a + d_b, n_b + d_a), d_a + d_b); a·b → (n_a + n_b, d_a + d_b);
-a / b → (n_a + d_b, d_a + n_b); a sum of k terms → (n + (k−1)·d, k·d); every count adds up over
-the operands and multiplies by k in a sum or a matmul of inner size k.
+a / b → (n_a + d_b, d_a + n_b); a sum of k terms → (n + (k−1)·d, k·d); counts add up over the
+operands and multiply by k in a sum or a matmul of inner size k.
+
+Sharing along the last axis. Counts are split into ``own`` (atoms that differ along the value's
+last axis) and ``shared`` (atoms constant along it: an operand broadcast from extent 1, like a
+row's sum or rms). A sum over the last axis multiplies ``own`` only: softmax(s) @ v counts the
+row's exps and their sum once each (2·S atoms), not S·(S+1). Where the last axis is moved or
+reshaped the two parts are merged (conservative).
 """
 from __future__ import annotations
 
@@ -26,34 +32,58 @@ import numpy as np
 from ..interp import evaluate
 from ..ir import OPAQUE_OPS, KernelGraph
 
+Counts = tuple[int, int, int]  # (opaque arguments, exps, divisions)
+ZERO: Counts = (0, 0, 0)
+U, E, DIV = (1, 0, 0), (0, 1, 0), (0, 0, 1)
+
+
+def _add(*cs: Counts) -> Counts:
+    return tuple(sum(c[i] for c in cs) for i in range(3))  # type: ignore[return-value]
+
+
+def _scale(c: Counts, k: int) -> Counts:
+    return (c[0] * k, c[1] * k, c[2] * k)
+
 
 @dataclass(frozen=True)
 class Deg:
     n: int = 0
     d: int = 0
-    cu: int = 0
+    own: Counts = ZERO
+    shared: Counts = ZERO
     du: int = 0
-    ce: int = 0
     de: int = 0
-    cv: int = 0
     dv: int = 0
 
-    def cone(self, other: "Deg") -> dict:
-        """Counts add, argument degrees take the max: the cone of an op on two operands."""
-        return dict(cu=self.cu + other.cu, du=max(self.du, other.du), ce=self.ce + other.ce,
-                    de=max(self.de, other.de), cv=self.cv + other.cv, dv=max(self.dv, other.dv))
+    @property
+    def counts(self) -> Counts:
+        return _add(self.own, self.shared)
 
-    def times(self, k: int) -> "Deg":
-        """The sum of k terms like this one."""
-        return Deg(self.n + (k - 1) * self.d, k * self.d, k * self.cu, self.du, k * self.ce, self.de,
-                   k * self.cv, self.dv)
+    def merged(self) -> "Deg":
+        """Forget which atoms are constant along the last axis."""
+        return replace(self, own=self.counts, shared=ZERO)
 
+    def as_shared(self) -> "Deg":
+        """Broadcast along the last axis: every atom is now constant along it."""
+        return replace(self, own=ZERO, shared=self.counts)
+
+    def args_max(self, other: "Deg") -> dict:
+        return dict(du=max(self.du, other.du), de=max(self.de, other.de), dv=max(self.dv, other.dv))
 
 
 @dataclass(frozen=True)
 class DValue:
     shape: tuple[int, ...]
     deg: Deg
+
+
+def _last(shape: tuple[int, ...]) -> int:
+    return shape[-1] if shape else 1
+
+
+def _aligned(x: DValue, out: tuple[int, ...]) -> Deg:
+    """An operand's summary inside a result of shape ``out`` (numpy broadcasting)."""
+    return x.deg.as_shared() if _last(x.shape) == 1 and _last(out) > 1 else x.deg
 
 
 class DegreeDomain:
@@ -64,7 +94,10 @@ class DegreeDomain:
     def __init__(self):
         # Whole-graph counts of atoms computed (each element once; replicated work is computed once
         # by the vectorised interpreter): another upper bound on the distinct atoms of any cone.
-        self.total = {"cu": 0, "ce": 0, "cv": 0}
+        self.total: Counts = ZERO
+
+    def _computed(self, what: Counts, shape: tuple[int, ...]) -> None:
+        self.total = _add(self.total, _scale(what, prod(shape)))
 
     def const(self, value, dtype):
         return DValue((), Deg())
@@ -75,32 +108,30 @@ class DegreeDomain:
             return x
         if op == "square":
             return DValue(x.shape, replace(g, n=2 * g.n, d=2 * g.d))
-        if op in OPAQUE_OPS or op == "exp":
-            self.total["ce" if op == "exp" else "cu"] += prod(x.shape)
         if op == "exp":
-            return DValue(x.shape, Deg(1, 0, cu=g.cu, du=g.du, ce=g.ce + 1, de=max(g.de, g.n + g.d),
-                                       cv=g.cv, dv=g.dv))
+            self._computed(E, x.shape)
+            return DValue(x.shape, replace(g, n=1, d=0, own=_add(g.own, E), de=max(g.de, g.n + g.d)))
         if op in OPAQUE_OPS:
-            return DValue(x.shape, Deg(1, 0, cu=g.cu + 1, du=max(g.du, g.n + g.d), ce=g.ce, de=g.de,
-                                       cv=g.cv, dv=g.dv))
+            self._computed(U, x.shape)
+            return DValue(x.shape, replace(g, n=1, d=0, own=_add(g.own, U), du=max(g.du, g.n + g.d)))
         raise ValueError(f"DegreeDomain: no unary op {op!r}")
 
     def binary(self, op, a: DValue, b: DValue) -> DValue:
         shape = tuple(np.broadcast_shapes(a.shape, b.shape))
-        x, y = a.deg, b.deg
-        c = x.cone(y)
+        x, y = _aligned(a, shape), _aligned(b, shape)
+        own, shared, args = _add(x.own, y.own), _add(x.shared, y.shared), x.args_max(y)
         if op in ("add", "sub"):
-            return DValue(shape, Deg(max(x.n + y.d, y.n + x.d), x.d + y.d, **c))
+            return DValue(shape, Deg(max(x.n + y.d, y.n + x.d), x.d + y.d, own, shared, **args))
         if op == "mul":
-            return DValue(shape, Deg(x.n + y.n, x.d + y.d, **c))
-        if op in ("div", "max"):
-            self.total["cv" if op == "div" else "cu"] += prod(shape) * (1 if op == "div" else 2)
+            return DValue(shape, Deg(x.n + y.n, x.d + y.d, own, shared, **args))
         if op == "div":
-            c.update(cv=c["cv"] + 1, dv=max(c["dv"], y.n))
-            return DValue(shape, Deg(x.n + y.d, x.d + y.n, **c))
+            self._computed(DIV, shape)
+            args["dv"] = max(args["dv"], y.n)
+            return DValue(shape, Deg(x.n + y.d, x.d + y.n, _add(own, DIV), shared, **args))
         if op == "max":  # a max atom over the multiset {a, b}
-            c.update(cu=c["cu"] + 2, du=max(c["du"], x.n + x.d, y.n + y.d))
-            return DValue(shape, Deg(1, 0, **c))
+            self._computed(_scale(U, 2), shape)
+            args["du"] = max(args["du"], x.n + x.d, y.n + y.d)
+            return DValue(shape, Deg(1, 0, _add(own, _scale(U, 2)), shared, **args))
         raise ValueError(f"DegreeDomain: no binary op {op!r}")
 
     def reduce(self, op, x: DValue, axis, keepdim) -> DValue:
@@ -110,20 +141,29 @@ class DegreeDomain:
             shape[axis] = 1
         else:
             del shape[axis]
+        g = x.deg
+        if op == "reduce_max" and k == 1:  # the max of one element is the element (FieldDomain agrees)
+            return DValue(tuple(shape), g)
+        if axis == len(x.shape) - 1:  # atoms shared along the summed axis count once
+            own, shared = _add(_scale(g.own, k), g.shared), ZERO
+        else:
+            own, shared = _scale(g.own, k), _scale(g.shared, k)
         if op == "reduce_sum":
-            return DValue(tuple(shape), x.deg.times(k))
-        if k == 1:  # the max of one element is the element (FieldDomain agrees)
-            return DValue(tuple(shape), x.deg)
-        self.total["cu"] += prod(x.shape)
-        g, summed = x.deg, x.deg.times(k)
-        return DValue(tuple(shape), Deg(1, 0, cu=summed.cu + k, du=max(g.du, g.n + g.d), ce=summed.ce,
-                                        de=g.de, cv=summed.cv, dv=g.dv))
+            return DValue(tuple(shape), replace(g, n=g.n + (k - 1) * g.d, d=k * g.d, own=own, shared=shared))
+        self._computed(U, x.shape)
+        return DValue(tuple(shape), replace(g, n=1, d=0, own=_add(own, _scale(U, k)), shared=shared,
+                                            du=max(g.du, g.n + g.d)))
 
     def matmul(self, a: DValue, b: DValue) -> DValue:
         batch = tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+        k = a.shape[-1]
         x, y = a.deg, b.deg
-        term = Deg(x.n + y.n, x.d + y.d, **x.cone(y))
-        return DValue(batch + (a.shape[-2], b.shape[-1]), term.times(a.shape[-1]))
+        # a is summed along its last axis and constant along the result's last axis (b's columns)
+        shared = _add(_scale(x.own, k), x.shared, _scale(y.shared, k))
+        own = _scale(y.own, k)
+        n, d = x.n + y.n, x.d + y.d
+        return DValue(batch + (a.shape[-2], b.shape[-1]),
+                      Deg(n + (k - 1) * d, k * d, own, shared, **x.args_max(y)))
 
     def cast(self, x, dtype):
         return x
@@ -135,16 +175,21 @@ class DegreeDomain:
         shape = tuple(shape)
         if prod(shape) != prod(x.shape):
             raise ValueError(f"DegreeDomain: cannot reshape {list(x.shape)} to {list(shape)}")
-        return DValue(shape, x.deg)
+        same_last = bool(shape) and bool(x.shape) and shape[-1] == x.shape[-1]  # row-major: same index
+        return DValue(shape, x.deg if same_last else x.deg.merged())
 
     def permute(self, x: DValue, axes):
-        return DValue(tuple(x.shape[a] for a in axes), x.deg)
+        keeps_last = not axes or axes[-1] == len(axes) - 1
+        return DValue(tuple(x.shape[a] for a in axes), x.deg if keeps_last else x.deg.merged())
 
     def concat(self, xs, axis):
         shape = list(xs[0].shape)
         shape[axis] = sum(x.shape[axis] for x in xs)
-        degs = [x.deg for x in xs]
-        return DValue(tuple(shape), Deg(*(max(getattr(g, f) for g in degs) for f in Deg.__dataclass_fields__)))
+        degs = [x.deg.merged() if axis == len(shape) - 1 else x.deg for x in xs]
+        top = lambda f: max(getattr(g, f) for g in degs)  # noqa: E731
+        own = tuple(max(g.own[i] for g in degs) for i in range(3))
+        shared = tuple(max(g.shared[i] for g in degs) for i in range(3))
+        return DValue(tuple(shape), Deg(top("n"), top("d"), own, shared, top("du"), top("de"), top("dv")))
 
     def slice(self, x: DValue, axis, start, stop):
         shape = list(x.shape)
@@ -152,8 +197,7 @@ class DegreeDomain:
         return DValue(tuple(shape), x.deg)
 
     def broadcast_to(self, x: DValue, shape):
-        return DValue(tuple(shape), x.deg)
-
+        return DValue(tuple(shape), _aligned(x, tuple(shape)))
 
 
 def output_degrees(graph: KernelGraph) -> list[Deg]:
@@ -164,15 +208,15 @@ def output_degrees(graph: KernelGraph) -> list[Deg]:
     """
     dom = DegreeDomain()
     inputs = {v.name: DValue(v.type.shape, Deg(n=1)) for v in graph.inputs}
-    outs = [v.deg for v in evaluate(graph, inputs, dom)]
-    return [replace(g, **{k: min(getattr(g, k), t) for k, t in dom.total.items()}) for g in outs]
+    outs = [v.deg.merged() for v in evaluate(graph, inputs, dom)]
+    return [replace(g, own=tuple(min(c, t) for c, t in zip(g.own, dom.total))) for g in outs]
 
 
 def trial_bound(program: KernelGraph, candidate: KernelGraph, p: int, q: int) -> float:
     """The per-trial bound ε of ``superopt.verify.equivalence`` (its docstring derives it)."""
     worst = 0.0
     for a, b in zip(output_degrees(program), output_degrees(candidate)):
-        u, e, v = a.cu + b.cu, a.ce + b.ce, a.cv + b.cv
+        u, e, v = _add(a.counts, b.counts)
         eps = ((a.n + a.d + b.n + b.d) / p                       # Schwartz–Zippel in Z_p
                + comb(u, 2) * 2 * max(a.du, b.du) / p           # two opaque arguments merge
                + v * max(a.dv, b.dv) * (1 / p + 1 / q)          # a divisor vanishes

@@ -137,3 +137,17 @@ def test_single_trial_miss_rate_within_bound(name, pq):
         want = exact(field.p, field.q)
         assert abs(rate - want) <= 4 * math.sqrt(want * (1 - want) / n) + 1 / n, (rate, want)
         assert eps < 1 or pq == (11, 5)
+
+
+def test_degree_analysis_counts_every_atom_of_a_cone():
+    """The bound is only sound if the counts cover the distinct atoms an output element depends on:
+    softmax(s)[i] @ v reads S exps, S max arguments and S divisions; RMSNorm → matmul one rsqrt."""
+    from superopt.verify import output_degrees
+    s = 24
+    (soft,) = output_degrees(softmax_av_program(5, s, 7))
+    u, e, v = soft.counts
+    assert s <= e <= 2 * s and s <= u <= 2 * s and s <= v <= 2 * s and soft.de == 1
+    (fused,) = output_degrees(online_softmax_av(5, s, 7, 4))
+    assert fused.counts[1] >= s and fused.counts[0] >= s
+    (rms,) = output_degrees(rmsnorm_matmul_program(3, 96, 80))
+    assert rms.counts == (1, 0, 1) and rms.n == 3 and rms.d == 0 and rms.du == 2
