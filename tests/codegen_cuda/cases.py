@@ -47,3 +47,18 @@ def all_cases() -> dict[str, tuple[str, dict]]:
 def build(case: str, dtype: str):
     builder, kwargs = all_cases()[case]
     return {**FIXTURES, "splitk_matmul": splitk_matmul}[builder](dtype=dtype, **kwargs)
+
+
+def compile_case(key: tuple[str, str]) -> bytes:
+    """The sm_90a cubin of one (case, dtype): a process-pool task (NVRTC is single-threaded)."""
+    from superopt.codegen.cuda import compile_cuda, render_cuda
+    case, dtype = key
+    return compile_cuda(render_cuda(build(case, dtype).ugraph))
+
+
+def compile_all(keys: list[tuple[str, str]], workers: int = 16) -> dict[tuple[str, str], bytes]:
+    """Cubins for many cases at once, compiled in fresh (spawned) processes: no CUDA state forks."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    with ProcessPoolExecutor(min(workers, len(keys)), mp_context=multiprocessing.get_context("spawn")) as pool:
+        return dict(zip(keys, pool.map(compile_case, keys)))

@@ -2,17 +2,34 @@
 outputs poisoned beforehand; CUDA-graph capture and replay; 16-byte loads in the SASS."""
 from __future__ import annotations
 
+import functools
+import os
 import shutil
 import subprocess
 
 import numpy as np
 import pytest
 
-from tests.codegen_cuda.cases import all_cases, build
+from tests.codegen_cuda.cases import all_cases, build, compile_all
 
 pytestmark = pytest.mark.gpu
 TOL = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2}  # shared/CONVENTIONS.md
 CASES = sorted(all_cases())
+DTYPES = ("float16", "bfloat16")
+
+
+@functools.lru_cache(maxsize=1)
+def _cubins() -> dict[tuple[str, str], bytes]:
+    """Every case's cubin, compiled once in parallel before the first test needs one."""
+    return compile_all([(c, d) for c in CASES for d in DTYPES], workers=os.cpu_count() or 4)
+
+
+def _runner(case: str, dtype: str):
+    from superopt.codegen.cuda import render_cuda
+    from superopt.runtime.cuda_launch import CudaGraphRunner
+    fx = build(case, dtype)
+    cubin = _cubins()[(case, dtype)]
+    return fx, CudaGraphRunner(fx.ugraph, cubin, "cuda", render_cuda(fx.ugraph))
 
 
 def _torch():
@@ -44,13 +61,11 @@ def _error(fx, xs, outs) -> list[float]:
     return errs
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CASES)
 def test_case_matches_reference(case, dtype):
-    from superopt.runtime.cuda_launch import cuda_runner
     torch = _torch()
-    fx = build(case, dtype)
-    runner = cuda_runner(fx.ugraph)
+    fx, runner = _runner(case, dtype)
     for seed in (0, 1):  # fresh inputs each call; a race shows as a changing error
         xs = _inputs(fx, dtype, seed)
         _poison(runner)
@@ -64,11 +79,9 @@ def test_case_matches_reference(case, dtype):
                                   "lora", "gqa"])
 def test_cuda_graph_replay(case):
     """Captured once, replayed on new inputs copied into the static ones: same answers."""
-    from superopt.runtime.cuda_launch import cuda_runner
     torch = _torch()
     dtype = "bfloat16"
-    fx = build(case, dtype)
-    runner = cuda_runner(fx.ugraph)
+    fx, runner = _runner(case, dtype)
     static = _inputs(fx, dtype, 0)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
