@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..ir import BlockGraph, Node, Variance, block_variance
-from ..ir.ops import ACCUM_OPS, DTYPE_BYTES, Category, op_info
+from ..ir.ops import ACCUM_OPS, DTYPE_BYTES
 
 SMEM_LIMIT = 227 * 1024  # sm_90 dynamic shared memory per block after the opt-in
 GEMV_MAX_M = 16
@@ -244,6 +244,3 @@ def _rescaled_maxes(plan: BlockPlan) -> list[str]:
 def is_accum(n: Node) -> bool:
     return n.op in ACCUM_OPS
 
-
-def is_elementwise(n: Node) -> bool:
-    return op_info(n.op).category in (Category.UNARY, Category.BINARY, Category.CONST) or n.op == "cast"
