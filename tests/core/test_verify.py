@@ -151,3 +151,20 @@ def test_degree_analysis_counts_every_atom_of_a_cone():
     assert fused.counts[1] >= s and fused.counts[0] >= s
     (rms,) = output_degrees(rmsnorm_matmul_program(3, 96, 80))
     assert rms.counts == (1, 0, 1) and rms.n == 3 and rms.d == 0 and rms.du == 2
+
+
+def test_stable_softmax_equals_plain_softmax():
+    """exp(x − m)/Σ exp(x − m) = exp(x)/Σ exp(x) whatever m is: the max model must not break it."""
+    graphs = []
+    for stable in (False, True):
+        p = Program("softmax")
+        x = p.input("x", (3, 17))
+        p.output(p.softmax(x, dim=-1, stable=stable))
+        graphs.append(p.build())
+    assert check_equivalent(*graphs).equivalent
+    p = Program("shifted")  # but a shift that is not the same on the whole row changes the result
+    x = p.input("x", (3, 17))
+    e = p.exp(p.sub(x, p.max(x, dim=0, keepdim=True)))
+    p.output(p.div(e, p.sum(e, dim=-1, keepdim=True)))
+    v = check_equivalent(graphs[0], p.build())
+    assert not v.equivalent and v.counterexample is not None
