@@ -68,7 +68,7 @@ def programs(draw):
     return p.build()
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(programs())
 def test_round_trip_programs(g):
     text = to_text(g)
@@ -104,7 +104,7 @@ def fused_graphs(draw):
     return replace(g, nodes=(replace(node, block=blk),), _types=None)
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=80, deadline=None, database=None)
 @given(fused_graphs())
 def test_round_trip_fused(g):
     check(g)
