@@ -97,7 +97,12 @@ def bench_row(label, name, kw, dtype, copy_bw, compile_mode, do_compile: bool) -
     fx, cands = candidates(name, kw, dtype)
     xs = make_inputs(fx, dtype, name)
     ref = torch_program(fx.program)(*[x.double() for x in xs])
-    best = profile_candidates(cands, xs, configs=CONFIGS, reps=10)[0]
+    ranked = profile_candidates(cands, xs, configs=CONFIGS, reps=10)
+    for r in ranked:  # the log keeps every candidate's time: what won, and by how much
+        blk = r.ugraph.customized_nodes()[0].block
+        print(f"  cand {label}: grid {blk.grid} f{blk.forloop}: " + (r.error[:120] if r.error else
+              " ".join(f"w{nw}s{ns}={us:.1f}" for (nw, ns), us in r.tried)), flush=True)
+    best = ranked[0]
     if best.error:
         return dict(label=label, error=best.error)
     cg = compile_graph(best.ugraph, launch=best.launch)

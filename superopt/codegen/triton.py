@@ -290,9 +290,14 @@ def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph) -> tuple[Ke
     for n in b.nodes:
         if var[n.out.name] == Variance.PRE:
             k.node(n, 1)
+    deferred = _deferred_sums(b, var)
     for n in accums:
         init = '-float("inf")' if n.op == "accum_max" else "0.0"
-        k.emit(f"{k.name(n.out.name)} = tl.full({list(k.pad[n.out.name])}, {init}, tl.float32)", 1)
+        if n.out.name in deferred:
+            src = deferred[n.out.name].args[0]
+            k.emit(f"{k.name(n.out.name)}_el = tl.full({list(k.pad[src])}, 0.0, tl.float32)", 1)
+        else:
+            k.emit(f"{k.name(n.out.name)} = tl.full({list(k.pad[n.out.name])}, {init}, tl.float32)", 1)
     rescaled_by = {n.args[1] for n in accums if n.op == "accum_sum_rescaled"}
     ind = 1
     if b.forloop > 1:
@@ -303,11 +308,20 @@ def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph) -> tuple[Ke
     for inp in b.inputs:
         if inp.fmap != -1:
             k.load(inp, arg_shapes[inp.source], ind)
+    skipped = {r.out.name for r in deferred.values()}
     for n in b.nodes:
-        if op_info(n.op).category is Category.ACCUM:
+        if n.out.name in deferred:
+            acc = f"{k.var[n.out.name]}_el"
+            k.emit(f"{acc} = {acc} + {k.f32(deferred[n.out.name].args[0])}", ind)
+        elif op_info(n.op).category is Category.ACCUM:
             k.accumulate(n, ind)
-        elif var[n.out.name] in (Variance.LOOP, Variance.RUNNING):
+        elif var[n.out.name] in (Variance.LOOP, Variance.RUNNING) and n.out.name not in skipped:
             k.node(n, ind)
+    for name, r in deferred.items():
+        src, dim = r.args[0], r.attr("dim")
+        m = _mask(k.real[src], k.pad[src], [dim])
+        x = f"tl.where({m}, {k.var[name]}_el, 0.0)" if m else f"{k.var[name]}_el"
+        k.emit(f"{k.var[name]} = tl.sum({x}, axis={dim}, keep_dims={bool(r.attr('keepdim'))})", 1)
     for n in b.nodes:
         if var[n.out.name] == Variance.POST and op_info(n.op).category is not Category.ACCUM:
             k.node(n, 1)
@@ -321,6 +335,28 @@ def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph) -> tuple[Ke
                       tuple(j for j, a in enumerate(atomic) if a and node.outs[j].type.dtype != "float32"),
                       max(1, b.block_threads // 32), 3)
     return spec, text + "\n" + _launcher(spec, node, atomic) + "\n"
+
+
+def _deferred_sums(b: BlockGraph, var: dict[str, str]) -> dict[str, Node]:
+    """accum_sum nodes fed only by a loop-variant reduce_sum, mapped to that reduce.
+
+    Σ_i Σ_j x_ij = Σ_j Σ_i x_ij: the kernel adds the reduce's operand elementwise every iteration
+    and reduces once after the loop, instead of a cross-warp reduction (shared memory and a
+    barrier) per iteration: the RMSNorm sum of squares in a matmul's K loop.
+    """
+    producer = {n.out.name: n for n in b.nodes}
+    uses: dict[str, int] = {}
+    for n in b.nodes:
+        for a in n.args:
+            uses[a] = uses.get(a, 0) + 1
+    for o in b.outputs:
+        uses[o.value] = uses.get(o.value, 0) + 1
+    out = {}
+    for n in b.nodes:
+        r = producer.get(n.args[0]) if n.op == "accum_sum" else None
+        if r is not None and r.op == "reduce_sum" and uses[r.out.name] == 1 and var[r.out.name] == Variance.LOOP:
+            out[n.out.name] = r
+    return out
 
 
 def _launcher(spec: KernelSpec, node: Node, atomic: list[bool]) -> str:

@@ -97,7 +97,7 @@ def split_kv_tilings(g: KernelGraph, sms: int = 132, kv_tiles=(32, 64, 128)) -> 
     return out
 
 
-def dense_tilings(g: KernelGraph, n_tiles=(32, 48, 64, 128), k_tiles=(128, 256), sms: int = 132,
+def dense_tilings(g: KernelGraph, n_tiles=(32, 48, 64, 128), k_tiles=(128, 256, 512), sms: int = 132,
                   keep: int = 2) -> list[KernelGraph]:
     """Re-tilings of a one-kernel graph whose block splits output columns on grid y and walks K.
 
