@@ -88,10 +88,45 @@ BENCH = [  # (rows, K, N, n_tile, k_tile, threads): Llama-3-8B qkv at b=1 and 8,
 ]
 
 
+ATTN = dict(batch=1, q_heads=32, kv_heads=8, head_dim=128, kv_len=4096)  # Llama-3-8B decode, 4096 tokens
+
+
+def _attention_fixture():
+    from tests.fixtures.ugraphs import FIXTURES
+    return FIXTURES["decode_attention"](dtype="bfloat16", **ATTN)
+
+
 def _compile_bench(cfg) -> bytes:
     from superopt.codegen.cuda import compile_cuda, render_cuda
+    if cfg == "attention":
+        return compile_cuda(render_cuda(_attention_fixture().ugraph))
     rows, k, n, nt, kt, threads = cfg
     return compile_cuda(render_cuda(qkv_graph(rows, k, n, nt, kt, "bfloat16", threads)))
+
+
+def _attention_row(lines: list[str], cubin: bytes, copy: float) -> None:
+    """The decode_attention fixture's own tiling (split-KV + combine) against torch SDPA."""
+    import torch
+    import torch.nn.functional as F
+    from superopt.codegen.cuda import render_cuda
+    from superopt.runtime.cuda_launch import CudaGraphRunner
+    fx = _attention_fixture()
+    runner = CudaGraphRunner(fx.ugraph, cubin, "cuda", render_cuda(fx.ugraph))
+    b, hq, hk, d, L = (ATTN[k] for k in ("batch", "q_heads", "kv_heads", "head_dim", "kv_len"))
+    dt, sets = torch.bfloat16, 5
+    q = torch.randn(b, hq, 1, d, device="cuda", dtype=dt)
+    kv = [(torch.randn(b, hk, L, d, device="cuda", dtype=dt), torch.randn(b, hk, L, d, device="cuda", dtype=dt))
+          for _ in range(sets)]
+    k0, v0 = kv[0]
+    ref = F.scaled_dot_product_attention(q.double(), k0.double().repeat_interleave(hq // hk, 1),
+                                         v0.double().repeat_interleave(hq // hk, 1))
+    got = runner(q, k0, v0)[0].double()
+    err = ((got - ref).norm() / ref.norm()).item()
+    ours = _graph_time(lambda i: runner(q, *kv[i % sets]))
+    eager = _graph_time(lambda i: F.scaled_dot_product_attention(q, *kv[i % sets], enable_gqa=True))
+    gb = 2 * b * hk * L * d * 2 / ours / 1e3
+    lines.append(f"| decode attention | b{b} Hq{hq} Hkv{hk} d{d} L{L} | fixture tiling | {ours:.1f} | {eager:.1f} | "
+                 f"{gb:.0f} | {100 * gb / copy:.0f}% | {eager / ours:.2f} | {err:.1e} |")
 
 
 def bench(lines: list[str]) -> None:
@@ -101,8 +136,8 @@ def bench(lines: list[str]) -> None:
     import torch
     from superopt.codegen.cuda import render_cuda
     from superopt.runtime.cuda_launch import CudaGraphRunner
-    with ProcessPoolExecutor(len(BENCH), mp_context=multiprocessing.get_context("spawn")) as pool:
-        cubins = list(pool.map(_compile_bench, BENCH, timeout=300))
+    with ProcessPoolExecutor(len(BENCH) + 1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        *cubins, attn_cubin = list(pool.map(_compile_bench, BENCH + ["attention"], timeout=300))
     copy = _copy_bandwidth()
     lines += [f"device-to-device copy: {copy:.0f} GB/s", "",
               "| block | rows×K×N | tile n×k, threads | ours µs | torch eager µs | ours GB/s | % copy | eager/ours | rel err |",
@@ -123,6 +158,10 @@ def bench(lines: list[str]) -> None:
         lines.append(f"| qkv | {rows}×{k}×{n} | {n_tile}×{k_tile}, {threads} | {ours:.1f} | {eager:.1f} | "
                      f"{gb:.0f} | {100 * gb / copy:.0f}% | {eager / ours:.2f} | {err:.1e} |")
         del ws
+    try:
+        _attention_row(lines, attn_cubin, copy)
+    except Exception as e:
+        lines.append(f"| decode attention | failed: {type(e).__name__}: {e} |")
 
 
 def main() -> int:
