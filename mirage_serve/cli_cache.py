@@ -108,7 +108,7 @@ def verdict_line(verdict) -> str:
     parts = [str(verdict).splitlines()[0] if str(verdict) else type(verdict).__name__]
     for name in ("trials", "bound", "error_bound"):
         value = getattr(verdict, name, None)
-        if value is not None and name not in parts[0]:
+        if value is not None and name.replace("_", " ") not in parts[0]:
             parts.append(f"{name.replace('_', ' ')} {value}")
     return "; ".join(parts)
 
@@ -136,6 +136,12 @@ def cmd_verify_demo(args) -> int:
     ugraph = getattr(found, "best", None)
     if ugraph is None:
         raise CliError("search found no μGraph for RMSNorm→matmul", EXIT_INCORRECT)
+    stats = getattr(found, "stats", None)
+    if stats is not None:
+        print(f"search: {len(getattr(found, 'ranked', []))} verified μGraphs from "
+              f"{getattr(stats, 'patterns', '?')} patterns, {getattr(stats, 'states', '?')} states, "
+              f"{sum(getattr(stats, 'seconds', {}).values()):.2f} s; best has "
+              f"{len(getattr(ugraph, 'nodes', ()))} kernel op(s)")
     verdict = check_equivalent(program, ugraph)
     print(f"verdict: {verdict_line(verdict)}")
     return EXIT_OK if _equivalent(verdict) else EXIT_INCORRECT

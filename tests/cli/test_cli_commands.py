@@ -120,6 +120,32 @@ def test_warm_unknown_model(capsys):
     assert "Gemma-2-2B" in _one_error_line(capsys)
 
 
+def test_warm_passes_its_options_to_the_cache_back_end(tmp_path, capsys, monkeypatch):
+    """The CLI wiring of warm, with the (minutes-long) search stubbed out."""
+    import mirage_serve.cache.warm as warm
+
+    seen = {}
+
+    class Result:
+        def summary(self):
+            return "warmed stub"
+
+    def fake_warm(model, **kw):
+        seen.update(kw, model=model)
+        kw["progress"]("stub stage", 1, 1)
+        return Result()
+
+    monkeypatch.setattr(warm, "warm_model", fake_warm)
+    rc = main(["warm", "Qwen3-0.6B", "--batch", "3,1", "--dtype", "fp16", "--layers", "2",
+               "--cache-dir", str(tmp_path)])
+    assert rc == E.EXIT_OK
+    assert seen["model"] == "Qwen3-0.6B" and seen["batch_sizes"] == [1, 3] and seen["dtype"] == "fp16"
+    assert seen["num_layers"] == 2 and seen["cache_dir"] == str(tmp_path) and seen["backend"] is None
+    out = capsys.readouterr()
+    assert out.out.strip() == "warmed stub" and "warm [1/1] stub stage" in out.err
+
+
+@pytest.mark.slow
 def test_warm_tiny_config_fills_cache(tmp_path, capsys):
     if patch_available():
         pytest.skip(f"needs mirage_serve.patch: {patch_available()}")
@@ -143,8 +169,9 @@ def test_verify_demo(capsys):
         assert "not available in this build" in _one_error_line(capsys)
         return
     assert rc == E.EXIT_OK
-    line = capsys.readouterr().out.strip().splitlines()[-1]
-    assert line.startswith("verdict:") and "trials" in line
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith("search: ") and "verified μGraphs" in lines[0]
+    assert lines[-1].startswith("verdict: equivalent") and "trials" in lines[-1] and "bound" in lines[-1]
 
 
 @pytest.mark.slow
