@@ -18,6 +18,7 @@ from .cuda_prelude import C_TYPES
 
 BARRIER = "__syncthreads();"
 WARP_REDUCE_MIN = 16  # reduced extent from which a warp (not a thread) computes each output
+WARP_DOT_MIN = 128    # matmul K from which a warp computes each output (else a thread does)
 
 
 class KernelWriter:
@@ -189,6 +190,8 @@ class KernelWriter:
             self._warp_reduce(n, dst)
         elif n.op in ("reduce_sum", "reduce_max"):
             self.each(shape, lambda c: self._reduce(n, c, dst))
+        elif n.op == "matmul" and self._warp_dot(n):
+            self._warp_matmul(n, dst)
         elif n.op == "matmul":
             self.each(shape, lambda c: self._matmul(n, c, dst))
         else:
@@ -248,6 +251,30 @@ class KernelWriter:
         self.w(f"r = fmaf({self.rd.read(a, ca)}, {self.rd.read(b, cb)}, r);")
         self.close()
         self.w(f"{dst}[{flat(out, coords)}] = r;")
+
+    def _warp_dot(self, n: Node) -> bool:
+        """Whether a warp (lanes splitting K) should compute each output: when K is long, or when
+        the rhs is a transpose, whose column walk would put a warp's reads in one bank."""
+        K = self.plan.shape(n.args[0])[-1]
+        rhs = self.plan.nodes.get(n.args[1])
+        return K >= WARP_DOT_MIN or (rhs is not None and rhs.op == "transpose" and K >= WARP_REDUCE_MIN)
+
+    def _warp_matmul(self, n: Node, dst: str) -> None:
+        out = n.out.type.shape
+        a, b = n.args
+        sa, sb = self.plan.shape(a), self.plan.shape(b)
+        self.open(f"for (int o = tid >> 5; o < {_numel(out)}; o += {self.b.block_threads // 32})")
+        decl, coords = coord_lines(out, "o")
+        self.w(*decl)
+        ca = broadcast(coords[:-2], out[:-2], sa[:-2]) + [coords[-2], "k"]
+        cb = broadcast(coords[:-2], out[:-2], sb[:-2]) + ["k", coords[-1]]
+        self.w("float r = 0.0f;")
+        self.open(f"for (int k = tid & 31; k < {sa[-1]}; k += 32)")
+        self.w(f"r = fmaf({self.rd.read(a, ca)}, {self.rd.read(b, cb)}, r);")
+        self.close()
+        self.w("#pragma unroll", "for (int s = 16; s > 0; s >>= 1) r += __shfl_xor_sync(0xffffffffu, r, s);")
+        self.w(f"if ((tid & 31) == 0) {dst}[{flat(out, coords)}] = r;")
+        self.close()
 
     def _accumulate(self, n: Node) -> None:
         plan, name = self.plan, n.out.name

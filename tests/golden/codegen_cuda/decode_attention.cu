@@ -80,14 +80,16 @@ decode_attention_n1(const __half* __restrict__ a0, const __half* __restrict__ a1
       t_ktt[c2 * 32 + c3] = rnd_float32(ld_f(s_kt_in[c3 * 16 + c2]));
     }
     __syncthreads();
-    for (int e = tid; e < 64; e += 128) {
-      const int c3 = e / 32;
-      const int c4 = (e) % 32;
+    for (int o = tid >> 5; o < 64; o += 4) {
+      const int c3 = o / 32;
+      const int c4 = (o) % 32;
       float r = 0.0f;
-      for (int k = 0; k < 16; ++k) {
+      for (int k = tid & 31; k < 16; k += 32) {
         r = fmaf(rnd_float32(ld_f(s_qt_in[c3 * 16 + k])), t_ktt[k * 32 + c4], r);
       }
-      t_s[c3 * 32 + c4] = r;
+      #pragma unroll
+      for (int s = 16; s > 0; s >>= 1) r += __shfl_xor_sync(0xffffffffu, r, s);
+      if ((tid & 31) == 0) t_s[c3 * 32 + c4] = r;
     }
     __syncthreads();
     for (int o = tid >> 5; o < 2; o += 4) {
