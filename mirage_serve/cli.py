@@ -75,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--report", action="store_true", help="print patch()'s full per-site report")
     b.add_argument("--json", metavar="FILE", help="write the full result record as JSON")
+    b.add_argument("--markdown", metavar="FILE", help="append the result as a markdown table (results files)")
     b.add_argument("--plot", metavar="FILE.png", help="draw tok/s per batch size for ours and baselines")
 
     w = sub.add_parser("warm", help="search and compile every kernel of a model into a cache")

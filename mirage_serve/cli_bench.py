@@ -109,6 +109,31 @@ def format_result(r: dict) -> str:
     return "\n".join(lines)
 
 
+def format_markdown(r: dict) -> str:
+    """The result as a markdown section for benchmarks/results/ (device, versions, command, table)."""
+    m, s, env = r["model"], r["settings"], r["environment"]
+    bw = r["copy_bandwidth_GBps"]
+    lines = [f"## {m['name']} ({'random weights' if m['random_weights'] else 'real weights'}), {s['dtype']}, "
+             f"prompt {s['prompt_len']}, {s['new_tokens']} new tokens",
+             "",
+             f"device {env['device_name']}, copy bandwidth {f'{bw:.0f} GB/s' if bw else 'not measured'}, "
+             f"torch {env['torch']}, triton {env['triton']}, transformers {env['transformers']}, "
+             f"{env['date']}; `{env['command']}`; floor {_f(r['floor_ms'], '.3f')} ms/step "
+             f"({m['decode_bytes'] / 1e9:.2f} GB of weights per step); patch "
+             f"{_f(r['patch']['seconds'], '.1f')} s",
+             "",
+             "| batch | run | ms/step | tok/s | % of floor | "
+             + " | ".join(f"vs {b}" for b in s["baselines"]) + " |",
+             "|---" * (5 + len(s["baselines"])) + "|"]
+    for row in r["rows"]:
+        pct = _f(row["pct_of_floor"], ".0f") + ("%" if row["pct_of_floor"] else "")
+        lines.append(f"| {row['batch']} | {row['run']} | {row['ms_per_step']:.3f} | "
+                     f"{_f(row['tok_per_s'], '.1f')} | {pct} | "
+                     + " | ".join(_ratio(row["speedup"].get(b)) for b in s["baselines"]) + " |")
+    lines += ["", "correctness: " + correctness_line(r), ""]
+    return "\n".join(lines)
+
+
 def correctness_line(r: dict) -> str:
     c, s = r["correctness"], r["settings"]
     if not c["checked"]:
@@ -149,6 +174,9 @@ def cmd_bench(args) -> int:
         with open(args.json, "w") as fh:
             json.dump(result, fh, indent=2)
             fh.write("\n")
+    if args.markdown:
+        with open(args.markdown, "a") as fh:
+            fh.write(format_markdown(result) + "\n")
     if args.plot:
         from .bench_plot import write_plot
 

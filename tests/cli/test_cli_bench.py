@@ -38,8 +38,8 @@ def check_schema(doc: dict, batches: list[int], baselines: list[str]) -> None:
 
 
 def test_bench_tiny_json_and_plot(tmp_path, capsys, needs_patch):
-    j, p = tmp_path / "r.json", tmp_path / "r.png"
-    assert main(tiny_bench_args("--json", str(j), "--plot", str(p))) == E.EXIT_OK
+    j, p, md = tmp_path / "r.json", tmp_path / "r.png", tmp_path / "r.md"
+    assert main(tiny_bench_args("--json", str(j), "--plot", str(p), "--markdown", str(md))) == E.EXIT_OK
     out = capsys.readouterr().out
     assert "random weights" in out and "speed numbers need a GPU" in out
     assert "correctness OK: greedy tokens identical to eager for 6 steps x batch 1,3" in out
@@ -49,6 +49,11 @@ def test_bench_tiny_json_and_plot(tmp_path, capsys, needs_patch):
     assert doc["model"]["num_hidden_layers"] == 2 and doc["model"]["random_weights"] is True
     assert doc["correctness"] == {"reference": "eager", "checked": True, "identical": True, "steps": 6,
                                   "first_divergence": None}
+    table = [ln for ln in md.read_text().splitlines() if ln.startswith("| ")]
+    assert table[0] == "| batch | run | ms/step | tok/s | % of floor | vs eager |"
+    assert [ln.split(" | ")[:2] for ln in table[1:]] == [["| 1", "ours"], ["| 1", "eager"], ["| 3", "ours"],
+                                                         ["| 3", "eager"]]
+    assert doc["environment"]["command"].startswith("mirage-serve bench SmolLM2-135M --layers 2")
     png = read_png(p)
     series = json.loads(png["text"]["mirage-serve-series"])
     assert series["batches"] == [1, 3] and set(series["series"]) == {"ours", "eager"}
