@@ -3,8 +3,8 @@
 * ``torch``: ``superopt.interp.evaluate`` over a ``TorchDomain``: runs the μGraph exactly as
   tiled, with torch ops. Exact and slow; on CPU it gives **no speed-up** (it exists so the whole
   patch path runs and is tested without a GPU). Differentiable, like any torch code.
-* ``triton`` / ``cuda``: ``superopt.runtime.compile_graph`` (built by the codegen engineers);
-  not differentiable, so a patched module falls back to its original forward when autograd needs
+* ``triton`` / ``cuda``: ``superopt.runtime.compile_graph`` (Triton) or
+  ``superopt.runtime.cuda_launch.cuda_runner`` (CUDA C++ through NVRTC); not differentiable, so a patched module falls back to its original forward when autograd needs
   a graph.
 * ``auto``: ``triton`` when the model is on a CUDA device, else ``torch``.
 """
@@ -65,9 +65,18 @@ def build(graph: KernelGraph, backend: str, device: torch.device) -> Executor:
         return Executor(lambda *ts: evaluate(graph, ts, domain), "torch", True, False,
                         time.perf_counter() - t0)
     try:
-        from superopt.runtime import compile_graph
+        if backend == "triton":
+            from superopt.runtime import compile_graph
+
+            compiled = compile_graph(graph, backend="triton", device=device)
+        else:
+            from superopt.runtime.cuda_launch import cuda_runner
+
+            arch = arch_of(device)
+            compiled = cuda_runner(graph, device, arch + "a" if arch == "sm_90" else arch)
     except ImportError as e:
-        raise BackendError(f"backend {backend!r} needs superopt.runtime.compile_graph, which is not "
-                           f"installed ({e})") from None
-    compiled = compile_graph(graph, backend=backend, device=device)
-    return Executor(lambda *ts: list(compiled(*ts)), backend, False, True, time.perf_counter() - t0)
+        raise BackendError(f"backend {backend!r} needs superopt.runtime, which is not installed ({e})") from None
+    # Compiled graphs write their results into buffers reused by the next call, and one graph
+    # serves the same site of every layer: copy the results out before the next layer runs.
+    return Executor(lambda *ts: [o.clone() for o in compiled(*ts)], backend, False, True,
+                    time.perf_counter() - t0)
