@@ -57,8 +57,14 @@ def candidates(name: str, kw: dict, dtype: str) -> tuple:
     """The fixture's μGraph and its re-tilings (KV splits and tiles for attention)."""
     fx = FIXTURES[name](dtype=dtype, **kw)
     if name in ATTN:
-        return fx, [fx.ugraph] + split_kv_tilings(fx.ugraph)
-    return fx, [fx.ugraph] + dense_tilings(fx.ugraph)
+        out = [fx.ugraph] + split_kv_tilings(fx.ugraph)
+        for kv_tile in (64, 128):  # the builder's own split rule at larger KV tiles
+            try:
+                out.append(FIXTURES[name](dtype=dtype, kv_tile=kv_tile, **kw).ugraph)
+            except ValueError:
+                continue
+        return fx, out
+    return fx, [fx.ugraph] + dense_tilings(fx.ugraph, keep=3)
 
 
 def make_inputs(fx, dtype: str, name: str) -> list[torch.Tensor]:
@@ -71,7 +77,12 @@ def rel_err(outs, refs) -> float:
     return max(float((o.double() - r).norm() / r.norm()) for o, r in zip(outs, refs))
 
 
-CONFIGS = ((4, 3), (4, 4), (8, 3), (8, 4))  # (num_warps, num_stages)
+# (num_warps, num_stages): GEMVs ran fastest with few warps (w4 beat w8 everywhere in the first run)
+CONFIGS = {"dense": ((2, 3), (2, 4), (4, 3), (4, 4), (4, 5)), "attn": ((4, 3), (4, 4), (8, 3), (8, 4))}
+
+
+def configs(name: str):
+    return CONFIGS["attn" if name in ATTN else "dense"]
 
 
 def warm_row(row, compile_mode: str) -> str:
@@ -81,7 +92,7 @@ def warm_row(row, compile_mode: str) -> str:
         fx, cands = candidates(name, kw, dtype)
         xs = make_inputs(fx, dtype, name)
         for g in cands:
-            for nw, ns in CONFIGS:
+            for nw, ns in configs(name):
                 cg = compile_graph(g, launch={k.name: (nw, ns) for k in render_triton(g).kernels})
                 cg(*xs)
         comp = torch.compile(torch_program(fx.program), mode=None if compile_mode == "default" else compile_mode,
@@ -97,7 +108,7 @@ def bench_row(label, name, kw, dtype, copy_bw, compile_mode, do_compile: bool) -
     fx, cands = candidates(name, kw, dtype)
     xs = make_inputs(fx, dtype, name)
     ref = torch_program(fx.program)(*[x.double() for x in xs])
-    ranked = profile_candidates(cands, xs, configs=CONFIGS, reps=10)
+    ranked = profile_candidates(cands, xs, configs=configs(name), reps=10)
     for r in ranked:  # the log keeps every candidate's time: what won, and by how much
         blk = r.ugraph.customized_nodes()[0].block
         print(f"  cand {label}: grid {blk.grid} f{blk.forloop}: " + (r.error[:120] if r.error else
