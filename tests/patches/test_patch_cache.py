@@ -1,0 +1,60 @@
+"""patch() with a search and a kernel cache: searched once, verified, then served from the cache.
+
+The search is a stand-in (``superopt.search`` may not be installed yet): it returns the program
+under another name, so the μGraph differs from the program and the real verifier runs on it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+import types
+
+import torch
+from transformers import LlamaConfig
+
+import mirage_serve
+
+from .parity import build
+
+
+class _Result:
+    def __init__(self, best):
+        self.best = best
+
+
+def _fake_search(monkeypatch, calls: list):
+    def superoptimize(program, budget=None, arch=None):
+        calls.append((program.name, arch))
+        return _Result(dataclasses.replace(program, name=program.name + "_searched"))
+
+    mod = types.ModuleType("superopt.search")
+    mod.superoptimize = superoptimize
+    monkeypatch.setitem(sys.modules, "superopt.search", mod)
+
+
+def test_search_once_then_cache_hits(monkeypatch, tmp_path):
+    calls: list = []
+    _fake_search(monkeypatch, calls)
+    cfg = LlamaConfig(vocab_size=61, hidden_size=30, intermediate_size=41, num_hidden_layers=2,
+                      num_attention_heads=3, num_key_value_heads=1, head_dim=8)
+    model = build(cfg)
+    ids = torch.tensor([[7], [3]])
+    with torch.no_grad():
+        ref = model(ids).logits
+
+    first = mirage_serve.patch(model, backend="torch", cache_dir=tmp_path, batch_sizes=(2,))
+    assert not first.unpatched, str(first)
+    assert first.searches == 4 and len(calls) == 4  # one per distinct program, not per layer
+    assert {a for _, a in calls} == {"cpu"}
+    assert all(s.source == "search" and s.verdict.startswith("equivalent") for s in first.sites)
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, ref, rtol=1e-4, atol=1e-5)
+    mirage_serve.unpatch(model)
+
+    second = mirage_serve.patch(model, backend="torch", cache_dir=tmp_path, batch_sizes=(2,))
+    assert second.searches == 0 and second.cache_hits == 4 and len(calls) == 4
+    assert all(s.source == "cache" for s in second.sites)
+    assert "4 cache hits" in str(second)
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, ref, rtol=1e-4, atol=1e-5)
+    mirage_serve.unpatch(model)
