@@ -122,9 +122,12 @@ class Preparer:
         dg = digest(program)
         sr.program = dg
         built = self._built.get((dg, device))
-        if built is None:
+        if built is None:  # first site with this program: its report carries the shared times
             built = self._build(program, dg, site.name, m, device)
             self._built[(dg, device)] = built
+            _add_time(sr, "optimize", built[0].seconds)
+            _add_time(sr, "verify", built[1].seconds)
+            _add_time(sr, "build", built[2].seconds)
         choice, ver, executor = built
         sr.source, sr.verdict = choice.source, ver.verdict
         sr.kernels = max(sr.kernels, len(choice.graph.customized_nodes()))

@@ -52,12 +52,13 @@ class PatchReport:
             lines.append(self.note)
         if not self.supported:
             return "\n".join(lines)
-        rows = [("layer", "site", "patched", "source", "kern", "launch", "check err", "verdict / reason")]
+        rows = [("layer", "site", "patched", "source", "kern", "launch", "check err", "time s",
+                 "verdict / reason")]
         for s in self.sites:
             err = "" if s.check_error is None else f"{s.check_error:.1e}"
             why = s.verdict if s.patched else s.reason
             rows.append((str(s.layer), s.site, "yes" if s.patched else "no", s.source,
-                         str(s.kernels or ""), str(s.launches or ""), err, why))
+                         str(s.kernels or ""), str(s.launches or ""), err, f"{sum(s.times.values()):.2f}", why))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
         for r in rows:
             lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
