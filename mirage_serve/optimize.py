@@ -42,6 +42,14 @@ def choose(program: KernelGraph, *, budget, arch: str, cache=None, key=None) -> 
     ``cache`` is a ``mirage_serve.cache.KernelCache`` and ``key`` its ``CacheKey`` for this program,
     or both None; only searched winners are stored (the fallback is the program itself).
     """
+    if cache is None or key is None:
+        return _choose(program, budget, arch, None, None)
+    # Concurrent patchers of one model: one searches each program, the others wait, then hit.
+    with cache.lock(key):
+        return _choose(program, budget, arch, cache, key)
+
+
+def _choose(program: KernelGraph, budget, arch: str, cache, key) -> Choice:
     t0 = time.perf_counter()
     if cache is not None and key is not None:
         entry = cache.get(key)

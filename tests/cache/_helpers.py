@@ -13,6 +13,11 @@ from pathlib import Path
 from mirage_serve.cache import CacheEntry, CacheKey, KernelCache
 from mirage_serve.cache import entry as entry_mod
 
+# A tiny Llama with odd sizes (hidden 96, intermediate 136, vocab 73) for patch()/warm tests.
+TINY = {"model_type": "llama", "hidden_size": 96, "intermediate_size": 136, "num_hidden_layers": 3,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 73, "head_dim": 24,
+        "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
+
 VERSIONS = (("superopt", "0.1.0"), ("triton", "3.6.0"), ("torch", "2.11.0+cu130"),
             ("cuda-nvrtc", "13.0.48"))
 
@@ -78,3 +83,23 @@ def slow_writer(cache_dir: str, started: str) -> None:
         time.sleep(30)
     entry_mod.between_files = pause
     KernelCache(cache_dir, shipped_dir=False).put(make_key(7), make_entry(7))
+
+
+def real_patcher(cache_dir: str, start_at: float) -> dict:
+    """Build the tiny Llama (same seed everywhere), patch it into `cache_dir`, run one forward."""
+    import torch
+
+    import mirage_serve
+    from mirage_serve.cache.warm import build_model, resolve_config
+
+    torch.manual_seed(0)
+    # One layer, one bucket: four programs (attention in/out, MLP in/out), searched once each.
+    model = build_model(resolve_config({**TINY, "num_hidden_layers": 1})[1], "fp32", "cpu")
+    while time.time() < start_at:
+        time.sleep(0.001)
+    report = mirage_serve.patch(model, backend="torch", cache_dir=cache_dir, batch_sizes=(3,))
+    ids = torch.randint(0, TINY["vocab_size"], (3, 5), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        logits = model(ids).logits          # [3, 5, 73]
+    return {"searches": report.searches, "cache_hits": report.cache_hits,
+            "logits": logits.numpy().tobytes()}

@@ -8,6 +8,8 @@ import signal
 import time
 import warnings
 
+import pytest
+
 from mirage_serve.cache import KernelCache
 
 from . import _helpers
@@ -75,3 +77,22 @@ def test_killed_writer_leaves_no_partial_entry(tmp_path):
         cache.put(key, make_entry(7))
         assert cache.get(key) == make_entry(7)
     assert cache.clear() == 1 and not (tmp_path / "c" / ".tmp").exists()
+
+
+@pytest.mark.slow
+def test_four_processes_patching_one_model_share_one_cache(tmp_path):
+    from mirage_serve import optimize
+
+    if not optimize.search_available():
+        pytest.skip("superopt.search is not available: patch() caches only searched winners")
+    ctx = mp.get_context("spawn")
+    start = time.time() + 20.0        # transformers imports are slow on a loaded 2-core machine
+    with ctx.Pool(4) as pool:
+        results = pool.starmap(_helpers.real_patcher, [(str(tmp_path / "c"), start)] * 4)
+    rows = KernelCache(tmp_path / "c", shipped_dir=False).verify(layers=("user",))
+    assert rows and all(r.ok for r in rows)
+    assert len({r.key.digest() for r in rows}) == len(rows)
+    assert all(r["logits"] == results[0]["logits"] for r in results)
+    # The lock makes every program be searched once in all: the others hit the cache.
+    assert sum(r["searches"] for r in results) == len(rows), [r["searches"] for r in results]
+    assert sum(r["cache_hits"] for r in results) == 3 * len(rows)

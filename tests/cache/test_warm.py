@@ -10,10 +10,7 @@ from mirage_serve.cache import CacheEntry, CacheKey, KernelCache, versions_now
 from mirage_serve.cache.warm import build_model, resolve_config, warm_model
 from mirage_serve.registry import UnknownModelError
 
-TINY = {"model_type": "llama", "hidden_size": 96, "intermediate_size": 136, "num_hidden_layers": 3,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 73, "head_dim": 24,
-        "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
-
+from ._helpers import TINY
 
 def test_resolve_config_from_every_kind_of_argument(tmp_path):
     name, cfg = resolve_config("smollm2-135m")               # registry, case-insensitive
