@@ -151,7 +151,10 @@ class Preparer:
             from .cache import CacheKey, versions_now
             key = CacheKey(dg, f"b{m}", _DTYPE_SHORT.get(self.dtype, str(self.dtype)), arch.replace("_", ""),
                            self.backend, versions_now(), f"{site_name}-m{m}")
-        choice = optimize.choose(program, budget=self.budget, arch=arch, cache=self.cache, key=key)
+        # On CPU the search still targets sm_90: the torch backend runs any μGraph, and searching
+        # for the GPU's structures is what exercises the whole path without a GPU.
+        search_arch = arch if device.type == "cuda" else "sm_90"
+        choice = optimize.choose(program, budget=self.budget, arch=search_arch, cache=self.cache, key=key)
         ver = optimize.verify(program, choice.graph)
         self.report.searches += choice.source == "search"
         self.report.cache_hits += choice.source == "cache"
