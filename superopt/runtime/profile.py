@@ -16,7 +16,9 @@ from ..ir import KernelGraph
 from .compiled import compile_graph
 from .timing import rotated_sets, time_call
 
-DEFAULT_CONFIGS = ((4, 3), (8, 3), (4, 4), (8, 2))  # (num_warps, num_stages)
+# (num_warps, num_stages). Measured on an H200 (benchmarks/results/blocks_triton_h200.md): decode
+# GEMVs ran fastest on 2 warps, attention on 4-8, so both ends stay in the default sweep.
+DEFAULT_CONFIGS = ((2, 3), (2, 4), (4, 3), (4, 4), (8, 3))
 
 
 @dataclass(frozen=True)
