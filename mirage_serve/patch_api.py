@@ -72,6 +72,26 @@ def _buckets(batch_sizes: Sequence[int]) -> tuple[int, ...]:
     return out
 
 
+def _adapters():
+    """``mirage_serve.patches`` (the ``patches/`` folder), also from a source checkout on PYTHONPATH."""
+    try:
+        from . import patches
+    except ModuleNotFoundError:
+        # No package-dir mapping without an install (the GPU machine): load the folder beside
+        # mirage_serve/ under its installed name, so adapters import as mirage_serve.patches.*.
+        import importlib.util
+        import sys
+        from pathlib import Path
+
+        init = Path(__file__).resolve().parents[1] / "patches" / "__init__.py"
+        spec = importlib.util.spec_from_file_location(f"{__package__}.patches", init,
+                                                      submodule_search_locations=[str(init.parent)])
+        patches = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = patches
+        spec.loader.exec_module(patches)
+    return patches.family_for, patches.supported_model_types
+
+
 def _open_cache(cache_dir, report: PatchReport):
     """The kernel cache (mirage_serve.cache), opened only when something can be looked up in it."""
     from . import optimize
@@ -104,8 +124,7 @@ def patch(model: torch.nn.Module, *, backend: str = "auto", cache_dir=None, sear
     if backend == "torch":
         report.note = _CPU_NOTE
 
-    from .patches import family_for, supported_model_types
-
+    family_for, supported_model_types = _adapters()
     family = family_for(model_type)
     found = find_layers(model, family) if family else None
     if found is None:
