@@ -121,6 +121,18 @@ class _Kernel:
         self.var: dict[str, str] = {}
         self.native: set[str] = set()  # values held in their loaded dtype, not yet float32
         self.lines: list[str] = []
+        self.skip = self._only_feed_dots(b) if narrow else set()
+
+    def _only_feed_dots(self, b: BlockGraph) -> set[str]:
+        """Widening casts read only by matmuls: the dots take the narrow value, so never emit them."""
+        readers: dict[str, list[str]] = {}
+        for n in b.nodes:
+            for a in n.args:
+                readers.setdefault(a, []).append(n.op)
+        outs = {o.value for o in b.outputs}
+        return {n.out.name for n in b.nodes if n.op == "cast" and self.dtype[n.args[0]] in ("float16", "bfloat16")
+                and n.out.name not in outs and readers.get(n.out.name)
+                and all(op == "matmul" for op in readers[n.out.name])}
 
     def name(self, v: str) -> str:
         if v not in self.var:
@@ -180,6 +192,8 @@ class _Kernel:
 
     def node(self, n: Node, ind: int) -> None:
         out, cat = n.out.name, op_info(n.op).category
+        if out in self.skip:
+            return
         lhs = self.name(out)
         if cat is Category.CONST:
             self.emit(f"{lhs} = tl.full([], {_float(n.attr('value'))}, tl.float32)", ind)

@@ -32,7 +32,7 @@ class CompiledGraph:
         self.module = render_triton(ugraph)
         launch = launch or {}
         # per kernel: (custom op, spec, num_warps, num_stages)
-        if self.device.type == "cpu" and not interpreting():
+        if self.device.type == "cpu" and self.module.kernels and not interpreting():
             raise RuntimeError("compile_graph: Triton kernels run on a CPU device only in its interpreter; set "
                                "TRITON_INTERPRET=1 before triton is imported")
         self.kernels = {s.node_index: (kernel_op(self.module, s, cache_dir), s,

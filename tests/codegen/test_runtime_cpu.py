@@ -1,0 +1,83 @@
+"""Runtime pieces that need no kernel: library ops into preallocated buffers, re-tiling, launch plumbing."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from superopt.interp import NumpyDomain, evaluate
+from superopt.runtime import compile_graph
+from superopt.runtime.retile import dense_tilings, retile, split_kv_tilings
+from tests.fixtures.ugraphs import FIXTURES, random_inputs
+
+
+@pytest.mark.parametrize("name", sorted(FIXTURES))
+def test_lax_program_runs_as_library_ops_into_the_pool(name):
+    # a Lax program is all library ops: every one writes into a preallocated buffer or is a view
+    fx = FIXTURES[name]()
+    xs = random_inputs(fx, np.random.default_rng(1))
+    cg = compile_graph(fx.program, device="cpu")
+    for buf in cg.pool.values():
+        if buf.dim():
+            buf.fill_(float("nan"))
+    outs = cg(*[torch.from_numpy(x).float() for x in xs])
+    ref = evaluate(fx.program, xs, NumpyDomain())
+    for o, r in zip(outs, ref):
+        assert np.linalg.norm(o.double().numpy() - r) / np.linalg.norm(r) <= 1e-5
+    again = cg(*[torch.from_numpy(x).float() for x in xs])
+    assert all(a.data_ptr() == b.data_ptr() for a, b in zip(outs, again))  # same pool, no new buffers
+
+
+def test_out_argument_receives_library_outputs():
+    fx = FIXTURES["ntrans"]()
+    xs = [torch.from_numpy(x).float() for x in random_inputs(fx, np.random.default_rng(2))]
+    cg = compile_graph(fx.program, device="cpu")
+    dst = torch.full(fx.program.output_types[0].shape, float("nan"))
+    (o,) = cg(*xs, out=[dst])
+    assert o is dst and torch.isfinite(dst).all()
+    torch.testing.assert_close(dst, compile_graph(fx.program, device="cpu")(*xs)[0])
+
+
+def test_inputs_are_checked():
+    fx = FIXTURES["lora"]()
+    cg = compile_graph(fx.program, device="cpu")
+    good = [torch.randn(v.type.shape) for v in fx.program.inputs]
+    with pytest.raises(ValueError, match="expected float32"):
+        cg(good[0].double(), *good[1:])
+    with pytest.raises(TypeError, match="expected 4 inputs"):
+        cg(*good[:2])
+
+
+def _same_function(a, b, fx, seed=3):
+    xs = random_inputs(fx, np.random.default_rng(seed))
+    ya, yb = evaluate(a, xs, NumpyDomain()), evaluate(b, xs, NumpyDomain())
+    return all(np.allclose(p, q, rtol=1e-10, atol=1e-10) for p, q in zip(ya, yb))
+
+
+@pytest.mark.parametrize("name", ["rmsnorm_matmul", "llama_qkv", "rmsnorm_gated_mlp", "lora", "matmul_residual"])
+def test_dense_retilings_keep_the_function(name):
+    fx = FIXTURES[name](hidden=512, **({"inter": 256} if "mlp" in name else {"out": 384}))
+    variants = dense_tilings(fx.ugraph, n_tiles=(32, 64, 128), k_tiles=(128, 256), sms=4, keep=3)
+    assert len(variants) >= 3
+    grids = {(v.customized_nodes()[0].block.grid, v.customized_nodes()[0].block.forloop) for v in variants}
+    assert len(grids) == len(variants)
+    for v in variants:
+        assert _same_function(fx.ugraph, v, fx)
+
+
+@pytest.mark.parametrize("name", ["decode_attention", "gqa", "qknorm"])
+def test_kv_split_retilings_keep_the_function(name):
+    kw = dict(batch=3, q_heads=4, kv_heads=2, head_dim=16, kv_len=256) if name == "decode_attention" else \
+        dict(batch=1, q_len=16, head_dim=16, kv_len=256)
+    fx = FIXTURES[name](**kw)
+    variants = split_kv_tilings(fx.ugraph, sms=8)
+    assert variants
+    for v in variants:
+        assert v.output_types == fx.ugraph.output_types
+        assert _same_function(fx.ugraph, v, fx)
+
+
+def test_retile_rejects_a_grid_that_does_not_divide():
+    fx = FIXTURES["matmul_residual"]()
+    with pytest.raises(Exception, match="divisible"):
+        retile(fx.ugraph, 0, (1, 7, 1), 3)
