@@ -1,20 +1,22 @@
 """The cache key: what a kernel depends on (program, shape bucket, dtype, arch, backend, toolchain).
 
-The digest covers every field except ``label``: the label only makes the directory name readable
-(``rmsnorm_matmul-sm90-bf16-k4096-n6144-1a2b3c4d``), it never decides whether two keys are equal
-for lookup purposes beyond the directory it names.
+The digest covers every field except ``label``, which only makes the directory name readable
+(``rmsnorm_matmul-sm90-bf16-k4096-n6144-1a2b3c4d``): keys that differ only in label share a
+digest but name different directories.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
 from dataclasses import dataclass
 from importlib import metadata
+from pathlib import Path
 
 # Toolchain components whose version can change what a cache entry holds. Binaries depend on all
-# of them; μGraph text and generated source depend only on those in TEXT_VERSIONS (the shipped,
-# binary-free cache is keyed by those alone, so it serves users on any torch/triton/CUDA).
+# of them; the shipped, binary-free cache is keyed by TEXT_VERSIONS alone, so it serves users on
+# any torch/triton/CUDA (and its μGraphs are re-verified on load by patch() anyway).
 # (name, distributions to try): CUDA wheels carry a -cuNN suffix in some releases.
 _DISTRIBUTIONS = (
     ("triton", ("triton",)),
@@ -35,7 +37,7 @@ def versions_now() -> tuple[tuple[str, str], ...]:
     covers them; CUDA C++ kernels by NVRTC, whose wheel version covers those.)"""
     import superopt
 
-    out = [("superopt", superopt.__version__)]
+    out = [("superopt", superopt.__version__), ("superopt-src", _superopt_source_digest())]
     for name, dists in _DISTRIBUTIONS:
         for dist in dists:
             try:
@@ -44,6 +46,19 @@ def versions_now() -> tuple[tuple[str, str], ...]:
             except metadata.PackageNotFoundError:
                 continue
     return tuple(out)
+
+
+@functools.lru_cache(maxsize=1)
+def _superopt_source_digest() -> str:
+    """sha256[:12] over superopt's Python sources: in a development tree the package version stays
+    0.1.0 while codegen changes, and a binary built by older codegen must not be reused."""
+    import superopt
+
+    root = Path(superopt.__file__).parent
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*.py")):
+        h.update(p.relative_to(root).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()[:12]
 
 
 @dataclass(frozen=True)
