@@ -41,15 +41,21 @@ def make_entry(seed: int = 0) -> CacheEntry:
     )
 
 
-def build_log_lines(path: Path) -> list[str]:
-    return path.read_text().splitlines() if path.exists() else []
+def barrier(folder: str, parties: int, timeout: float = 300.0) -> None:
+    """Wait until `parties` processes have arrived, so they really race (a file per arrival)."""
+    Path(folder).mkdir(exist_ok=True)
+    Path(folder, f"ready-{os.getpid()}").touch()
+    deadline = time.time() + timeout
+    while len(list(Path(folder).glob("ready-*"))) < parties:
+        if time.time() > deadline:
+            raise TimeoutError(f"only {len(list(Path(folder).glob('ready-*')))} of {parties} arrived")
+        time.sleep(0.002)
 
 
-def patcher(cache_dir: str, keys: list[int], log: str, start_at: float) -> list[str]:
+def patcher(cache_dir: str, keys: list[int], log: str, gate: str) -> list[str]:
     """One 'patching' process: for each key, look up under the lock, build on a miss, put.
     Each build appends a line to `log` (O_APPEND), so the test can count builds."""
-    while time.time() < start_at:        # line the processes up so they really race
-        time.sleep(0.001)
+    barrier(gate, 4)
     cache = KernelCache(cache_dir, shipped_dir=False)
     got = []
     for i in keys:
@@ -66,10 +72,9 @@ def patcher(cache_dir: str, keys: list[int], log: str, start_at: float) -> list[
     return got
 
 
-def unlocked_putter(cache_dir: str, keys: list[int], start_at: float) -> int:
+def unlocked_putter(cache_dir: str, keys: list[int], gate: str) -> int:
     """Put every key without taking the lock: atomic install alone must keep entries whole."""
-    while time.time() < start_at:
-        time.sleep(0.001)
+    barrier(gate, 4)
     cache = KernelCache(cache_dir, shipped_dir=False)
     for i in keys:
         cache.put(make_key(i), make_entry(i))
@@ -85,7 +90,7 @@ def slow_writer(cache_dir: str, started: str) -> None:
     KernelCache(cache_dir, shipped_dir=False).put(make_key(7), make_entry(7))
 
 
-def real_patcher(cache_dir: str, start_at: float) -> dict:
+def real_patcher(cache_dir: str, gate: str) -> dict:
     """Build the tiny Llama (same seed everywhere), patch it into `cache_dir`, run one forward."""
     import torch
 
@@ -95,8 +100,7 @@ def real_patcher(cache_dir: str, start_at: float) -> dict:
     torch.manual_seed(0)
     # One layer, one bucket: four programs (attention in/out, MLP in/out), searched once each.
     model = build_model(resolve_config({**TINY, "num_hidden_layers": 1})[1], "fp32", "cpu")
-    while time.time() < start_at:
-        time.sleep(0.001)
+    barrier(gate, 4)
     report = mirage_serve.patch(model, backend="torch", cache_dir=cache_dir, batch_sizes=(3,))
     ids = torch.randint(0, TINY["vocab_size"], (3, 5), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():

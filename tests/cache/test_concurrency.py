@@ -21,12 +21,12 @@ KEYS = [0, 1, 2, 3, 4, 5]
 def test_four_patchers_build_each_key_once(tmp_path):
     ctx = mp.get_context("spawn")
     log = tmp_path / "builds.log"
-    start = time.time() + 2.0          # after every spawned interpreter is up
     with ctx.Pool(4) as pool:
         # Each process walks the keys in its own order, so processes collide on every key.
         orders = [KEYS, KEYS[::-1], KEYS[2:] + KEYS[:2], KEYS[3:] + KEYS[:3]]
         results = pool.starmap(_helpers.patcher,
-                               [(str(tmp_path / "cache"), order, str(log), start) for order in orders])
+                               [(str(tmp_path / "cache"), order, str(log), str(tmp_path / "gate"))
+                                for order in orders])
     builds = [line.split()[1] for line in log.read_text().splitlines()]
     assert sorted(builds) == sorted(str(k) for k in KEYS), builds     # exactly one build per key
     # Every process saw the same content for every key.
@@ -41,9 +41,8 @@ def test_four_patchers_build_each_key_once(tmp_path):
 
 def test_unlocked_concurrent_puts_leave_one_whole_entry_per_key(tmp_path):
     ctx = mp.get_context("spawn")
-    start = time.time() + 2.0
     with ctx.Pool(4) as pool:
-        pool.starmap(_helpers.unlocked_putter, [(str(tmp_path / "c"), KEYS, start)] * 4)
+        pool.starmap(_helpers.unlocked_putter, [(str(tmp_path / "c"), KEYS, str(tmp_path / "gate"))] * 4)
     cache = KernelCache(tmp_path / "c", shipped_dir=False)
     entries = [p for p in (tmp_path / "c").iterdir() if not p.name.startswith((".", "CACHEDIR"))]
     assert len(entries) == len(KEYS)
@@ -86,9 +85,8 @@ def test_four_processes_patching_one_model_share_one_cache(tmp_path):
     if not optimize.search_available():
         pytest.skip("superopt.search is not available: patch() caches only searched winners")
     ctx = mp.get_context("spawn")
-    start = time.time() + 20.0        # transformers imports are slow on a loaded 2-core machine
     with ctx.Pool(4) as pool:
-        results = pool.starmap(_helpers.real_patcher, [(str(tmp_path / "c"), start)] * 4)
+        results = pool.starmap(_helpers.real_patcher, [(str(tmp_path / "c"), str(tmp_path / "gate"))] * 4)
     rows = KernelCache(tmp_path / "c", shipped_dir=False).verify(layers=("user",))
     assert rows and all(r.ok for r in rows)
     assert len({r.key.digest() for r in rows}) == len(rows)
