@@ -182,7 +182,12 @@ def _patch_and_measure(lm: LoadedModel, opts: BenchOptions, measured: dict, prog
     except ImportError as err:
         return {"available": False, "seconds": None, "report": None, "error": str(err)}
     t0 = time.perf_counter()
-    report = patch(lm.model, backend=opts.backend, batch_sizes=tuple(opts.batches))
+    try:
+        report = patch(lm.model, backend=opts.backend, batch_sizes=tuple(opts.batches))
+    except Exception as err:  # keep the baselines measured so far; the CLI reports the failure
+        if _is_oom(err):
+            raise
+        return {"available": True, "seconds": None, "report": None, "error": f"{type(err).__name__}: {err}"}
     seconds = time.perf_counter() - t0
     try:
         measured["ours"] = _measure(lm, opts, "ours", "default", prog, done)

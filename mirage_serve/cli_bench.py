@@ -11,7 +11,7 @@ import shlex
 import sys
 
 from .cli_errors import (EXIT_BAD_CHECKPOINT, EXIT_INCORRECT, EXIT_NO_GPU, EXIT_OK, EXIT_OOM,
-                         EXIT_UNAVAILABLE, EXIT_USAGE, CliError)
+                         EXIT_PATCH_FAILED, EXIT_UNAVAILABLE, EXIT_USAGE, CliError)
 
 GPU_DEFAULTS = dict(batch=[1, 8], prompt_len=128, new_tokens=256, dtype="bf16",
                     baselines=["eager", "static-compile"], repeats=3)
@@ -94,8 +94,10 @@ def format_result(r: dict) -> str:
     else:
         lines.append("bandwidth   not measured on CPU (the floor is a GPU quantity)")
     p = r["patch"]
-    lines.append(f"patch       {p['seconds']:.2f} s to patch" if p["available"]
-                 else f"patch       not run: {p['error']}")
+    if p["error"]:
+        lines.append(f"patch       {'failed' if p['available'] else 'not run'}: {p['error']}")
+    else:
+        lines.append(f"patch       {p['seconds']:.2f} s to patch")
     bases = s["baselines"]
     head = f"{'batch':>5}  {'run':<15} {'ms/step':>9} {'tok/s':>9} {'% floor':>8}" + \
         "".join(f" {'vs ' + b:>18}" for b in bases)
@@ -164,6 +166,8 @@ def cmd_bench(args) -> int:
                                "times above are CPU times")
     if not result["patch"]["available"]:
         result["notes"].append("ours was not measured: patch() is missing from this build")
+    elif result["patch"]["error"]:
+        result["notes"].append("ours was not measured: patch() raised (a bug: please report it)")
     elif result["patch"]["report"]:
         # The per-site table can run to hundreds of lines: its summary (last line) unless asked.
         report = result["patch"]["report"].rstrip()
@@ -188,4 +192,6 @@ def cmd_bench(args) -> int:
                    f"{result['model']['name']} {opts.dtype} {opts.device} tok/s")
     if result["correctness"]["checked"] and not result["correctness"]["identical"]:
         return EXIT_INCORRECT
+    if result["patch"]["available"] and result["patch"]["error"]:
+        return EXIT_PATCH_FAILED
     return EXIT_OK

@@ -12,6 +12,7 @@ EXIT_BAD_CHECKPOINT = 6
 EXIT_UNAVAILABLE = 7  # a component this build lacks (patch, search, cache back end) or no hub access
 EXIT_CACHE = 8  # the cache refused (read-only, bad archive)
 EXIT_INCORRECT = 9  # the patched model disagreed with eager, or verification failed
+EXIT_PATCH_FAILED = 10  # bench: patch() raised; the baselines are still printed
 
 
 class CliError(Exception):
