@@ -26,7 +26,8 @@ def check_schema(doc: dict, batches: list[int], baselines: list[str]) -> None:
     for key in ("python", "torch", "transformers", "device", "device_name", "date"):
         assert doc["environment"][key], key
     assert set(doc["patch"]) == {"available", "seconds", "report", "error"}
-    runs = (["ours"] if doc["patch"]["available"] else []) + baselines
+    ours = doc["patch"]["available"] and not doc["patch"]["error"]
+    runs = (["ours"] if ours else []) + baselines
     assert [(r["batch"], r["run"]) for r in doc["rows"]] == [(b, r) for b in batches for r in runs]
     for row in doc["rows"]:
         for key, typ in ROW_KEYS.items():
@@ -162,3 +163,19 @@ def test_tiny_set_really_shrinks_the_model(tmp_path, monkeypatch):
     m = json.loads(j.read_text())["model"]
     # embed 311×72 + lm_head (tied in SmolLM2) + 1 layer + final norm.
     assert m["params"] == 311 * 72 + (72 * 72 + 2 * 72 * 36 + 72 * 72 + 3 * 72 * 100 + 2 * 72) + 72
+
+
+def test_patch_that_raises_keeps_the_baselines(tmp_path, capsys, monkeypatch):
+    def broken():
+        def patch(model, **kw):
+            raise RuntimeError("kernel build exploded")
+        return patch, lambda model: None
+
+    monkeypatch.setattr(bench, "patch_api", broken)
+    j = tmp_path / "r.json"
+    assert main(tiny_bench_args("--json", str(j))) == E.EXIT_PATCH_FAILED
+    out = capsys.readouterr().out
+    assert "patch       failed: RuntimeError: kernel build exploded" in out
+    doc = json.loads(j.read_text())
+    check_schema(doc, [1, 3], ["eager"])
+    assert [r["run"] for r in doc["rows"]] == ["eager", "eager"]
