@@ -9,9 +9,11 @@ the ones that only make sense for *partial* values:
 * a sum over some parts of an index is part of a sum over more parts of it (split sums);
 * a sum of terms is part of an expression if its terms map to distinct terms there with one
   common cofactor and one coefficient ratio (distributivity: (a+b)·c = a·c + b·c);
-* a constant is part of the target if its value appears there as a coefficient or reciprocal.
+* coefficients may differ from the target's by a scale the graph can still apply: one program
+  constant or its reciprocal;
+* a constant is part of the target if its value appears there as a coefficient (or is ±1).
 
-Coefficients of single terms are ignored (a later scale can fix them), so the oracle
+The oracle
 over-approximates: it never rejects a value that a correct μGraph could compute, but it lets some
 wrong ones through; the verifier has the last word. Answers are memoised per store; the oracle
 counts queries, hits and the time they took.
@@ -25,8 +27,11 @@ from .nf import ALL, NFStore
 
 
 class SubexprOracle:
-    def __init__(self, store: NFStore, targets: list[int]):
+    def __init__(self, store: NFStore, targets: list[int], scales: tuple = ()):
+        """``scales``: the program's constants; a part may differ from its target by one of them
+        (or its reciprocal): the scale a μGraph can still apply."""
         self.s = store
+        self.scales = {Fraction(1)} | {abs(Fraction(c)) for c in scales if c} | {1 / abs(Fraction(c)) for c in scales if c}
         self.exprs: list[int] = []
         self.coeffs: set[Fraction] = set()
         seen: set[int] = set()
@@ -34,6 +39,8 @@ class SubexprOracle:
             self._collect_expr(t, seen)
         self._flat: dict[int, tuple[dict[int, int], dict[int, set[str]]]] = {}
         self._memo: dict[int, bool] = {}
+        self._parts: dict[tuple[int, int, bool], bool] = {}
+        self.terms = sorted({t for x in self.exprs for t in self.s.terms(x)})
         self.queries = 0
         self.hits = 0
         self.seconds = 0.0
@@ -101,21 +108,64 @@ class SubexprOracle:
                     return False
         return self._leaves_in(leaves, tl)
 
-    def _mono_part(self, me: int, mt: int) -> dict[int, int] | None:
-        """The cofactor leaves (target minus part) if ``me`` is part of ``mt``, else None."""
-        le, se = self._flatten(me)
+    def _part(self, me: int, mt: int, flip: bool) -> bool:
+        key = (me, mt, flip)
+        got = self._parts.get(key)
+        if got is None:
+            got = self._parts[key] = self._mono_part(me, mt, flip) is not None
+        return got
+
+    def _mono_part(self, me: int, mt: int, flip: bool = False) -> tuple | None:
+        """The cofactor leaves (target minus part) if ``me`` (inverted when ``flip``: a value that
+        will divide) is part of ``mt``, else None. A factor of the part matches a whole target
+        factor of the same sign, or a sum factor matches a sum inside the target."""
         lt, st = self._flatten(mt)
-        if not self._leaves_in(le, lt):
-            return None
-        for binds, leaves in se:
-            if not any(self._sum_in(binds, leaves, tb, tl) for tb, tl in st):
+        rest = dict(lt)
+        for f, e in self.s.mono_items(me):
+            e = -e if flip else e
+            k = self.s.fkey(f)
+            if rest.get((f, e > 0), 0) >= abs(e):
+                rest[(f, e > 0)] -= abs(e)
+                continue
+            if k[0] != "sum":
                 return None
-        return {f: x - le.get(f, 0) for f, x in lt.items() if x != le.get(f, 0)}
+            le, se = self._flatten(self.s.mono({f: 1}))
+            binds, leaves = se[-1]  # the outer sum: nested ones are appended first
+            g = self._whole_sum(binds, leaves, rest, e)
+            if g is not None:  # a partial sum of a target sum that is a whole factor (a divisor)
+                rest[g] -= abs(e)
+                continue
+            if e != 1:
+                return None
+            if not self._leaves_in(le, rest) or not any(self._sum_in(binds, leaves, tb, tl) for tb, tl in st):
+                return None
+            for x, n in le.items():
+                rest[x] -= n
+        return frozenset((x, n) for x, n in rest.items() if n), self._missing(me, mt)
+
+    def _binds(self, m: int) -> dict[int, set]:
+        out: dict[int, set] = {}
+        for binds, _ in self._flatten(m)[1]:
+            for idx, parts in binds.items():
+                full = self.s.nontrivial.get(idx, frozenset("t"))
+                out.setdefault(idx, set()).update(full if ALL in parts else parts)
+        return out
+
+    def _missing(self, me: int, mt: int) -> frozenset:
+        """Parts of indices the target sums that the part has not summed yet (the later sums)."""
+        be, bt = self._binds(me), self._binds(mt)
+        return frozenset((i, frozenset(p - be.get(i, set()))) for i, p in bt.items() if p - be.get(i, set()))
+
+    def _whole_sum(self, binds: dict, leaves: dict, rest: dict, e: int):
+        for (g, sign), n in rest.items():
+            if sign == (e > 0) and n >= abs(e) and self.s.fkey(g)[0] == "sum":
+                _, tse = self._flatten(self.s.mono({g: 1}))
+                if self._sum_in(binds, leaves, *tse[-1]):
+                    return (g, sign)
+        return None
 
     def _ratio_ok(self, r: Fraction) -> bool:
-        """A part's coefficient times a target coefficient (or 1) gives the target's."""
-        r = abs(r)
-        return r == 1 or r in self.coeffs
+        return abs(r) in self.scales
 
     # ------------------------------------------------------------ the query
     def query(self, e: int) -> bool:
@@ -137,8 +187,11 @@ class SubexprOracle:
             return all(abs(c) in self.coeffs or abs(c) == 1 for _, c in terms)
         if len(terms) == 1:
             (m, c), = terms
-            return any(self._ratio_ok(ct / c) and self._mono_part(m, mt) is not None
-                       for x in self.exprs for mt, ct in self.s.terms(x))
+            # A part with only positive exponents may also be a divisor-to-be (matched inverted).
+            divisor = all(e > 0 for _, e in self.s.mono_items(m))
+            return any(self._part(m, mt, False) and self._ratio_ok(ct / c)
+                       or divisor and self._part(m, mt, True) and self._ratio_ok(ct * c)
+                       for mt, ct in self.terms)
         return any(self._terms_fit(terms, x) for x in self.exprs if len(self.s.terms(x)) >= len(terms))
 
     def _terms_fit(self, terms: list[tuple[int, Fraction]], x: int) -> bool:

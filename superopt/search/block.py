@@ -10,6 +10,7 @@ A new value survives only if
 3. the dims it lines up carry the same program index                  — pruned "index";
 4. the abstract domain models it                                       — pruned "not_modelled";
 5. no earlier value has the same normal form, labels and variance      — pruned "duplicate";
+   and constants are folded first: no a+a, no (a·c1)·c2                — pruned "canonical";
 6. its normal form is a subexpression of the kernel's targets (oracle) — pruned "abstract";
 7. its derivation fits ``max_block_ops``                               — pruned "size".
 
@@ -85,6 +86,8 @@ class BlockSearch:
             self._add(Val(store.atom(src.name, src.labels), src.labels, TensorType(tile, src.type.dtype),
                           LOOP if fmap != -1 else PRE, "input", (pos, imap, fmap), (), frozenset()))
         for i, (value, dtype) in enumerate(consts):
+            if (store.const(value), (), PRE) in self.seen:
+                continue  # the same constant twice (two RMSNorms' eps)
             self._add(Val(store.const(value), (), TensorType((), dtype), PRE, "const", (),
                           (("index", i),), frozenset()))
 
@@ -100,6 +103,8 @@ class BlockSearch:
     def _try(self, op: str, args: tuple[int, ...], attrs: tuple) -> None:
         self.states += 1
         vs = [self.vals[a] for a in args]
+        if self._folds(op, args, vs):
+            return self._prune("canonical")
         vars_ = {v.var for v in vs}
         if op == "accum_sum":
             if vs[0].var != LOOP:
@@ -136,6 +141,19 @@ class BlockSearch:
             return self._prune("size")
         self._add(Val(expr, labels, t, var, op, args, attrs, nodes))
 
+    def _folds(self, op: str, args: tuple, vs: list[Val]) -> bool:
+        """Canonical order for constants: a+a is 2·a, and (a·c1)·c2 is a·(c1·c2) with the constants
+        combined first, so a value is scaled by a constant at most once in a row."""
+        if op in ("add", "sub") and args[0] == args[1]:
+            return True
+        if op not in ("mul", "div"):
+            return False
+        consts = [self._constant(v.expr) for v in vs]
+        if consts[0] == consts[1]:
+            return False
+        other = vs[1] if consts[0] else vs[0]
+        return other.op in ("mul", "div") and any(self._constant(self.vals[a].expr) for a in other.args)
+
     def _constant(self, expr: int) -> bool:
         return all(m == self.s.ONE_MONO for m, _ in self.s.terms(expr))
 
@@ -166,11 +184,18 @@ class BlockSearch:
         return _broadcast_labels(a, b)
 
     # ------------------------------------------------------------ rounds
-    def run(self, goals: list[Goal], split: int = -1) -> dict[str, int] | None:
-        """Search until every goal has a value; return goal name -> value id, or None."""
+    def run(self, goals: list[Goal], split: int = -1, guide=None) -> dict[str, int] | None:
+        """Search until every goal has a value; return goal name -> value id, or None.
+
+        ``guide`` (the program and the normal forms of its values) first replays the program's
+        own dataflow on the tiles — the direct fusion, found in a few states when the tiling lets
+        every op run as written — before the rounds explore reorderings."""
         self._leaves = frozenset(i for i, v in enumerate(self.vals) if v.op in ("input", "const"))
         found: dict[str, int] = {}
         new = list(range(len(self.vals)))
+        if guide is not None:
+            self._replay(*guide)
+            new = list(range(len(self.vals)))
         self._match(goals, new, found, split)
         while new and len(found) < len(goals):
             start = len(self.vals)
@@ -180,6 +205,20 @@ class BlockSearch:
             new = list(range(start, len(self.vals)))
             self._match(goals, new, found, split)
         return found if len(found) == len(goals) else None
+
+    def _replay(self, program, env: dict[str, int], labels: dict[str, tuple]) -> None:
+        by_key = {(v.expr, v.labels): i for i, v in enumerate(self.vals)}
+        for n in program.nodes:
+            if n.op == "const":
+                continue
+            args = [by_key.get((env[a], labels[a])) for a in n.args]
+            if None in args:
+                continue
+            before = len(self.vals)
+            self._try(n.op, tuple(args), n.attrs)
+            if len(self.vals) > before:
+                v = self.vals[-1]
+                by_key.setdefault((v.expr, v.labels), before)
 
     def _round(self, new: set[int]) -> bool:
         n = len(self.vals)
@@ -203,17 +242,37 @@ class BlockSearch:
                 if not self._ok():
                     return False
                 self._try("accum_sum", (i,), ())
+        compatible = self._compatible_pairs(n, new)
         for op in self.vocab["binary"]:
-            for i in range(n):
-                for j in range(n):
-                    if i not in new and j not in new:
-                        continue
-                    if op in COMMUTATIVE and j < i:
-                        continue
-                    if not self._ok():
-                        return False
-                    self._try(op, (i, j), ())
+            for i, j in compatible[op == "matmul"]:
+                if op in COMMUTATIVE and j < i:
+                    continue
+                if not self._ok():
+                    return False
+                self._try(op, (i, j), ())
         return True
+
+    def _compatible_pairs(self, n: int, new: set[int]) -> tuple[list, list]:
+        """(elementwise, matmul) operand pairs with at least one new value whose dims line up by
+        index; the rest are pruned "index" in bulk, by label class, without being tried."""
+        by_label: dict[tuple, list[int]] = {}
+        for i in range(n):
+            by_label.setdefault(self.vals[i].labels, []).append(i)
+        elem, mm = [], []
+        for la, xs in by_label.items():
+            for lb, ys in by_label.items():
+                ok_e = _broadcast_labels(la, lb) is not None
+                ok_m = len(la) >= 2 and len(lb) >= 2 and la[-1] == lb[-2] and la[-1] >= 0 \
+                    and _broadcast_labels(la[:-2], lb[:-2]) is not None
+                pairs = [(i, j) for i in xs for j in ys if i in new or j in new]
+                if ok_e:
+                    elem += pairs
+                if ok_m:
+                    mm += pairs
+                skipped = len(pairs) * ((not ok_e) * len(self.vocab["binary"]) - (not ok_e) * ("matmul" in self.vocab["binary"]) + (not ok_m) * ("matmul" in self.vocab["binary"]))
+                if skipped:
+                    self.pruned["index"] = self.pruned.get("index", 0) + skipped
+        return sorted(elem), sorted(mm)
 
     def _ok(self) -> bool:
         return self.states < self.cap

@@ -107,6 +107,11 @@ def _factors(store: NFStore, exprs: list[int]) -> list[int]:
     return seen
 
 
+def _inner(store: NFStore, f: int) -> int:
+    """The body of sum factor ``f`` as an expr."""
+    return store.expr({store.fkey(f)[2]: Fraction(1)})
+
+
 def frontier(store: NFStore, exprs: list[int], r: int) -> list[int]:
     """The outermost sum factors that bind all of index ``r``, in a deterministic order."""
     out: list[int] = []
@@ -143,18 +148,23 @@ def enumerate_patterns(program: KernelGraph, index: ProgramIndex, budget: Search
     out_sets = [set(index.labels[o]) - {-1} for o in program.outputs]
     first = index.labels[program.outputs[0]]
     common = sorted(set.intersection(*out_sets), key=lambda i: -first.index(i))
+    # A block must see the whole of every sum it finishes, and outputs are loop-invariant: a single
+    # kernel's grid never partitions a summed index and its loop never walks an output index.
+    free_out = set().union(*out_sets)
+    tileable = [i for i in common if i not in bound]
     pats = []
-    for loop in [-1] + bound:
-        for n in range(0, min(budget.grid_dims, len(common)) + 1):
-            for combo in combinations(common, n):
+    for loop in [-1] + [i for i in bound if i not in free_out]:
+        for n in range(0, min(budget.grid_dims, len(tileable)) + 1):
+            for combo in combinations(tileable, n):
                 pats.append(Pattern(combo, loop, -1))
     if budget.max_kernels >= 2:
         for r in bound:
             fr = frontier(store, targets, r)
-            if not fr:
+            # the split kernel sees part of r: a frontier sum with a whole sum over r inside is out of reach
+            if not fr or any(r in bound_indices(store, [_inner(store, f)]) for f in fr):
                 continue
             free = sorted(set.intersection(*(set(store.free(f)) for f in fr)), reverse=True)
-            for loop in [-1] + bound:
+            for loop in [-1] + [i for i in bound if i == r or i not in free]:
                 for n in range(0, min(budget.grid_dims - 1, len(free)) + 1):
                     for combo in combinations(free, n):
                         pats.append(Pattern(combo + (r,), loop, r))
@@ -166,7 +176,7 @@ def enumerate_patterns(program: KernelGraph, index: ProgramIndex, budget: Search
 
 def _block(store, targets, sources, pattern, index, vocab, consts, budget, cap, stats):
     rep = representative(pattern, index.sizes)
-    oracle = SubexprOracle(store, targets) if budget.abstract_pruning else None
+    oracle = SubexprOracle(store, targets, tuple(v for v, _ in consts)) if budget.abstract_pruning else None
     bs = BlockSearch(store, oracle, sources, pattern, rep[0], rep[1], vocab, consts, budget.max_block_ops, cap)
     stats["bs"].append((bs, oracle))
     return bs
@@ -185,7 +195,7 @@ def run_pattern(program: KernelGraph, index: ProgramIndex, pattern: Pattern, bud
         goals = [Goal(t, index.labels[o], o) for t, o in zip(targets, program.outputs)]
         bs = _block(store, targets, _program_sources(program, index, store, targets), pattern, index,
                     vocab, index.consts, budget, cap, col)
-        found = bs.run(goals)
+        found = bs.run(goals, guide=(program, env, index.labels))
         if found:
             designs.append((bs.skeleton(found, goals, -1),))
     else:
@@ -193,7 +203,7 @@ def run_pattern(program: KernelGraph, index: ProgramIndex, pattern: Pattern, bud
         goals = [Goal(store.expr({store.mono({f: 1}): Fraction(1)}), None, f"part{j}") for j, f in enumerate(fr)]
         bs = _block(store, [g.expr for g in goals], _program_sources(program, index, store, [g.expr for g in goals]),
                     pattern, index, vocab, index.consts, budget, cap, col)
-        found = bs.run(goals, split=pattern.split)
+        found = bs.run(goals, split=pattern.split, guide=(program, env, index.labels))
         if found:
             k1 = bs.skeleton(found, goals, pattern.split)
             parts = [Source(name, labels, TensorType(tuple(index.sizes[i] if i >= 0 else 1 for i in labels),
