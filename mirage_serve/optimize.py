@@ -13,12 +13,17 @@ from dataclasses import dataclass
 from superopt.ir import KernelGraph, digest, from_text, to_text
 
 
+# The torch backend gains no speed from a better μGraph; a short search still exercises the path.
+CPU_SEARCH_SECONDS = 10.0
+
+
 @dataclass(frozen=True)
 class Choice:
     graph: KernelGraph
-    source: str        # "cache", "search" or "fallback"
+    source: str        # "cache", "search", "reinstantiated" or "fallback"
     note: str          # why, for the report
     seconds: float
+    result: object = None  # the SearchResult, to re-instantiate its structures at other buckets
 
 
 @dataclass(frozen=True)
@@ -36,45 +41,68 @@ def search_available() -> bool:
     return True
 
 
-def choose(program: KernelGraph, *, budget, arch: str, cache=None, key=None) -> Choice:
+def default_budget(budget, backend: str):
+    """``search_budget=None``: the search's own default on GPU, a short search on the torch backend."""
+    if budget is not None or backend != "torch":
+        return budget
+    try:
+        from superopt.search import SearchBudget
+    except ImportError:
+        return None
+    return SearchBudget(max_seconds=CPU_SEARCH_SECONDS)
+
+
+def choose(program: KernelGraph, *, budget, arch: str, cache=None, key=None, seed=None) -> Choice:
     """The μGraph to run for ``program``. ``budget=0`` skips the search (tests, quick starts).
 
     ``cache`` is a ``mirage_serve.cache.KernelCache`` and ``key`` its ``CacheKey`` for this program,
-    or both None; only searched winners are stored (the fallback is the program itself).
+    or both None; searched winners are stored (the fallback is the program itself). ``seed``: the
+    search result of the same site at another bucket, whose structures are re-instantiated at this
+    shape (and re-verified by the search) instead of searching again.
     """
     if cache is None or key is None:
-        return _choose(program, budget, arch, None, None)
+        return _choose(program, budget, arch, None, None, seed)
     # Concurrent patchers of one model: one searches each program, the others wait, then hit.
     with cache.lock(key):
-        return _choose(program, budget, arch, cache, key)
+        return _choose(program, budget, arch, cache, key, seed)
 
 
-def _choose(program: KernelGraph, budget, arch: str, cache, key) -> Choice:
+def _choose(program: KernelGraph, budget, arch: str, cache, key, seed) -> Choice:
     t0 = time.perf_counter()
+
+    def done(graph, source, note, result=None):
+        if source in ("search", "reinstantiated") and cache is not None and key is not None:
+            from .cache import CacheEntry
+            cache.put(key, CacheEntry(to_text(graph), {}, {}, {"program_digest": digest(program),
+                                                                 "source": source}))
+        return Choice(graph, source, note, time.perf_counter() - t0, result)
+
     if cache is not None and key is not None:
         entry = cache.get(key)
         if entry is not None:
             return Choice(from_text(entry.ugraph_text), "cache", f"cache entry {key.dirname()}",
                           time.perf_counter() - t0)
     if budget == 0:
-        return Choice(program, "fallback", "search disabled (search_budget=0)", time.perf_counter() - t0)
+        return done(program, "fallback", "search disabled (search_budget=0)")
     try:
         from superopt.search import superoptimize
     except ImportError:
-        return Choice(program, "fallback", "superopt.search is not installed", time.perf_counter() - t0)
-    kwargs = {"arch": arch} if budget is None else {"arch": arch, "budget": budget}
+        return done(program, "fallback", "superopt.search is not installed")
+    if seed is not None:
+        try:
+            result = seed.reinstantiate(program)
+        except Exception:  # a structure that does not fit this shape: search this one afresh
+            result = None
+        if result is not None and result.best is not None:
+            return done(result.best, "reinstantiated", "structures of another bucket", result)
     try:
+        kwargs = {"arch": arch} if budget is None else {"arch": arch, "budget": budget}
         result = superoptimize(program, **kwargs)
     except Exception as e:  # a search failure must not stop the patch: the program still runs
-        return Choice(program, "fallback", f"search failed: {type(e).__name__}: {e}",
-                      time.perf_counter() - t0)
-    best = getattr(result, "best", None)
-    if best is None:
-        return Choice(program, "fallback", "search found no μGraph", time.perf_counter() - t0)
-    if cache is not None and key is not None:
-        from .cache import CacheEntry
-        cache.put(key, CacheEntry(to_text(best), {}, {}, {"program_digest": digest(program)}))
-    return Choice(best, "search", f"searched ({time.perf_counter() - t0:.1f} s)", time.perf_counter() - t0)
+        return done(program, "fallback", f"search failed: {type(e).__name__}: {e}")
+    if result.best is None:
+        return done(program, "fallback", "search found no μGraph", result)
+    return done(result.best, "search", "searched", result)
 
 
 def verify(program: KernelGraph, ugraph: KernelGraph) -> Verification:

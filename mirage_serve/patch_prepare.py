@@ -83,9 +83,10 @@ class Preparer:
     def __init__(self, report: PatchReport, backend: str, dtype: torch.dtype, buckets: tuple[int, ...],
                  search_budget, cache):
         self.report, self.backend, self.dtype, self.buckets = report, backend, dtype, buckets
-        self.budget, self.cache = search_budget, cache
+        self.budget, self.cache = optimize.default_budget(search_budget, backend), cache
         self._extracted: dict[tuple, Extracted] = {}
         self._built: dict[tuple, tuple] = {}  # (digest, device) -> (choice, verification, executor)
+        self._searched: dict[tuple, object] = {}  # (site name, signature) -> SearchResult to re-instantiate
         self._rng = torch.Generator().manual_seed(0)
 
     def prepare(self, layer: torch.nn.Module, site: NormSite | ProjSite, sr: SiteReport) -> SiteRuntime:
@@ -97,7 +98,7 @@ class Preparer:
         device = next(wrapper.parameters()).device
         sig = signature(wrapper)
         kernels: dict[int, BucketKernel] = {}
-        for m in self.buckets:
+        for m in sorted(self.buckets, reverse=True):  # search the largest bucket, re-instantiate the rest
             kernels[m] = self._kernel(wrapper, site, sig, dim, m, device, sr)
         runtime = SiteRuntime(dim, self.dtype, device, kernels)
         self._self_check(wrapper, runtime, sr)
@@ -123,13 +124,16 @@ class Preparer:
         sr.program = dg
         built = self._built.get((dg, device))
         if built is None:  # first site with this program: its report carries the shared times
-            built = self._build(program, dg, site.name, m, device)
+            built = self._build(program, dg, site.name, m, device, self._searched.get((site.name, sig)))
+            if built[0].result is not None:
+                self._searched.setdefault((site.name, sig), built[0].result)
             self._built[(dg, device)] = built
             _add_time(sr, "optimize", built[0].seconds)
             _add_time(sr, "verify", built[1].seconds)
             _add_time(sr, "build", built[2].seconds)
         choice, ver, executor = built
-        sr.source, sr.verdict = choice.source, ver.verdict
+        if not sr.source:  # the largest bucket's (searched) μGraph speaks for the site
+            sr.source, sr.source_note, sr.verdict = choice.source, choice.note, ver.verdict
         sr.kernels = max(sr.kernels, len(choice.graph.customized_nodes()))
         sr.launches = max(sr.launches, choice.graph.num_kernels)
         if not ver.ok:
@@ -144,7 +148,7 @@ class Preparer:
                          (wrapper.get_parameter(src[1]) if src[0] == "parameter" else wrapper.get_buffer(src[1])))
         return BucketKernel(executor, tuple(feeds), m)
 
-    def _build(self, program, dg: str, site_name: str, m: int, device) -> tuple:
+    def _build(self, program, dg: str, site_name: str, m: int, device, seed) -> tuple:
         arch = backends.arch_of(device)
         key = None
         if self.cache is not None:
@@ -154,9 +158,11 @@ class Preparer:
         # On CPU the search still targets sm_90: the torch backend runs any μGraph, and searching
         # for the GPU's structures is what exercises the whole path without a GPU.
         search_arch = arch if device.type == "cuda" else "sm_90"
-        choice = optimize.choose(program, budget=self.budget, arch=search_arch, cache=self.cache, key=key)
+        choice = optimize.choose(program, budget=self.budget, arch=search_arch, cache=self.cache, key=key,
+                                 seed=seed)
         ver = optimize.verify(program, choice.graph)
         self.report.searches += choice.source == "search"
+        self.report.reinstantiated += choice.source == "reinstantiated"
         self.report.cache_hits += choice.source == "cache"
         self.report.programs += 1
         try:

@@ -14,7 +14,8 @@ class SiteReport:
     program: str = ""              # digest of the extracted Lax program
     kernels: int = 0               # customized (fused) kernels in the chosen μGraph
     launches: int = 0              # kernel launches per call (library ops + customized)
-    source: str = ""               # "cache", "search" or "fallback"
+    source: str = ""               # "cache", "search", "reinstantiated" or "fallback"
+    source_note: str = ""          # why that source (e.g. "superopt.search is not installed")
     verdict: str = ""
     check_error: float | None = None   # numeric self-check: max rel. Frobenius error vs float64
     times: dict[str, float] = field(default_factory=dict)  # extract/optimize/verify/build/check (s)
@@ -31,6 +32,7 @@ class PatchReport:
     note: str = ""
     sites: list[SiteReport] = field(default_factory=list)
     searches: int = 0
+    reinstantiated: int = 0        # searched structures re-instantiated at another bucket
     compiles: int = 0
     cache_hits: int = 0
     programs: int = 0              # distinct (program, bucket) pairs
@@ -62,7 +64,9 @@ class PatchReport:
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
         for r in rows:
             lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+        notes = sorted({f"{s.source}: {s.source_note}" for s in self.sites if s.source_note and s.source != "search"})
+        lines += [f"μGraph source {n}" for n in notes]
         lines.append(f"{len(self.patched)}/{len(self.sites)} sites patched; {self.programs} distinct "
-                     f"programs; {self.searches} searches, {self.compiles} compiles, "
-                     f"{self.cache_hits} cache hits; {self.seconds:.1f} s")
+                     f"programs; {self.searches} searches, {self.reinstantiated} re-instantiated, "
+                     f"{self.compiles} compiles, {self.cache_hits} cache hits; {self.seconds:.1f} s")
         return "\n".join(lines)
