@@ -173,6 +173,9 @@ def run(lm: LoadedModel, opts: BenchOptions) -> dict[str, Any]:
     result["patch"] = _patch_and_measure(lm, opts, measured, prog, done)
     result["rows"] = _rows(opts, measured, result["floor_ms"])
     result["correctness"] = _correctness(opts, measured)
+    if result["correctness"]["first_divergence"]:
+        first = result["correctness"]["first_divergence"]
+        result["correctness"].update(_tie_check(lm.model, opts, measured, first))
     return result
 
 
@@ -225,3 +228,28 @@ def _correctness(opts: BenchOptions, measured: dict) -> dict:
     first = next(({"batch": b, **d} for b, d in per_batch.items() if d is not None), None)
     return {"reference": "eager", "checked": True, "identical": first is None, "steps": opts.new_tokens,
             "first_divergence": first}
+
+
+TIE_ULPS = 2  # a divergence whose eager logit gap is within this many ulps of the top logit is a tie
+
+
+def _tie_check(model, opts: BenchOptions, measured: dict, d: dict) -> dict:
+    """Was the first divergence a near-tie? Re-run the unpatched model on the prompt + eager's tokens
+    before the divergent step and compare the logits of the two competing tokens.
+
+    Random weights give flat logits, so in bf16 two tokens often differ by less than the rounding of
+    any reordered sum; CONVENTIONS.md sets greedy agreement "ties aside". Tolerance: TIE_ULPS units
+    in the last place of the largest logit, in the model's dtype.
+    """
+    import torch
+
+    b, row, step = d["batch"], d["row"], d["step"]
+    ref = measured["eager"][b][1]  # [B, N]
+    prompt = _prompt(b, opts.prompt_len, model.config.vocab_size, opts.seed, opts.device)[row:row + 1]
+    seq = torch.cat([prompt, ref[row:row + 1, :step].to(prompt.device)], dim=1)  # [1, P + step]
+    with torch.inference_mode():
+        logits = model(seq).logits[0, -1].float()  # [V]
+    gap = float(logits[d["expected"]] - logits[d["got"]])
+    eps = torch.finfo(next(model.parameters()).dtype).eps
+    tol = TIE_ULPS * eps * float(logits.abs().max())
+    return {"logit_gap": gap, "tie_tolerance": tol, "near_tie": abs(gap) <= tol}

@@ -130,6 +130,44 @@ def test_bench_reports_first_divergence(tmp_path, capsys, monkeypatch):
     d = json.loads(j.read_text())["correctness"]
     assert d["identical"] is False and d["first_divergence"]["step"] == 0
     assert d["first_divergence"]["expected"] != d["first_divergence"]["got"]
+    # Negated logits: eager's choice beats the argmin by far more than rounding, so no tie excuse.
+    assert d["near_tie"] is False and d["logit_gap"] > 100 * d["tie_tolerance"] > 0
+
+
+class _FixedLogits:
+    """A stand-in model whose next-token logits are fixed: [0.5, 0.5 + delta, 0.1, ...] in bf16."""
+
+    def __init__(self, delta: float):
+        import torch
+
+        self.config = type("C", (), {"vocab_size": 11})()
+        self.weight = torch.zeros(1, dtype=torch.bfloat16)
+        self.delta = delta
+
+    def parameters(self):
+        return iter([self.weight])
+
+    def __call__(self, seq):
+        import torch
+
+        logits = torch.full((1, seq.shape[1], 11), 0.1)
+        logits[0, -1, 0], logits[0, -1, 1] = 0.5, 0.5 + self.delta
+        return type("O", (), {"logits": logits})()
+
+
+@pytest.mark.parametrize("delta, tie", [(0.0, True), (0.003, True), (0.05, False)])
+def test_tie_check_uses_ulps_of_the_top_logit(delta, tie):
+    import torch
+
+    opts = bench.BenchOptions(model=None, batches=[2], prompt_len=4, new_tokens=5, dtype="bf16",
+                              baselines=["eager"], backend="torch", device="cpu")
+    ref = torch.tensor([[3, 4, 1, 1, 1], [3, 4, 1, 1, 1]])
+    d = {"batch": 2, "row": 1, "step": 2, "expected": 1, "got": 0}
+    out = bench._tie_check(_FixedLogits(delta), opts, {"eager": {2: (0.0, ref)}}, d)
+    assert out["logit_gap"] == pytest.approx(delta, abs=1e-6)
+    # 2 ulps of bf16 (eps 2^-7) at a top logit of ~0.5: 0.0078 (up to delta's own size).
+    assert out["tie_tolerance"] == pytest.approx(2 * 2 ** -7 * (0.5 + delta))
+    assert out["near_tie"] is tie
 
 
 def test_out_of_memory_reports_largest_batch(capsys, monkeypatch):
