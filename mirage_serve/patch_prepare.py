@@ -123,8 +123,14 @@ class Preparer:
         dg = digest(program)
         sr.program = dg
         built = self._built.get((dg, device))
+        if isinstance(built, SiteError):  # this program already failed for an earlier layer
+            raise built
         if built is None:  # first site with this program: its report carries the shared times
-            built = self._build(program, dg, site.name, m, device, self._searched.get((site.name, sig)))
+            try:
+                built = self._build(program, dg, site.name, m, device, self._searched.get((site.name, sig)))
+            except SiteError as e:
+                self._built[(dg, device)] = e
+                raise
             if built[0].result is not None:
                 self._searched.setdefault((site.name, sig), built[0].result)
             self._built[(dg, device)] = built
@@ -167,8 +173,17 @@ class Preparer:
         self.report.programs += 1
         try:
             executor = backends.build(choice.graph, self.backend, device)
-        except Exception as e:  # a compile failure leaves the site original, with the reason
-            raise SiteError(f"build failed ({self.backend}): {type(e).__name__}: {e}") from None
+        except Exception as e:
+            if choice.graph == program:  # nothing simpler to fall back to: the site stays original
+                raise SiteError(f"build failed ({self.backend}): {type(e).__name__}: {e}") from None
+            # The searched μGraph did not compile: run the program itself (library kernels).
+            why = f"{choice.source} μGraph did not build ({type(e).__name__}: {e}); running the program"
+            choice = optimize.Choice(program, "fallback", why, choice.seconds)
+            ver = optimize.verify(program, program)
+            try:
+                executor = backends.build(program, self.backend, device)
+            except Exception as e2:
+                raise SiteError(f"build failed ({self.backend}): {type(e2).__name__}: {e2}") from None
         self.report.compiles += executor.compiled
         return choice, ver, executor
 

@@ -58,3 +58,26 @@ def test_search_once_then_cache_hits(monkeypatch, tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, ref, rtol=1e-4, atol=1e-5)
     mirage_serve.unpatch(model)
+
+
+def test_searched_graph_that_does_not_build_falls_back_to_the_program(monkeypatch):
+    calls: list = []
+    _fake_search(monkeypatch, calls)
+    from mirage_serve import backends
+
+    real = backends.build
+
+    def refuse_searched(graph, backend, device):
+        if graph.name.endswith("_searched"):
+            raise RuntimeError("codegen does not cover this μGraph")
+        return real(graph, backend, device)
+
+    monkeypatch.setattr(backends, "build", refuse_searched)
+    cfg = LlamaConfig(vocab_size=61, hidden_size=30, intermediate_size=41, num_hidden_layers=1,
+                      num_attention_heads=3, num_key_value_heads=1, head_dim=8)
+    model = build(cfg)
+    report = mirage_serve.patch(model, backend="torch", batch_sizes=(2,))
+    assert not report.unpatched and len(calls) == 4
+    assert all(s.source == "fallback" and "did not build" in s.source_note for s in report.sites)
+    assert "codegen does not cover" in str(report)
+    mirage_serve.unpatch(model)
