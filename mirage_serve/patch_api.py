@@ -76,7 +76,7 @@ def _adapters():
     """``mirage_serve.patches`` (the ``patches/`` folder), also from a source checkout on PYTHONPATH."""
     try:
         from . import patches
-    except ModuleNotFoundError:
+    except ImportError:
         # No package-dir mapping without an install (the GPU machine): load the folder beside
         # mirage_serve/ under its installed name, so adapters import as mirage_serve.patches.*.
         import importlib.util
