@@ -93,6 +93,11 @@ def _from_facts(facts: dict, name: str, source: str, dtype: str, device: str, se
 def _override(facts: dict, layers: int | None, overrides: dict) -> dict:
     out = dict(facts)
     out.update(overrides)
+    # A shrunken vocabulary must not keep special-token ids past its end (Phi-3's pad id 32000
+    # would fail the embedding's padding_idx check); generate() is given its own pad id.
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        if isinstance(out.get(key), int) and out[key] >= out["vocab_size"]:
+            out[key] = None
     if layers is not None:
         out["num_hidden_layers"] = layers
         # Some families list per-layer attention kinds; keep the list the length of the stack.

@@ -84,3 +84,27 @@ def test_overrides_replace_facts_and_keep_the_entry():
     assert small.config["num_hidden_layers"] == 3 and small.config["hidden_size"] == 896
     assert e.config["num_hidden_layers"] == 24
     assert registry.param_count(small.config) < registry.param_count(e.config)
+
+
+@pytest.mark.parametrize("name", EXPECTED)
+def test_every_entry_builds_shrunk_with_random_weights_and_generates(name):
+    """`bench NAME --layers 2 --set ...` path: shrunken facts (vocab 257 drops out-of-range special
+    ids), normal(0, 0.02) weights from a seed, greedy generate of exactly 3 tokens."""
+    import torch
+
+    from mirage_serve.bench_load import load
+    from mirage_serve.bench_timing import generate
+
+    c = registry.get(name).config
+    kv = 2 if c["num_key_value_heads"] != c["num_attention_heads"] else 4
+    ov = dict(hidden_size=64, intermediate_size=96, vocab_size=257, num_attention_heads=4,
+              num_key_value_heads=kv, head_dim=16)
+    lm = load(name, dtype="fp32", device="cpu", layers=2, overrides=ov, seed=5)
+    assert lm.random_weights and lm.facts["num_hidden_layers"] == 2 and lm.facts["vocab_size"] == 257
+    w = lm.model.get_input_embeddings().weight
+    assert abs(float(w.std()) - 0.02) < 0.002  # initialised explicitly, not left to HF's init
+    again = load(name, dtype="fp32", device="cpu", layers=2, overrides=ov, seed=5)
+    assert torch.equal(w, again.model.get_input_embeddings().weight)  # same seed, same weights
+    ids = torch.randint(3, 257, (3, 5), generator=torch.Generator().manual_seed(0))
+    out = generate(lm.model, ids, 3, "dynamic")
+    assert out.shape == (3, 3) and int(out.max()) < 257
