@@ -109,7 +109,7 @@ class Preparer:
         key = (site.name, sig, m)
         ex = self._extracted.get(key)
         if ex is None:
-            x = torch.randn(m, dim, generator=self._rng).to(self.dtype)
+            x = torch.randn(m, dim, generator=self._rng).to(device, self.dtype)
             try:
                 ex = extract(wrapper, (x,), f"{site.name}_m{m}")
             except ExtractError as e:
