@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import platform
+import sys
 import time
 from typing import Any
 
@@ -49,6 +50,7 @@ class BenchOptions:
     overrides: dict = dataclasses.field(default_factory=dict)
     repeats: int = 3
     seed: int = 0
+    cache_dir: str | None = None  # patch()'s kernel cache (None: its default)
 
 
 def patch_api():
@@ -184,9 +186,12 @@ def _patch_and_measure(lm: LoadedModel, opts: BenchOptions, measured: dict, prog
         patch, unpatch = patch_api()
     except ImportError as err:
         return {"available": False, "seconds": None, "report": None, "error": str(err)}
+    print(f"patching {lm.name} (backend {opts.backend}, buckets {opts.batches}) ...", file=sys.stderr,
+          flush=True)
     t0 = time.perf_counter()
     try:
-        report = patch(lm.model, backend=opts.backend, batch_sizes=tuple(opts.batches))
+        report = patch(lm.model, backend=opts.backend, batch_sizes=tuple(opts.batches),
+                       cache_dir=opts.cache_dir)
     except Exception as err:  # keep the baselines measured so far; the CLI reports the failure
         if _is_oom(err):
             raise

@@ -148,6 +148,8 @@ def load(spec: str | None, *, dtype: str, device: str, layers: int | None = None
                            layers, gguf_file=path.name)
     if path.is_dir():
         return _load_dir(path, dtype, device, layers, overrides, seed)
+    if path.suffix == ".safetensors" and path.is_file():  # a weights file: its folder is the checkpoint
+        return _load_dir(path.parent, dtype, device, layers, overrides, seed)
     if spec.startswith((".", "/", "~")) or path.suffix in (".safetensors", ".json"):
         raise CheckpointError(f"no such checkpoint: {spec}")
     if "/" in spec:

@@ -47,7 +47,7 @@ def options(args):
                         prompt_len=pick(args.prompt_len, "prompt_len"), new_tokens=new_tokens,
                         dtype=pick(args.dtype, "dtype"), baselines=pick(args.baselines, "baselines"),
                         backend=backend, device=device, layers=args.layers, overrides=dict(args.overrides),
-                        repeats=pick(args.repeats, "repeats"), seed=args.seed)
+                        repeats=pick(args.repeats, "repeats"), seed=args.seed, cache_dir=args.cache_dir)
 
 
 def _load(opts):

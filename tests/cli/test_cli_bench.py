@@ -40,7 +40,9 @@ def check_schema(doc: dict, batches: list[int], baselines: list[str]) -> None:
 
 def test_bench_tiny_json_and_plot(tmp_path, capsys, needs_patch):
     j, p, md = tmp_path / "r.json", tmp_path / "r.png", tmp_path / "r.md"
-    assert main(tiny_bench_args("--json", str(j), "--plot", str(p), "--markdown", str(md))) == E.EXIT_OK
+    argv = tiny_bench_args("--json", str(j), "--plot", str(p), "--markdown", str(md),
+                           "--cache-dir", str(tmp_path / "kc"))
+    assert main(argv) == E.EXIT_OK
     out = capsys.readouterr().out
     assert "random weights" in out and "speed numbers need a GPU" in out
     assert "correctness OK: greedy tokens identical to eager for 6 steps x batch 1,3" in out
@@ -77,7 +79,7 @@ def test_bench_checkpoint_directory_with_weights(tmp_path, capsys, needs_patch):
             prm.normal_(0, 0.02)
     model.save_pretrained(tmp_path / "ckpt")
     j = tmp_path / "r.json"
-    argv = ["bench", str(tmp_path / "ckpt"), "--batch", "3", "--prompt-len", "7", "--new-tokens", "4",
+    argv = ["bench", str(tmp_path / "ckpt" / "model.safetensors"), "--batch", "3", "--prompt-len", "7", "--new-tokens", "4",
             "--device", "cpu", "--json", str(j)]
     assert main(argv) == E.EXIT_OK
     doc = json.loads(j.read_text())
