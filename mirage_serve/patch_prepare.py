@@ -85,8 +85,9 @@ class Preparer:
         self.report, self.backend, self.dtype, self.buckets = report, backend, dtype, buckets
         self.budget, self.cache = optimize.default_budget(search_budget, backend), cache
         self._extracted: dict[tuple, Extracted] = {}
-        self._built: dict[tuple, tuple] = {}  # (digest, device) -> (choice, verification, executor)
+        self._built: dict[tuple, tuple] = {}  # (digest, device, plain) -> (choice, verification, executor)
         self._searched: dict[tuple, object] = {}  # (site name, signature) -> SearchResult to re-instantiate
+        self._plain: dict[tuple, str] = {}  # (site name, signature) whose chosen μGraphs failed to run
         self._rng = torch.Generator().manual_seed(0)
 
     def prepare(self, layer: torch.nn.Module, site: NormSite | ProjSite, sr: SiteReport) -> SiteRuntime:
@@ -97,14 +98,35 @@ class Preparer:
         dim = _dim(wrapper.head)
         device = next(wrapper.parameters()).device
         sig = signature(wrapper)
+        plain = (site.name, sig) in self._plain
+        try:
+            runtime = self._prepare(wrapper, site, sig, dim, device, sr, plain)
+            if plain:
+                sr.source_note = self._plain[(site.name, sig)]
+            return runtime
+        except SiteError:
+            raise
+        except Exception as e:
+            if plain:
+                raise
+            # A chosen μGraph failed when run (e.g. a kernel out of shared memory at launch):
+            # this site, in every layer, runs its extracted program instead.
+            note = f"chosen μGraph failed to run ({type(e).__name__}: {e}); running the program"
+            self._plain[(site.name, sig)] = note
+            sr.source, sr.kernels, sr.launches = "", 0, 0
+            runtime = self._prepare(wrapper, site, sig, dim, device, sr, True)
+            sr.source_note = note
+            return runtime
+
+    def _prepare(self, wrapper, site, sig, dim: int, device, sr: SiteReport, plain: bool) -> SiteRuntime:
         kernels: dict[int, BucketKernel] = {}
         for m in sorted(self.buckets, reverse=True):  # search the largest bucket, re-instantiate the rest
-            kernels[m] = self._kernel(wrapper, site, sig, dim, m, device, sr)
+            kernels[m] = self._kernel(wrapper, site, sig, dim, m, device, sr, plain)
         runtime = SiteRuntime(dim, self.dtype, device, kernels)
         self._self_check(wrapper, runtime, sr)
         return runtime
 
-    def _kernel(self, wrapper, site, sig, dim: int, m: int, device, sr: SiteReport) -> BucketKernel:
+    def _kernel(self, wrapper, site, sig, dim: int, m: int, device, sr: SiteReport, plain: bool) -> BucketKernel:
         t0 = time.perf_counter()
         key = (site.name, sig, m)
         ex = self._extracted.get(key)
@@ -122,18 +144,19 @@ class Preparer:
         program = ex.graph
         dg = digest(program)
         sr.program = dg
-        built = self._built.get((dg, device))
+        bkey = (dg, device, plain)
+        built = self._built.get(bkey)
         if isinstance(built, SiteError):  # this program already failed for an earlier layer
             raise built
         if built is None:  # first site with this program: its report carries the shared times
             try:
-                built = self._build(program, dg, site.name, m, device, self._searched.get((site.name, sig)))
+                built = self._build(program, dg, site.name, m, device, self._searched.get((site.name, sig)), plain)
             except SiteError as e:
-                self._built[(dg, device)] = e
+                self._built[bkey] = e
                 raise
             if built[0].result is not None:
                 self._searched.setdefault((site.name, sig), built[0].result)
-            self._built[(dg, device)] = built
+            self._built[bkey] = built
             _add_time(sr, "optimize", built[0].seconds)
             _add_time(sr, "verify", built[1].seconds)
             _add_time(sr, "build", built[2].seconds)
@@ -154,8 +177,16 @@ class Preparer:
                          (wrapper.get_parameter(src[1]) if src[0] == "parameter" else wrapper.get_buffer(src[1])))
         return BucketKernel(executor, tuple(feeds), m)
 
-    def _build(self, program, dg: str, site_name: str, m: int, device, seed) -> tuple:
+    def _build(self, program, dg: str, site_name: str, m: int, device, seed, plain: bool) -> tuple:
         arch = backends.arch_of(device)
+        if plain:
+            try:
+                executor = backends.build(program, self.backend, device)
+            except Exception as e:
+                raise SiteError(f"build failed ({self.backend}): {type(e).__name__}: {e}") from None
+            self.report.programs += 1
+            self.report.compiles += executor.compiled
+            return (optimize.Choice(program, "fallback", "", 0.0), optimize.verify(program, program), executor)
         key = None
         if self.cache is not None:
             from .cache import CacheKey, versions_now

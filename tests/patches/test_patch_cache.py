@@ -81,3 +81,34 @@ def test_searched_graph_that_does_not_build_falls_back_to_the_program(monkeypatc
     assert all(s.source == "fallback" and "did not build" in s.source_note for s in report.sites)
     assert "codegen does not cover" in str(report)
     mirage_serve.unpatch(model)
+
+
+def test_searched_graph_that_fails_to_run_falls_back_to_the_program(monkeypatch):
+    calls: list = []
+    _fake_search(monkeypatch, calls)
+    from mirage_serve import backends
+
+    real = backends.build
+
+    def crash_searched(graph, backend, device):
+        ex = real(graph, backend, device)
+        if not graph.name.endswith("_searched"):
+            return ex
+
+        def run(*ts):
+            raise RuntimeError("out of resource: shared memory")
+        return backends.Executor(run, ex.backend, ex.differentiable, ex.compiled, ex.seconds)
+
+    monkeypatch.setattr(backends, "build", crash_searched)
+    cfg = LlamaConfig(vocab_size=61, hidden_size=30, intermediate_size=41, num_hidden_layers=2,
+                      num_attention_heads=3, num_key_value_heads=1, head_dim=8)
+    model = build(cfg)
+    ids = torch.tensor([[7], [3]])
+    with torch.no_grad():
+        ref = model(ids).logits
+    report = mirage_serve.patch(model, backend="torch", batch_sizes=(2,))
+    assert not report.unpatched and len(calls) == 4, str(report)
+    assert all(s.source == "fallback" and "failed to run" in s.source_note for s in report.sites)
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, ref, rtol=1e-4, atol=1e-5)
+    mirage_serve.unpatch(model)
