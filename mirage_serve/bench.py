@@ -104,9 +104,13 @@ def _largest_fit(model, opts: BenchOptions, failed: int, done: list[int]) -> int
     return None
 
 
-def _measure(lm: LoadedModel, opts: BenchOptions, run: str, cache: str, prog: Progress, done: list[int]):
-    """{batch: (seconds per step, tokens [B, N])} for one run over all batch sizes."""
-    out = {}
+def _measure(lm: LoadedModel, opts: BenchOptions, cache: str, prog: Progress):
+    """{batch: (seconds per step, tokens [B, N])} for one run over all batch sizes (ascending).
+
+    Out of memory at batch b: BenchOOM with the largest batch this same run finished (memory
+    differs between runs: the static cache and the patch hold more), else a probed one.
+    """
+    out: dict[int, tuple] = {}
     for b in opts.batches:
         ids = _prompt(b, opts.prompt_len, lm.model.config.vocab_size, opts.seed, opts.device)
         try:
@@ -118,9 +122,7 @@ def _measure(lm: LoadedModel, opts: BenchOptions, run: str, cache: str, prog: Pr
 
             del err
             torch.cuda.empty_cache()
-            raise BenchOOM(b, _largest_fit(lm.model, opts, b, done)) from None
-        if b not in done:
-            done.append(b)
+            raise BenchOOM(b, _largest_fit(lm.model, opts, b, list(out))) from None
     return out
 
 
@@ -138,8 +140,10 @@ def environment(device: str) -> dict:
         env["triton"] = triton.__version__
     except ImportError:
         env["triton"] = None
-    env["device_name"] = torch.cuda.get_device_name() if device.startswith("cuda") else platform.processor() \
-        or platform.machine()
+    if device.startswith("cuda"):
+        env["device_name"] = torch.cuda.get_device_name()
+    else:
+        env["device_name"] = platform.processor() or platform.machine()
     return env
 
 
@@ -168,11 +172,10 @@ def run(lm: LoadedModel, opts: BenchOptions) -> dict[str, Any]:
     # One progress step per timed repetition, plus one for the warm-up decode_step_time does.
     warm = [opts.device.startswith("cuda") or cache == "static" for cache in caches]
     prog = Progress("bench", sum(len(opts.batches) * (w + opts.repeats) for w in warm))
-    done: list[int] = []
     measured: dict[str, dict] = {}
     for name in runs:
-        measured[name] = _measure(lm, opts, name, BASELINES[name], prog, done)
-    result["patch"] = _patch_and_measure(lm, opts, measured, prog, done)
+        measured[name] = _measure(lm, opts, BASELINES[name], prog)
+    result["patch"] = _patch_and_measure(lm, opts, measured, prog)
     result["rows"] = _rows(opts, measured, result["floor_ms"])
     result["correctness"] = _correctness(opts, measured)
     if result["correctness"]["first_divergence"]:
@@ -181,7 +184,8 @@ def run(lm: LoadedModel, opts: BenchOptions) -> dict[str, Any]:
     return result
 
 
-def _patch_and_measure(lm: LoadedModel, opts: BenchOptions, measured: dict, prog: Progress, done: list[int]):
+def _patch_and_measure(lm: LoadedModel, opts: BenchOptions, measured: dict, prog: Progress) -> dict:
+    """Patch (timed), measure ours into `measured["ours"]`, unpatch; returns the "patch" record."""
     try:
         patch, unpatch = patch_api()
     except ImportError as err:
@@ -198,7 +202,7 @@ def _patch_and_measure(lm: LoadedModel, opts: BenchOptions, measured: dict, prog
         return {"available": True, "seconds": None, "report": None, "error": f"{type(err).__name__}: {err}"}
     seconds = time.perf_counter() - t0
     try:
-        measured["ours"] = _measure(lm, opts, "ours", "default", prog, done)
+        measured["ours"] = _measure(lm, opts, "default", prog)
     finally:
         unpatch(lm.model)
     return {"available": True, "seconds": seconds, "report": str(report), "error": None}
