@@ -28,6 +28,16 @@ def _int_list(text: str) -> list[int]:
     return values
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
 def _name_list(text: str) -> list[str]:
     from .bench import BASELINES
 
@@ -60,18 +70,18 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("model", nargs="?", help="registry name, checkpoint directory, .gguf file or hub id "
                    "(default: the embedded SmolLM2-135M, or a small random Llama)")
     b.add_argument("--batch", type=_int_list, help="batch sizes, e.g. 1,8 (GPU default 1,8; CPU 1)")
-    b.add_argument("--prompt-len", type=int, help="prompt tokens (GPU default 128; CPU 32)")
-    b.add_argument("--new-tokens", type=int, help="tokens generated per run (GPU default 256; CPU 8)")
+    b.add_argument("--prompt-len", type=_positive, help="prompt tokens (GPU default 128; CPU 32)")
+    b.add_argument("--new-tokens", type=_positive, help="tokens generated per run (GPU default 256; CPU 8)")
     b.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), help="GPU default bf16; CPU fp32")
     b.add_argument("--baselines", type=_name_list,
                    help="comma list of eager,static-compile (GPU default both; CPU eager)")
     b.add_argument("--backend", choices=("auto", "torch", "triton"), default="auto")
     b.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
-    b.add_argument("--layers", type=int, help="use only the first N decoder layers (quick runs)")
+    b.add_argument("--layers", type=_positive, help="use only the first N decoder layers (quick runs)")
     b.add_argument("--set", dest="overrides", type=_key_value, action="append", default=[],
                    metavar="KEY=VALUE", help="override a config fact of a random-weight model "
                    "(e.g. --set hidden_size=128); repeatable")
-    b.add_argument("--repeats", type=int, help="timed repetitions, median taken (GPU default 3; CPU 1)")
+    b.add_argument("--repeats", type=_positive, help="timed repetitions, median taken (GPU default 3; CPU 1)")
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--cache-dir", help="kernel cache for patch() (default: MIRAGE_SERVE_CACHE_DIR or "
                    "~/.cache/mirage_serve)")
@@ -87,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--cache-dir", help="cache directory (default: MIRAGE_SERVE_CACHE_DIR or "
                    "~/.cache/mirage_serve)")
     w.add_argument("--backend", choices=("auto", "torch", "triton"), default=None)
-    w.add_argument("--layers", type=int, help="build only N decoder layers (same shapes, same keys)")
+    w.add_argument("--layers", type=_positive, help="build only N decoder layers (same shapes, same keys)")
 
     c = sub.add_parser("cache", help="inspect or move a kernel cache")
     c.add_argument("--cache-dir", help="cache directory (default: MIRAGE_SERVE_CACHE_DIR or "

@@ -36,7 +36,10 @@ def options(args):
 
     device = _device(args)
     d = GPU_DEFAULTS if device == "cuda" else CPU_DEFAULTS
-    pick = lambda value, key: d[key] if value is None else value  # noqa: E731
+
+    def pick(value, key):
+        return d[key] if value is None else value
+
     new_tokens = pick(args.new_tokens, "new_tokens")
     if new_tokens < 2:
         raise CliError("--new-tokens must be at least 2 (step time = (t(N) - t(1)) / (N - 1))", EXIT_USAGE)

@@ -71,7 +71,9 @@ def test_gpu_only_options_without_gpu(argv, capsys):
 
 
 def test_bad_arguments_are_usage_errors(capsys):
-    for argv in (["bench", "--batch", "0"], ["bench", "--baselines", "eager,fast"], ["bench", "--set", "x"]):
+    for argv in (["bench", "--batch", "0"], ["bench", "--baselines", "eager,fast"], ["bench", "--set", "x"],
+                 ["bench", "--layers", "0"], ["bench", "--repeats", "-1"], ["bench", "--prompt-len", "x"],
+                 ["cache", "frobnicate"], ["warm"]):
         with pytest.raises(SystemExit) as info:
             main(argv)
         assert info.value.code == E.EXIT_USAGE
