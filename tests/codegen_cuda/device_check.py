@@ -10,6 +10,7 @@ bandwidth as bytes the block must move ÷ time, next to a device-to-device copy 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -194,7 +195,9 @@ def main() -> int:
             os.remove(cubin)
         with open(os.path.join(out, "sass_rmsnorm_matmul.txt"), "w") as f:
             f.write(sass)
-        counts = {op: sass.count(op) for op in ("LDG.E.128", "LDGSTS", "LDG.E", "ATOMS", "BAR.SYNC", "LDL", "STL")}
+        counts = {op: len(re.findall(rx, sass)) for op, rx in (
+            ("LDG 128-bit", r"\bLDG\.E\.[\w.]*128\b"), ("LDGSTS 128-bit", r"\bLDGSTS\.[\w.]*128\b"),
+            ("ATOMS", r"\bATOMS\b"), ("BAR.SYNC", r"\bBAR\.SYNC\b"), ("LDL/STL", r"\b(?:LDL|STL)\b"))}
         lines.append(f"SASS of rmsnorm_matmul_b3_k896_n256 (fp16): {counts}")
     except Exception as e:
         lines.append(f"SASS dump failed: {e}")
