@@ -91,18 +91,25 @@ def _choose(program: KernelGraph, budget, arch: str, cache, key, seed) -> Choice
     if seed is not None:
         try:
             result = seed.reinstantiate(program)
+            best = _best(result)
         except Exception:  # a structure that does not fit this shape: search this one afresh
-            result = None
-        if result is not None and result.best is not None:
-            return done(result.best, "reinstantiated", "structures of another bucket", result)
+            best = None
+        if best is not None:
+            return done(best, "reinstantiated", "structures of another bucket", result)
     try:
         kwargs = {"arch": arch} if budget is None else {"arch": arch, "budget": budget}
         result = superoptimize(program, **kwargs)
+        best = _best(result)
     except Exception as e:  # a search failure must not stop the patch: the program still runs
         return done(program, "fallback", f"search failed: {type(e).__name__}: {e}")
-    if result.best is None:
+    if best is None:
         return done(program, "fallback", "search found no μGraph", result)
-    return done(result.best, "search", "searched", result)
+    return done(best, "search", "searched", result)
+
+
+def _best(result):
+    """The winner of a SearchResult, or None when it ranked nothing."""
+    return result.best if getattr(result, "ranked", True) else None
 
 
 def verify(program: KernelGraph, ugraph: KernelGraph) -> Verification:

@@ -98,33 +98,30 @@ class Preparer:
         dim = _dim(wrapper.head)
         device = next(wrapper.parameters()).device
         sig = signature(wrapper)
-        plain = (site.name, sig) in self._plain
+        key = (site.name, sig)
+        runtime = self._prepare(wrapper, site, sig, dim, device, sr, key in self._plain)
         try:
-            runtime = self._prepare(wrapper, site, sig, dim, device, sr, plain)
-            if plain:
-                sr.source_note = self._plain[(site.name, sig)]
-            return runtime
+            self._self_check(wrapper, runtime, sr)
         except SiteError:
             raise
         except Exception as e:
-            if plain:
+            if key in self._plain:
                 raise
             # A chosen μGraph failed when run (e.g. a kernel out of shared memory at launch):
             # this site, in every layer, runs its extracted program instead.
-            note = f"chosen μGraph failed to run ({type(e).__name__}: {e}); running the program"
-            self._plain[(site.name, sig)] = note
+            self._plain[key] = f"chosen μGraph failed to run ({type(e).__name__}: {e}); running the program"
             sr.source, sr.kernels, sr.launches = "", 0, 0
             runtime = self._prepare(wrapper, site, sig, dim, device, sr, True)
-            sr.source_note = note
-            return runtime
+            self._self_check(wrapper, runtime, sr)
+        if key in self._plain:
+            sr.source_note = self._plain[key]
+        return runtime
 
     def _prepare(self, wrapper, site, sig, dim: int, device, sr: SiteReport, plain: bool) -> SiteRuntime:
         kernels: dict[int, BucketKernel] = {}
         for m in sorted(self.buckets, reverse=True):  # search the largest bucket, re-instantiate the rest
             kernels[m] = self._kernel(wrapper, site, sig, dim, m, device, sr, plain)
-        runtime = SiteRuntime(dim, self.dtype, device, kernels)
-        self._self_check(wrapper, runtime, sr)
-        return runtime
+        return SiteRuntime(dim, self.dtype, device, kernels)
 
     def _kernel(self, wrapper, site, sig, dim: int, m: int, device, sr: SiteReport, plain: bool) -> BucketKernel:
         t0 = time.perf_counter()

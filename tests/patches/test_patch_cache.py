@@ -112,3 +112,23 @@ def test_searched_graph_that_fails_to_run_falls_back_to_the_program(monkeypatch)
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, ref, rtol=1e-4, atol=1e-5)
     mirage_serve.unpatch(model)
+
+
+def test_search_that_ranks_nothing_falls_back(monkeypatch):
+    class Empty:
+        ranked: list = []
+
+        @property
+        def best(self):  # like SearchResult.best on an empty ranking
+            return self.ranked[0][0]
+
+    mod = types.ModuleType("superopt.search")
+    mod.superoptimize = lambda program, budget=None, arch=None: Empty()
+    monkeypatch.setitem(sys.modules, "superopt.search", mod)
+    cfg = LlamaConfig(vocab_size=61, hidden_size=30, intermediate_size=41, num_hidden_layers=1,
+                      num_attention_heads=3, num_key_value_heads=1, head_dim=8)
+    model = build(cfg)
+    report = mirage_serve.patch(model, backend="torch", batch_sizes=(2,))
+    assert not report.unpatched
+    assert all(s.source == "fallback" and s.source_note == "search found no μGraph" for s in report.sites)
+    mirage_serve.unpatch(model)
