@@ -2,7 +2,7 @@
 
 Every dim of every program value gets an *index id*: dims that must range together (operands of
 an elementwise op, the contracted dims of a matmul, kept dims of a reduction) share one id, found
-by union-find. Size-1 dims get the label -1 (they broadcast). The ids give the search its tiling
+by union-find. Broadcast size-1 dims and keepdim dims get the label -1. The ids give the search its tiling
 vocabulary: a grid axis or the for-loop partitions one index, and every input that has it.
 """
 from __future__ import annotations
@@ -29,6 +29,17 @@ class ProgramIndex:
     ops: frozenset          # op names the program uses
 
 
+def _align(name, s, o, so, rank, union, broadcast) -> None:
+    """Operand dims aligned from the right with the result's: equal sizes are one index, a size-1
+    operand dim against a larger one broadcasts."""
+    off = len(so) - len(s)
+    for d in range(rank):
+        if s[d] == so[off + d]:
+            union((name, d), (o, off + d))
+        elif s[d] == 1:
+            broadcast.add((name, d))
+
+
 def analyze(program: KernelGraph) -> ProgramIndex:
     """Label every dim of every value with an index id; raise ``Unsupported`` for unmodelled ops."""
     parent: dict[tuple[str, int], tuple[str, int]] = {}
@@ -44,6 +55,7 @@ def analyze(program: KernelGraph) -> ProgramIndex:
         if ra != rb:
             parent[max(ra, rb)] = min(ra, rb)
 
+    broadcast: set[tuple[str, int]] = set()
     shape = {v.name: v.type.shape for v in program.inputs}
     order: list[tuple[str, int]] = [(v.name, d) for v in program.inputs for d in range(v.type.rank)]
     for n in program.nodes:
@@ -57,10 +69,7 @@ def analyze(program: KernelGraph) -> ProgramIndex:
                 union((n.args[0], d), (o, d))
         elif n.op in BINARY_OPS:
             for name in n.args:
-                s, off = shape[name], len(shape[o]) - len(shape[name])
-                for d in range(len(s)):
-                    if s[d] == shape[o][off + d] and s[d] > 1:
-                        union((name, d), (o, off + d))
+                _align(name, shape[name], o, shape[o], len(shape[name]), union, broadcast)
         elif n.op == "reduce_sum":
             a, dim, keep = n.args[0], n.attr("dim"), n.attr("keepdim")
             for d in range(len(shape[a])):
@@ -73,26 +82,25 @@ def analyze(program: KernelGraph) -> ProgramIndex:
             union((a, len(sa) - 2), (o, len(so) - 2))
             union((b, len(sb) - 1), (o, len(so) - 1))
             for name, s in ((a, sa), (b, sb)):
-                off = len(so) - len(s)
-                for d in range(len(s) - 2):
-                    if s[d] == so[off + d] and s[d] > 1:
-                        union((name, d), (o, off + d))
+                _align(name, s[:-2], o, so[:-2], len(s) - 2, union, broadcast)
         elif n.op == "transpose":
             r = len(shape[o])
             for d in range(r):
                 union((n.args[0], d), (o, d if d < r - 2 else (2 * r - 3 - d)))
+    # Index ids follow the inputs' dims, so a program at another shape gets the same ids (structure
+    # reuse) — also when a batch dim is 1. A size-1 dim broadcast against a larger one, or one a
+    # keepdim reduction made, is no index (-1).
+    bcast = {find(x) for x in broadcast}
     ids: dict[tuple[str, int], int] = {}
     sizes: dict[int, int] = {}
-    labels: dict[str, tuple[int, ...]] = {}
-    for name, d in order:
-        if shape[name][d] == 1:
-            continue
-        root = find((name, d))
-        if root not in ids:
-            ids[root] = len(ids)
-            sizes[ids[root]] = shape[name][d]
-    for name, s in shape.items():
-        labels[name] = tuple(-1 if s[d] == 1 else ids[find((name, d))] for d in range(len(s)))
+    for v in program.inputs:
+        for d in range(v.type.rank):
+            root = find((v.name, d))
+            if root not in ids and root not in bcast:
+                ids[root] = len(ids)
+                sizes[ids[root]] = shape[v.name][d]
+    labels = {name: tuple(ids.get(find((name, d)), -1) if s[d] == 1 else ids[find((name, d))]
+                          for d in range(len(s))) for name, s in shape.items()}
     consts = tuple((n.attr("value"), n.attr("dtype")) for n in program.nodes if n.op == "const")
     return ProgramIndex(labels, sizes, consts, frozenset(n.op for n in program.nodes))
 

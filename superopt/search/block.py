@@ -21,6 +21,7 @@ no new value appears, or at the state cap. A state is one attempted op applicati
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from ..abstract import NFStore, NotNormalizable, SubexprOracle, apply_abstract
@@ -72,9 +73,10 @@ def tiling(pattern: Pattern, src: Source) -> tuple[tuple[int, int, int], int]:
 class BlockSearch:
     def __init__(self, store: NFStore, oracle: SubexprOracle | None, sources: list[Source],
                  pattern: Pattern, grid: tuple[int, int, int], forloop: int, vocab: dict,
-                 consts: tuple, max_ops: int, cap: int):
+                 consts: tuple, max_ops: int, cap: int, deadline: float = float("inf")):
         self.s, self.oracle, self.pattern = store, oracle, pattern
         self.sources, self.vocab, self.max_ops, self.cap = sources, vocab, max_ops, cap
+        self.deadline = deadline
         self.vals: list[Val] = []
         self.seen: set[tuple] = set()
         self.pruned: dict[str, int] = {}
@@ -275,6 +277,8 @@ class BlockSearch:
         return sorted(elem), sorted(mm)
 
     def _ok(self) -> bool:
+        if self.states % 1024 == 0 and time.time() > self.deadline:
+            self.cap = self.states  # the search's clock ran out: stop like at the state cap
         return self.states < self.cap
 
     def _match(self, goals: list[Goal], new: list[int], found: dict[str, int], split: int) -> None:

@@ -25,7 +25,9 @@ class SearchBudget:
 @dataclass
 class SearchStats:
     patterns: int = 0                   # tiling patterns (grid indices, loop index, split) enumerated
-    patterns_searched: int = 0
+    searches: int = 0                   # distinct block searches: patterns that differ only in
+                                        # grid-tiled output indices share one (``skeleton.search_key``)
+    patterns_searched: int = 0          # searches run now (the others came from the checkpoint)
     patterns_found: int = 0             # patterns whose block search reached every target
     patterns_resumed: int = 0           # taken from the checkpoint instead of searched
     patterns_skipped_time: int = 0

@@ -17,12 +17,19 @@ from .skeleton import design_from_json, design_to_json
 class Checkpoint:
     def __init__(self, path: str | os.PathLike | None, program_digest: str, budget_log: dict, seed: int):
         self.path = path
-        self.key = {"program": program_digest, "budget": budget_log, "seed": seed}
+        # through JSON once, so the tuples of the budget compare equal to what a file holds
+        self.key = json.loads(json.dumps({"program": program_digest, "budget": budget_log, "seed": seed}))
         self.patterns: dict[str, tuple[list, dict]] = {}
         if path is None:
             return
         current = False
-        if os.path.exists(path):
+        if os.path.exists(path) and os.path.getsize(path):
+            with open(path, "rb") as f:
+                f.seek(-1, os.SEEK_END)
+                torn = f.read(1) != b"\n"
+            if torn:  # a write cut off by a kill: end that line so the next record stands alone
+                with open(path, "a") as f:
+                    f.write("\n")
             with open(path) as f:
                 for line in f:
                     try:

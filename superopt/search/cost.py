@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 
-from ..ir import DTYPE_BYTES, KernelGraph, TensorType
+from ..ir import DTYPE_BYTES, KernelGraph, Node, TensorType
 from ..ir.graph import VIEW_OPS
 
 SMS = {"sm_90": 132, "sm_89": 128, "sm_80": 108}
@@ -40,40 +40,41 @@ def _efficiency(blocks: int, sms: int) -> float:
 
 def graph_cost(g: KernelGraph, arch: str = "sm_90") -> float:
     """Estimated µs for one call of ``g`` (see module docstring)."""
+    return sum(node_cost(n, [g.type_of(a) for a in n.args], arch) for n in g.nodes)
+
+
+def node_cost(n: Node, args: list[TensorType], arch: str = "sm_90") -> float:
+    """Estimated µs of one kernel-graph node with operand types ``args`` (0 for views)."""
     sms = SMS.get(arch, 132)
-    total = 0.0
-    for n in g.nodes:
-        if n.op in VIEW_OPS:
-            continue
-        args = [g.type_of(a) for a in n.args]
-        if n.block is None:
-            nbytes = sum(_bytes(t) for t in args) + _bytes(n.out.type)
-            flops = n.out.type.numel * (2 * args[0].shape[-1] if n.op == "matmul" else 1)
-            eff = _efficiency(max(1, math.ceil(n.out.type.numel / 1024)), sms)
-        else:
-            b = n.block
-            blocks = b.num_blocks
-            nbytes = 0.0
-            for inp in b.inputs:
-                repl = 1
-                for a in range(3):
-                    if inp.imap[a] == -1:
-                        repl *= b.grid[a]
-                nbytes += _bytes(args[inp.source]) * (1 + REREAD * (repl - 1))
-            for o, v in zip(b.outputs, n.outs):
-                partial = 1
-                if o.reduce == "sum":
-                    partial = math.prod(b.grid[a] for a in range(3) if o.omap[a] == -1)
-                nbytes += _bytes(v.type) * partial
-            flops, largest = 0, 1
-            tile_types = {i.value.name: i.value.type for i in b.inputs}
-            for bn in b.nodes:
-                tile_types[bn.out.name] = bn.out.type
-                largest = max(largest, bn.out.type.numel)
-                k = tile_types[bn.args[0]].shape[-1] if bn.op == "matmul" else 1
-                runs = b.forloop if bn.op == "matmul" or bn.op.startswith("accum") else 1
-                flops += 2 * k * bn.out.type.numel * runs if bn.op == "matmul" else bn.out.type.numel * runs
-            flops *= blocks
-            eff = _efficiency(blocks, sms) * min(1.0, largest / b.block_threads)
-        total += LAUNCH_US + max(nbytes / BANDWIDTH, flops / FLOPS) * 1e6 / max(eff, 1e-6)
-    return total
+    if n.op in VIEW_OPS:
+        return 0.0
+    if n.block is None:
+        nbytes = sum(_bytes(t) for t in args) + _bytes(n.out.type)
+        flops = n.out.type.numel * (2 * args[0].shape[-1] if n.op == "matmul" else 1)
+        eff = _efficiency(max(1, math.ceil(n.out.type.numel / 1024)), sms)
+    else:
+        b = n.block
+        blocks = b.num_blocks
+        nbytes = 0.0
+        for inp in b.inputs:
+            repl = 1
+            for a in range(3):
+                if inp.imap[a] == -1:
+                    repl *= b.grid[a]
+            nbytes += _bytes(args[inp.source]) * (1 + REREAD * (repl - 1))
+        for o, v in zip(b.outputs, n.outs):
+            partial = 1
+            if o.reduce == "sum":
+                partial = math.prod(b.grid[a] for a in range(3) if o.omap[a] == -1)
+            nbytes += _bytes(v.type) * partial
+        flops, largest = 0, 1
+        tile_types = {i.value.name: i.value.type for i in b.inputs}
+        for bn in b.nodes:
+            tile_types[bn.out.name] = bn.out.type
+            largest = max(largest, bn.out.type.numel)
+            k = tile_types[bn.args[0]].shape[-1] if bn.op == "matmul" else 1
+            runs = b.forloop if bn.op == "matmul" or bn.op.startswith("accum") else 1
+            flops += 2 * k * bn.out.type.numel * runs if bn.op == "matmul" else bn.out.type.numel * runs
+        flops *= blocks
+        eff = _efficiency(blocks, sms) * min(1.0, largest / b.block_threads)
+    return LAUNCH_US + max(nbytes / BANDWIDTH, flops / FLOPS) * 1e6 / max(eff, 1e-6)

@@ -16,16 +16,16 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..abstract import Unsupported, analyze
-from ..ir import KernelGraph, check, digest, to_text
+from ..ir import SMEM_BUDGET, KernelGraph, check, digest, shared_memory_bytes, to_text
 from .budget import SearchBudget, SearchStats
 from .checkpoint import Checkpoint
-from .cost import graph_cost
-from .instantiate import build, extent_choices
+from .cost import graph_cost, node_cost
+from .instantiate import assemble, build_kernel, extent_choices
 from .kernel import enumerate_patterns, run_pattern
-from .skeleton import design_key
+from .skeleton import design_key, retarget, search_key
 from .verify import verify_full, verify_reduced
 
 
@@ -59,7 +59,7 @@ def _job(args):
     program, index, pattern, budget, cap, deadline = args
     if time.time() > deadline:
         return pattern, None, None
-    designs, st = run_pattern(program, index, pattern, budget, cap)
+    designs, st = run_pattern(program, index, pattern, budget, cap, deadline)
     return pattern, designs, st
 
 
@@ -81,15 +81,14 @@ def superoptimize(program: KernelGraph, budget: SearchBudget = SearchBudget(), a
     except Unsupported as e:
         stats.verify_notes.append(f"no search: {e}")
         index, patterns = None, []
+    ckpt = Checkpoint(checkpoint, digest(program), _budget_key(budget), seed)
     if patterns:
         t0 = time.perf_counter()
-        designs = _search(program, index, patterns, budget, seed, deadline, checkpoint, stats)
+        designs = _search(program, index, patterns, budget, deadline, ckpt, stats)
         stats.seconds["search"] = time.perf_counter() - t0
     found = _rank_and_verify(program, index, designs, budget, arch, seed, stats) if designs else []
-    ckpt = Checkpoint(checkpoint, digest(program), _budget_key(budget), seed) if checkpoint else None
     for g, cost, _ in found:
-        if ckpt:
-            ckpt.record_found(to_text(g), cost)
+        ckpt.record_found(to_text(g), cost)
     ranked = [(g, c) for g, c, _ in found]
     kept = [x for _, _, x in found]
     fallback = (program, graph_cost(program, arch))
@@ -108,12 +107,14 @@ def _budget_key(budget: SearchBudget) -> dict:
     return log
 
 
-def _search(program, index, patterns, budget, seed, deadline, checkpoint, stats) -> list:
-    ckpt = Checkpoint(checkpoint, digest(program), _budget_key(budget), seed)
-    cap = max(1000, budget.max_states // len(patterns))
+def _search(program, index, patterns, budget, deadline, ckpt, stats) -> list:
+    """One block search per search key (``skeleton.search_key``), retargeted to every pattern."""
+    keys = list(dict.fromkeys(search_key(p) for p in patterns))
+    stats.searches = len(keys)
+    cap = max(1000, budget.max_states // len(keys))
     results: dict = {}
     todo = []
-    for p in patterns:
+    for p in keys:
         if p.key() in ckpt.patterns:
             results[p.key()] = ckpt.patterns[p.key()]
             stats.patterns_resumed += 1
@@ -121,21 +122,23 @@ def _search(program, index, patterns, budget, seed, deadline, checkpoint, stats)
             todo.append((program, index, p, budget, cap, deadline))
     if budget.workers > 1 and len(todo) > 1:
         with mp.get_context("fork").Pool(budget.workers) as pool:
-            outs = pool.imap(_job, todo)
-            for out in outs:
+            for out in pool.imap(_job, todo):
                 _take(out, results, ckpt, stats)
     else:
         for job in todo:
             _take(_job(job), results, ckpt, stats)
+    for p in keys:  # key order, not completion order: deterministic
+        if p.key() in results:
+            _add_stats(stats, results[p.key()][1])
+    labels = {v.name: index.labels[v.name] for v in program.inputs}
     designs, seen = [], set()
-    for p in patterns:  # pattern order, not completion order: deterministic
-        got = results.get(p.key())
+    for p in patterns:
+        got = results.get(search_key(p).key())
         if got is None:
             continue
-        ds, st = got
-        _add_stats(stats, st)
-        stats.patterns_found += bool(ds)
-        for d in ds:
+        stats.patterns_found += bool(got[0])
+        for d in got[0]:
+            d = (retarget(d[0], p, labels),) + tuple(d[1:])
             k = design_key(d)
             if k not in seen:
                 seen.add(k)
@@ -170,32 +173,49 @@ def _rank_and_verify(program, index, designs, budget, arch, seed, stats, top=Non
     best_per_design = []
     for d in designs:
         # Kernel costs add up and a kernel's input shapes do not depend on another kernel's
-        # extents, so each kernel's extents are chosen on their own, the others held fixed.
-        options = [extent_choices(k, index, budget.tile_sizes, budget.block_threads) for k in d]
-        if not all(options):
-            continue
-        chosen = [o[0] for o in options]
-        best = None
-        for i, opts in enumerate(options):
-            for e in opts:
-                ext = tuple(chosen[:i]) + (e,) + tuple(chosen[i + 1:])
+        # extents, so each kernel's extents (and then its thread count) are chosen on their own.
+        types = {v.name: v.type for v in program.inputs}
+        nodes, exts, cost = [], [], 0.0
+        for k in d:
+            best = None
+            for e in extent_choices(k, index, budget.tile_sizes, budget.block_threads):
                 try:
-                    g = check(build(d, program, index, ext), arch)
+                    node = build_kernel(k, dict(types), index, e)
                 except (ValueError, KeyError):
                     continue
-                stats.instances += 1
-                c = graph_cost(g, arch)
-                if best is None or c < best[1]:
-                    best = (g, c, (d, ext))
-            if best is not None:
-                chosen = list(best[2][1])
-        if best is not None:
-            best_per_design.append(best)
+                if shared_memory_bytes(node.block) > SMEM_BUDGET[arch]:
+                    continue
+                args = [types[a] for a in node.args]
+                for t in budget.block_threads:
+                    cand = replace(node, block=replace(node.block, block_threads=t))
+                    stats.instances += 1
+                    c = node_cost(cand, args, arch)
+                    if best is None or c < best[1]:
+                        best = (cand, c, (e[0], e[1], t))
+            if best is None:
+                break
+            build_kernel(k, types, index, best[2])  # record its output types for the next kernel
+            nodes.append(best[0])
+            exts.append(best[2])
+            cost += best[1]
+        else:
+            try:
+                g = check(assemble(program, nodes), arch)
+            except ValueError:
+                continue
+            best_per_design.append((g, cost, (d, tuple(exts))))
     best_per_design.sort(key=lambda x: x[1])
     stats.seconds["rank"] = stats.seconds.get("rank", 0.0) + time.perf_counter() - t0
     t0 = time.perf_counter()
+    # The cost-best few, plus the best of the designs with the fewest kernels (the most fused form
+    # is always verified and ranked, even when the cost model prefers a split).
+    chosen = best_per_design[: top or budget.verify_top]
+    if best_per_design and top is None:
+        fewest = min(best_per_design, key=lambda x: (len(x[2][0]), x[1]))
+        if all(fewest is not c for c in chosen):
+            chosen.append(fewest)
     out = []
-    for g, c, (d, ext) in best_per_design[: top or budget.verify_top]:
+    for g, c, (d, ext) in chosen:
         ok, note = verify_reduced(program, index, d, seed, arch)
         if ok and not out:
             ok2, note2 = verify_full(program, g, seed, budget.full_verify_elements)

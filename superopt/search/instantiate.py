@@ -19,20 +19,26 @@ Extents = tuple  # per kernel: (grid (x, y, z), forloop, threads)
 def build(design: Design, program: KernelGraph, index: ProgramIndex, extents: tuple[Extents, ...],
           name: str | None = None) -> KernelGraph:
     types = {v.name: v.type for v in program.inputs}
-    nodes = []
-    outs = dict(zip(program.outputs, program.outputs))
-    for ki, (k, (grid, forloop, threads)) in enumerate(zip(design, extents)):
-        block, out_types = _block(k, types, index, grid, forloop, threads, program)
-        out_vals = []
-        for (_, _, _, dev), t in zip(k.outputs, out_types):
-            types[dev] = t
-            out_vals.append(Value(dev, t))
-        nodes.append(Node("customized", k.sources, tuple(out_vals), (), block))
-    return KernelGraph(program.inputs, tuple(nodes), tuple(outs[o] for o in program.outputs),
-                       name or f"{program.name}_fused")
+    nodes = [build_kernel(k, types, index, e) for k, e in zip(design, extents)]
+    return assemble(program, nodes, name)
 
 
-def _block(k: KernelSkeleton, types: dict, index: ProgramIndex, grid, forloop, threads, program):
+def build_kernel(k: KernelSkeleton, types: dict, index: ProgramIndex, extents: Extents) -> Node:
+    """One customized node; records its outputs' types in ``types`` (device tensor name -> type)."""
+    grid, forloop, threads = extents
+    block, out_types = _block(k, types, index, grid, forloop, threads)
+    outs = []
+    for (_, _, _, dev), t in zip(k.outputs, out_types):
+        types[dev] = t
+        outs.append(Value(dev, t))
+    return Node("customized", k.sources, tuple(outs), (), block)
+
+
+def assemble(program: KernelGraph, nodes: list[Node], name: str | None = None) -> KernelGraph:
+    return KernelGraph(program.inputs, tuple(nodes), program.outputs, name or f"{program.name}_fused")
+
+
+def _block(k: KernelSkeleton, types: dict, index: ProgramIndex, grid, forloop, threads):
     vals: list[Value] = []
     inputs = []
     for j, (arg, imap, fmap) in enumerate(k.inputs):
@@ -104,7 +110,11 @@ def _pick(n: int, tiles: tuple[int, ...], limit: int = 4) -> list[int]:
     good = [e for e in _divisors(n) if e >= 2 and n // e in tiles]
     if not good:
         good = sorted((e for e in _divisors(n) if e >= 2), key=lambda e: abs(n // e - 64))[:2]
-    return sorted(good)[:limit] if len(good) <= limit else sorted(good)[-limit:]
+    good = sorted(good)
+    if len(good) <= limit:
+        return good
+    step = (len(good) - 1) / (limit - 1)  # spread over the range of tile sizes
+    return sorted({good[round(i * step)] for i in range(limit)})
 
 
 def extent_choices(k: KernelSkeleton, index: ProgramIndex, tiles: tuple[int, ...],
@@ -113,11 +123,14 @@ def extent_choices(k: KernelSkeleton, index: ProgramIndex, tiles: tuple[int, ...
     per_axis: list[list[int]] = []
     for idx in p.grid:
         n = index.sizes[idx]
-        per_axis.append(_pick(n, tuple(t * 2 for t in tiles) if idx == p.loop else tiles, 6))
+        # grid tiles may be as small as one row (a whole-row kernel such as nTrans needs it)
+        grid_tiles = (1, 2, 4, 8) + tuple(tiles)
+        per_axis.append(_pick(n, tuple(t * 2 for t in tiles) if idx == p.loop else grid_tiles, 5))
     combos: list[list[int]] = [[]]
     for opts in per_axis:
         combos = [c + [e] for c in combos for e in opts]
     out = []
+    threads = threads[:1]  # the thread count is chosen after the tiling (``driver``), without a rebuild
     for c in combos:
         grid = tuple(c) + (1,) * (3 - len(c))
         loops = [1]

@@ -177,16 +177,17 @@ def enumerate_patterns(program: KernelGraph, index: ProgramIndex, budget: Search
 def _block(store, targets, sources, pattern, index, vocab, consts, budget, cap, stats):
     rep = representative(pattern, index.sizes)
     oracle = SubexprOracle(store, targets, tuple(v for v, _ in consts)) if budget.abstract_pruning else None
-    bs = BlockSearch(store, oracle, sources, pattern, rep[0], rep[1], vocab, consts, budget.max_block_ops, cap)
+    bs = BlockSearch(store, oracle, sources, pattern, rep[0], rep[1], vocab, consts, budget.max_block_ops, cap,
+                     stats["deadline"])
     stats["bs"].append((bs, oracle))
     return bs
 
 
 def run_pattern(program: KernelGraph, index: ProgramIndex, pattern: Pattern, budget: SearchBudget,
-                cap: int) -> tuple[list[tuple], dict]:
+                cap: int, deadline: float = float("inf")) -> tuple[list[tuple], dict]:
     """Search one pattern. Returns (designs, stats): each design is a tuple of kernel skeletons."""
     vocab = vocabulary(program)
-    col: dict = {"bs": []}
+    col: dict = {"bs": [], "deadline": deadline}
     store = NFStore(nontrivial(pattern))
     env = program_exprs(program, index, store)
     targets = [env[o] for o in program.outputs]

@@ -68,3 +68,25 @@ def design_from_json(d: list) -> Design:
 
 def design_key(design: Design) -> str:
     return json.dumps(design_to_json(design), sort_keys=True)
+
+
+def retarget(k: KernelSkeleton, pattern: Pattern, source_labels: dict[str, tuple[int, ...]]) -> KernelSkeleton:
+    """The same block graph under a pattern that also partitions output indices by the grid.
+
+    Output indices are never summed inside a kernel, so partitioning them changes which tile a
+    block reads and writes (imap, omap) but not a single op: one search serves every such pattern."""
+    def axes_map(labels):
+        m = [-1, -1, -1]
+        for a, idx in enumerate(pattern.grid):
+            if idx in labels:
+                m[a] = labels.index(idx)
+        return (m[0], m[1], m[2])
+
+    inputs = tuple((arg, axes_map(source_labels[k.sources[arg]]), fmap) for arg, _, fmap in k.inputs)
+    outputs = tuple((ref, axes_map(lab), red, name) for (ref, _, red, name), lab in zip(k.outputs, k.out_labels))
+    return KernelSkeleton(pattern, k.sources, inputs, k.nodes, outputs, k.out_labels)
+
+
+def search_key(pattern: Pattern) -> Pattern:
+    """The pattern whose search serves ``pattern`` (``retarget``): only the split stays on the grid."""
+    return Pattern(tuple(i for i in pattern.grid if i == pattern.split), pattern.loop, pattern.split)
