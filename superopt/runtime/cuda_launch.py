@@ -75,29 +75,60 @@ class _Launch:
                                      stream, ctypes.addressof(self.ptrs), 0), f"cuLaunchKernel {self.spec.name}")
 
 
-class CudaGraphRunner:
-    """Callable ``runner(*inputs) -> list[Tensor]``, inputs in ``ugraph.inputs`` order."""
+class DriverKernels:
+    """The driver side of a runner: the cubin loaded once, one prepared launch per KernelSpec."""
 
-    def __init__(self, ugraph: KernelGraph, cubin: bytes | None = None, device: str | torch.device = "cuda",
-                 module: CudaModule | None = None):
+    def __init__(self, module: CudaModule, cubin: bytes, device: torch.device):
         from cuda.bindings import driver
-        self.graph = check(ugraph)
-        self.device = torch.device(device)
-        if self.device.type != "cuda":
-            raise CudaLaunchError(f"CudaGraphRunner needs a CUDA device, got {self.device}")
-        if self.device.index is None:
-            self.device = torch.device("cuda", torch.cuda.current_device())
-        self.module = module or render_cuda(ugraph)
-        self.cubin = cubin if cubin is not None else compile_cuda(self.module)
-        _ensure_context(self.device)
-        self._cumodule = _check(driver.cuModuleLoadData(self.cubin), "cuModuleLoadData")
-        self.launches: dict[int, list[_Launch]] = {}
-        for spec in self.module.kernels:
+        _ensure_context(device)
+        self._cumodule = _check(driver.cuModuleLoadData(cubin), "cuModuleLoadData")
+        self._launches = []
+        for spec in module.kernels:
             func = _check(driver.cuModuleGetFunction(self._cumodule, spec.name.encode()), "cuModuleGetFunction")
             if spec.smem_bytes > _STATIC_SMEM:
                 attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
                 _check(driver.cuFuncSetAttribute(func, attr, spec.smem_bytes), "cuFuncSetAttribute")
-            self.launches.setdefault(spec.node, []).append(_Launch(spec, func))
+            self._launches.append(_Launch(spec, func))
+
+    def stream(self, device: torch.device):
+        from cuda.bindings import driver
+        return driver.CUstream(torch.cuda.current_stream(device).cuda_stream)
+
+    def launch(self, i: int, buffers: list[torch.Tensor], stream) -> None:
+        """Enqueue kernel ``module.kernels[i]`` (zeroing the buffers its spec lists first)."""
+        self._launches[i](buffers, stream)
+
+    def __del__(self):
+        try:
+            from cuda.bindings import driver
+            driver.cuModuleUnload(self._cumodule)
+        except Exception:  # interpreter shutdown: the driver may already be gone
+            pass
+
+
+class CudaGraphRunner:
+    """Callable ``runner(*inputs) -> list[Tensor]``, inputs in ``ugraph.inputs`` order.
+
+    ``kernels`` replaces the driver (``DriverKernels``) by any object with the same ``stream`` and
+    ``launch`` methods: the tests run the binding logic on the CPU with emulated kernels.
+    """
+
+    def __init__(self, ugraph: KernelGraph, cubin: bytes | None = None, device: str | torch.device = "cuda",
+                 module: CudaModule | None = None, kernels=None):
+        self.graph = check(ugraph)
+        self.device = torch.device(device)
+        self.module = module or render_cuda(ugraph)
+        if kernels is None:
+            if self.device.type != "cuda":
+                raise CudaLaunchError(f"CudaGraphRunner needs a CUDA device, got {self.device}")
+            if self.device.index is None:
+                self.device = torch.device("cuda", torch.cuda.current_device())
+            self.cubin = cubin if cubin is not None else compile_cuda(self.module)
+            kernels = DriverKernels(self.module, self.cubin, self.device)
+        self.kernels = kernels
+        self.specs_of: dict[int, list[int]] = {}  # node index -> its kernels, in launch order
+        for i, spec in enumerate(self.module.kernels):
+            self.specs_of.setdefault(spec.node, []).append(i)
         self.buffers: dict[str, torch.Tensor] = {}     # results written by every call
         self.constants: dict[str, torch.Tensor] = {}   # kernel-level const nodes, filled once
         self.workspaces: dict[tuple[int, int], torch.Tensor] = {}
@@ -138,8 +169,7 @@ class CudaGraphRunner:
                 raise TypeError(f"{g.name}: input %{v.name} is {t.dtype}{list(t.shape)} on {t.device}; expected "
                                 f"{want}{list(v.type.shape)} on {self.device}")
             env[v.name] = t
-        from cuda.bindings import driver
-        stream = driver.CUstream(torch.cuda.current_stream(self.device).cuda_stream)
+        stream = self.kernels.stream(self.device)
         for idx, n in enumerate(g.nodes):
             args = [env[a] for a in n.args]
             if n.op in _VIEWS:
@@ -152,25 +182,18 @@ class CudaGraphRunner:
                 env[n.out.name] = out
             else:
                 args = [self._operand(idx, j, a) for j, a in enumerate(args)]
-                for launch in self.launches.get(idx, []):
+                for i in self.specs_of.get(idx, []):
                     bufs = []
-                    for b in launch.spec.params:
+                    for b in self.module.kernels[i].params:
                         if b.role == "in":
                             bufs.append(args[b.index])
                         elif b.role == "out":
                             bufs.append(self.buffers[n.outs[b.index].name])
                         else:
                             bufs.append(self.workspaces[(idx, b.index)])
-                    launch(bufs, stream)
+                    self.kernels.launch(i, bufs, stream)
                 env.update((v.name, self.buffers[v.name]) for v in n.outs)
         return [env[o] for o in g.outputs]
-
-    def __del__(self):
-        try:
-            from cuda.bindings import driver
-            driver.cuModuleUnload(self._cumodule)
-        except Exception:  # interpreter shutdown: the driver may already be gone
-            pass
 
 
 def cuda_runner(ugraph: KernelGraph, device: str | torch.device = "cuda", arch: str = "sm_90a") -> CudaGraphRunner:
@@ -179,4 +202,4 @@ def cuda_runner(ugraph: KernelGraph, device: str | torch.device = "cuda", arch: 
     return CudaGraphRunner(ugraph, compile_cuda(module, arch), device, module)
 
 
-__all__ = ["CudaGraphRunner", "CudaLaunchError", "cuda_runner"]
+__all__ = ["CudaGraphRunner", "CudaLaunchError", "DriverKernels", "cuda_runner"]
