@@ -31,6 +31,9 @@ __all__ = ["PatchError", "patch", "unpatch", "is_patched"]
 _CPU_NOTE = ("backend torch: μGraphs run in the torch interpreter; this is for testing the patch "
              "path on CPU and gives no speed-up")
 
+_GRAPHS_NOTE = ("decode steps replay CUDA graphs on an owned static KV cache; HF's auto-compile is "
+                "off for this model (it would compile around the graphs)")
+
 # model -> the records patch() made; weak, so a patched model can still be garbage-collected.
 _PATCHED: "weakref.WeakKeyDictionary[torch.nn.Module, list[Record]]" = weakref.WeakKeyDictionary()
 
@@ -107,17 +110,24 @@ def _open_cache(cache_dir, report: PatchReport):
 
 
 def patch(model: torch.nn.Module, *, backend: str = "auto", cache_dir=None, search_budget=None,
-          batch_sizes: Sequence[int] = (1, 2, 4, 8, 16), strict: bool = False) -> PatchReport:
+          batch_sizes: Sequence[int] = (1, 2, 4, 8, 16), strict: bool = False,
+          cuda_graphs: bool | None = None) -> PatchReport:
     """Patch ``model`` in place for decoding; returns a report of every site.
 
     ``batch_sizes``: the decode buckets (tokens per forward call, batch × new tokens); inputs with
     more rows (prefill) run the original modules. ``search_budget``: passed to the search
     (``0`` skips it and runs each extracted program as it is). ``strict``: raise instead of
-    reporting when the model's family is not supported.
+    reporting when the model's family is not supported. ``cuda_graphs`` (default: on for CUDA
+    models): generate() decodes on an owned static KV cache with each step replayed from a CUDA
+    graph (``mirage_serve.decode``); HF's auto-compile is turned off for the patched model.
     """
     t0 = time.perf_counter()
     device, dtype = _check_model(model)
     backend = backends.resolve(backend, device)
+    if cuda_graphs is None:
+        cuda_graphs = device.type == "cuda"
+    elif cuda_graphs and device.type != "cuda":
+        raise PatchError(f"cuda_graphs=True needs a model on a CUDA device; this one is on {device}")
     buckets = _buckets(batch_sizes)
     model_type = getattr(getattr(model, "config", None), "model_type", None) or type(model).__name__
     report = PatchReport(str(model_type), backend, str(device), str(dtype).replace("torch.", ""), buckets)
@@ -162,7 +172,19 @@ def patch(model: torch.nn.Module, *, backend: str = "auto", cache_dir=None, sear
         for *_, sr in plans:
             sr.patched = False
         raise
-    if records:
+    if cuda_graphs:
+        from .decode import install_decode_graphs
+
+        try:
+            install_decode_graphs(model)
+        except BaseException:
+            restore(records)
+            for *_, sr in plans:
+                sr.patched = False
+            raise
+        report.cuda_graphs = True
+        report.note = "; ".join(x for x in (report.note, _GRAPHS_NOTE) if x)
+    if records or cuda_graphs:
         _PATCHED[model] = records
     report.seconds = time.perf_counter() - t0
     return report
@@ -173,5 +195,8 @@ def unpatch(model: torch.nn.Module) -> bool:
     records = _PATCHED.pop(model, None)
     if records is None:
         return False
+    from .decode import uninstall_decode_graphs
+
+    uninstall_decode_graphs(model)
     restore(records)
     return True

@@ -36,6 +36,7 @@ class PatchReport:
     compiles: int = 0
     cache_hits: int = 0
     programs: int = 0              # distinct (program, bucket) pairs
+    cuda_graphs: bool = False      # generate() replays decode steps from CUDA graphs
     seconds: float = 0.0
 
     @property

@@ -167,3 +167,18 @@ def test_prefill_training_and_repatch(monkeypatch):
     assert len(calls) == 8
     assert mirage_serve.unpatch(model) and not mirage_serve.unpatch(model)
     assert _untouched(model)
+
+
+def test_cuda_graphs_need_a_cuda_model_and_leave_it_untouched():
+    model = build(_config())
+    with pytest.raises(PatchError, match="cuda_graphs=True needs a model on a CUDA device"):
+        _patch(model, cuda_graphs=True)
+    assert _untouched(model) and "generate" not in model.__dict__
+
+
+def test_cpu_patch_leaves_generate_alone_and_unpatch_removes_everything():
+    model = build(_config())
+    report = _patch(model)
+    assert report.cuda_graphs is False and "generate" not in model.__dict__
+    mirage_serve.unpatch(model)
+    assert _untouched(model)
