@@ -38,16 +38,14 @@ def _check(result, what: str):
 
 
 def _ensure_context(device: torch.device) -> None:
-    """Make torch's primary context current on this thread (the driver API needs one)."""
+    """Make ``device``'s primary context (the one torch uses) current on this thread."""
     from cuda.bindings import driver
-    torch.cuda.init()
-    torch.cuda.set_device(device)
-    torch.empty(1, device=device)  # torch creates the primary context lazily
-    ctx = _check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
-    if int(ctx) == 0:
-        dev = _check(driver.cuDeviceGet(device.index or 0), "cuDeviceGet")
-        ctx = _check(driver.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
-        _check(driver.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+    with torch.cuda.device(device):
+        torch.empty(1, device=device)  # torch creates the primary context lazily
+    _check(driver.cuInit(0), "cuInit")
+    dev = _check(driver.cuDeviceGet(device.index), "cuDeviceGet")
+    ctx = _check(driver.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+    _check(driver.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
 
 
 class _Launch:
