@@ -22,7 +22,7 @@ def cuda_include_dir() -> str:
         found = pf.find_nvidia_header_directory("cudart")
         if found:
             return found
-    except ImportError:
+    except (ImportError, AttributeError):  # no cuda.pathfinder, or one too old to find headers
         pass
     for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
         if root and os.path.exists(os.path.join(root, "include", "cuda_fp16.h")):
