@@ -112,3 +112,18 @@ def test_sass_has_128_bit_loads(tmp_path):
     sass = subprocess.run(["cuobjdump", "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
     assert re.search(r"\bLDG\.E\.[\w.]*128\b", sass), "no 128-bit global loads in the SASS"
     assert re.search(r"\bLDGSTS\.[\w.]*128\b", sass), "no 16-byte cp.async (LDGSTS) in the SASS"
+
+
+def test_custom_op_under_torch_compile():
+    """The CUDA runner as a torch.library op inside torch.compile gives the eager answer."""
+    from superopt.runtime.cuda_op import as_custom_op
+    torch = _torch()
+    dtype = "bfloat16"
+    fx, runner = _runner("rmsnorm_matmul_b3_k896_n256", dtype)
+    op = as_custom_op(runner, "gpu_test_rmsnorm_matmul_bf16")
+    xs = _inputs(fx, dtype, 7)
+    compiled = torch.compile(lambda *a: op(list(a))[0] + 1, fullgraph=True)
+    got = compiled(*xs)
+    torch.cuda.synchronize()
+    (err,) = _error(fx, xs, [got - 1])
+    assert err <= TOL[dtype]
