@@ -169,7 +169,7 @@ def main(argv=None) -> int:
     ablation = []
     if not args.no_ablation:
         for name, build, _ in rows():
-            if name in ("paper RMSNorm b1", "paper GatedMLP b1"):
+            if name in ("paper RMSNorm b1", "paper GQA b1"):
                 for prune in (True, False):
                     b = replace(budget, abstract_pruning=prune, max_seconds=60.0)
                     r = run_row(name, build, b, args.seed)
@@ -197,8 +197,10 @@ def _table(results, ablation, budget, cmd, total) -> str:
         "Fewest kernels: launches of the most fused verified μGraph (Mirage's published count, or the "
         "issue's target for the Llama blocks, beside it); cost-best: launches of the μGraph the cost "
         "model ranks first (`result.best`; split-K wins where one kernel would leave SMs idle). States: "
-        "op applications tried by the block searches; pruned: of those, rejected (by shape, index, "
-        "variance, abstract-expression oracle, duplicate, canonical order); patterns: tiling patterns "
+        "op applications tried by the block searches; pruned: extensions rejected (by shape, index — "
+        "including operand pairs skipped by index class, which are not counted as states —, variance, "
+        "abstract-expression oracle, duplicate, canonical order); prune rate: pruned / (states + "
+        "skipped pairs); patterns: tiling patterns "
         "whose search reached every target / enumerated. Verified: distinct designs that passed "
         "`check_equivalent` at a reduced shape (8 finite-field trials + float64); the winner is "
         "re-checked in float64 at the real shape when its inputs are under "

@@ -37,7 +37,7 @@ class SubexprOracle:
         seen: set[int] = set()
         for t in targets:
             self._collect_expr(t, seen)
-        self._flat: dict[int, tuple[dict[int, int], dict[int, set[str]]]] = {}
+        self._flat: dict[int, tuple[dict, list]] = {}  # mono -> (leaves, sums), see _flatten
         self._memo: dict[int, bool] = {}
         self._parts: dict[tuple[int, int, bool], bool] = {}
         self.terms = sorted({t for x in self.exprs for t in self.s.terms(x)})

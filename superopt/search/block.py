@@ -256,7 +256,8 @@ class BlockSearch:
 
     def _compatible_pairs(self, n: int, new: set[int]) -> tuple[list, list]:
         """(elementwise, matmul) operand pairs with at least one new value whose dims line up by
-        index; the rest are pruned "index" in bulk, by label class, without being tried."""
+        index; the rest are pruned "index_bulk", by label class, without being tried (nor
+        counted as states)."""
         by_label: dict[tuple, list[int]] = {}
         for i in range(n):
             by_label.setdefault(self.vals[i].labels, []).append(i)
@@ -271,9 +272,10 @@ class BlockSearch:
                     elem += pairs
                 if ok_m:
                     mm += pairs
-                skipped = len(pairs) * ((not ok_e) * len(self.vocab["binary"]) - (not ok_e) * ("matmul" in self.vocab["binary"]) + (not ok_m) * ("matmul" in self.vocab["binary"]))
+                has_mm = int("matmul" in self.vocab["binary"])
+                skipped = len(pairs) * ((0 if ok_e else len(self.vocab["binary"]) - has_mm) + (0 if ok_m else has_mm))
                 if skipped:
-                    self.pruned["index"] = self.pruned.get("index", 0) + skipped
+                    self.pruned["index_bulk"] = self.pruned.get("index_bulk", 0) + skipped
         return sorted(elem), sorted(mm)
 
     def _ok(self) -> bool:

@@ -51,8 +51,9 @@ class SearchStats:
 
     @property
     def prune_rate(self) -> float:
-        total = sum(self.pruned.values())
-        return total / self.states if self.states else 0.0
+        """Rejected / considered extensions (tried states plus pairs skipped by index class)."""
+        considered = self.states + self.pruned.get("index_bulk", 0)
+        return sum(self.pruned.values()) / considered if considered else 0.0
 
     @property
     def seconds_per_query(self) -> float:

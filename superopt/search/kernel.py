@@ -23,7 +23,7 @@ from ..ir import KernelGraph, TensorType
 from ..ir.ops import BINARY_OPS, UNARY_OPS
 from .block import BlockSearch, Goal, Source
 from .budget import SearchBudget
-from .skeleton import Pattern
+from .skeleton import Pattern, retarget
 
 
 def vocabulary(program: KernelGraph) -> dict:
@@ -217,31 +217,33 @@ def run_pattern(program: KernelGraph, index: ProgramIndex, pattern: Pattern, bud
 
 
 def _combine_kernels(program, index, split, parts, vocab, budget, cap, col) -> list:
-    """Every single-kernel pattern that computes the target from the split kernel's outputs."""
-    sizes = index.sizes
-    out_sets = [set(index.labels[o]) - {-1} for o in program.outputs]
-    first = index.labels[program.outputs[0]]
-    common = sorted(set.intersection(*out_sets), key=lambda i: -first.index(i))
-    found_any = []
-    for loop in [-1]:
-        for n in range(min(budget.grid_dims, len(common)), -1, -1):
-            for combo in combinations(common, n):
-                p = Pattern(combo, loop, -1)
-                if representative(p, sizes) is None:
-                    continue
-                store = NFStore(nontrivial(p))
-                env = program_exprs(program, index, store)
-                targets = [env[o] for o in program.outputs]
-                fr = frontier(store, targets, split)
-                table = {f: store.atom(s.name, s.labels) for f, s in zip(fr, parts)}
-                t2 = [store.substitute(t, table) for t in targets]
-                srcs = _program_sources(program, index, store, t2) + [s for s in parts if s.name in atom_names(store, t2)]
-                goals = [Goal(t, index.labels[o], o) for t, o in zip(t2, program.outputs)]
-                bs = _block(store, t2, srcs, p, index, vocab, index.consts, budget, cap, col)
-                found = bs.run(goals)
-                if found:
-                    found_any.append(bs.skeleton(found, goals, -1))
-    return found_any
+    """The second kernel: the target with the split kernel's outputs as inputs. Searched once
+    without a grid (it only combines finished sums), then retargeted to every grid over the
+    output indices (``skeleton.retarget``)."""
+    p0 = Pattern((), -1, -1)
+    store = NFStore(nontrivial(p0))
+    env = program_exprs(program, index, store)
+    targets = [env[o] for o in program.outputs]
+    table = {f: store.atom(s.name, s.labels) for f, s in zip(frontier(store, targets, split), parts)}
+    t2 = [store.substitute(t, table) for t in targets]
+    names = atom_names(store, t2)
+    srcs = _program_sources(program, index, store, t2) + [s for s in parts if s.name in names]
+    goals = [Goal(t, index.labels[o], o) for t, o in zip(t2, program.outputs)]
+    bs = _block(store, t2, srcs, p0, index, vocab, index.consts, budget, cap, col)
+    found = bs.run(goals)
+    if not found:
+        return []
+    k2 = bs.skeleton(found, goals, -1)
+    labels = {s.name: s.labels for s in srcs}
+    common = sorted(set.intersection(*(set(index.labels[o]) - {-1} for o in program.outputs)),
+                    key=lambda i: -index.labels[program.outputs[0]].index(i))
+    out = []
+    for n in range(min(budget.grid_dims, len(common)), -1, -1):
+        for combo in combinations(common, n):
+            p = Pattern(combo, -1, -1)
+            if representative(p, index.sizes) is not None:
+                out.append(retarget(k2, p, labels))
+    return out
 
 
 def _program_sources(program, index, store, exprs) -> list[Source]:
