@@ -1,7 +1,13 @@
-"""Shared test set-up: the `gpu` marker skips with a reason where there is no CUDA device."""
+"""Shared test set-up: no network, and the `gpu` marker skips with a reason where there is no GPU."""
 from __future__ import annotations
 
 import functools
+import os
+
+# Tests never reach a model hub (the workplace has no network; tests use loopback only).
+# huggingface_hub reads these once, at import, so they are set before anything imports it.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import pytest
 
