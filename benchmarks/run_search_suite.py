@@ -216,11 +216,11 @@ def _table(results, ablation, budget, cmd, total) -> str:
                      f"{r['search']:.1f} | {r['wall']:.1f} | {r['cost']:.1f} |")
     if ablation:
         lines += ["", "## Pruning ablation (same budget, abstract-expression oracle on / off)", "",
-                  "| row | abstract pruning | kernels | states | values kept | search s | wall s | "
+                  "| row | abstract pruning | fewest kernels | kernels of cost-best | states | values kept | search s | wall s | "
                   "oracle µs/query | state cap hit (patterns) |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for r in ablation:
-            lines.append(f"| {r['name']} | {'on' if r['prune'] else 'off'} | {r['kernels']} | {r['states']:,} | "
+            lines.append(f"| {r['name']} | {'on' if r['prune'] else 'off'} | {r['fewest']} | {r['kernels']} | {r['states']:,} | "
                          f"{r['values']:,} | {r['search']:.1f} | {r['wall']:.1f} | "
                          f"{r['oracle_us']:.0f} | {r['cap_hit']} |")
     return "\n".join(lines) + "\n"

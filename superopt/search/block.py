@@ -7,17 +7,22 @@ A new value survives only if
 
 1. its operands' loop variance may meet (``ir.check`` rules)          — pruned "variance";
 2. its shape type-checks                                              — pruned "shape";
-3. the dims it lines up carry the same program index                  — pruned "index";
+3. the dims it lines up carry the same program index                  — pruned "index"
+   (operand pairs whose label classes cannot line up are skipped in bulk: "index_bulk");
 4. the abstract domain models it                                       — pruned "not_modelled";
 5. no earlier value has the same normal form, labels and variance      — pruned "duplicate";
-   and constants are folded first: no a+a, no (a·c1)·c2                — pruned "canonical";
+   constants are folded first: no a+a, no (a·c1)·c2                    — pruned "canonical";
+   no constant is recomputed from input data (x/x)                     — pruned "constant";
 6. its normal form is a subexpression of the kernel's targets (oracle) — pruned "abstract";
 7. its derivation fits ``max_block_ops``                               — pruned "size".
 
 Rule 5 is the canonical order: a block graph is enumerated once per abstract value, through its
 first (smallest-round) derivation. The search stops when every target has a value with exactly
 the target's normal form and dim labels (after the cross-block sum, for split kernels), or when
-no new value appears, or at the state cap. A state is one attempted op application.
+no new value appears, or at the state cap or the clock. A state is one attempted op application.
+Before the first round the program's own dataflow is replayed on the tiles (``run(guide=…)``):
+where the tiling lets every op run as written that is the direct fusion, found in a few states;
+the rounds then find what needs reordering (division after a matmul, accumulate-then-divide).
 """
 from __future__ import annotations
 

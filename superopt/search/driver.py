@@ -51,8 +51,8 @@ class SearchResult:
         found = _rank_and_verify(program, index, [d for d, _ in self.designs if d is not None], self.budget,
                                  self.arch, self.seed, stats, top=1)
         stats.seconds["reinstantiate"] = time.perf_counter() - t0
-        return SearchResult(program, self.budget, self.arch, self.seed, [(g, c) for g, c, _ in found], stats,
-                            [(d, e) for _, _, (d, e) in found])
+        ranked, kept = _with_fallback(program, found, self.arch)
+        return SearchResult(program, self.budget, self.arch, self.seed, ranked, stats, kept)
 
 
 def _job(args):
@@ -89,14 +89,20 @@ def superoptimize(program: KernelGraph, budget: SearchBudget = SearchBudget(), a
     found = _rank_and_verify(program, index, designs, budget, arch, seed, stats) if designs else []
     for g, cost, _ in found:
         ckpt.record_found(to_text(g), cost)
+    ranked, kept = _with_fallback(program, found, arch)
+    stats.seconds["total"] = time.perf_counter() - t_start
+    return SearchResult(program, budget, arch, seed, ranked, stats, kept)
+
+
+def _with_fallback(program: KernelGraph, found: list, arch: str) -> tuple[list, list]:
+    """The verified graphs plus the unfused program itself, by cost: ``best`` is never None."""
     ranked = [(g, c) for g, c, _ in found]
     kept = [x for _, _, x in found]
     fallback = (program, graph_cost(program, arch))
     pos = next((i for i, (_, c) in enumerate(ranked) if c > fallback[1]), len(ranked))
     ranked.insert(pos, fallback)
     kept.insert(pos, (None, None))
-    stats.seconds["total"] = time.perf_counter() - t_start
-    return SearchResult(program, budget, arch, seed, ranked, stats, kept)
+    return ranked, kept
 
 
 def _budget_key(budget: SearchBudget) -> dict:
