@@ -10,7 +10,7 @@ A new value survives only if
 3. the dims it lines up carry the same program index                  — pruned "index"
    (operand pairs whose label classes cannot line up are skipped in bulk: "index_bulk");
 4. the abstract domain models it                                       — pruned "not_modelled";
-5. no earlier value has the same normal form, labels and variance      — pruned "duplicate";
+5. no earlier value has the same normal form, labels, variance, dtype  — pruned "duplicate";
    constants are folded first: no a+a, no (a·c1)·c2                    — pruned "canonical";
    no constant is recomputed from input data (x/x)                     — pruned "constant";
 6. its normal form is a subexpression of the kernel's targets (oracle) — pruned "abstract";
@@ -64,6 +64,7 @@ class Goal:
     expr: int
     labels: tuple[int, ...] | None   # None: any labels (split-kernel outputs)
     name: str
+    dtype: str | None = None         # None: any dtype
 
 
 def tiling(pattern: Pattern, src: Source) -> tuple[tuple[int, int, int], int]:
@@ -93,14 +94,14 @@ class BlockSearch:
             self._add(Val(store.atom(src.name, src.labels), src.labels, TensorType(tile, src.type.dtype),
                           LOOP if fmap != -1 else PRE, "input", (pos, imap, fmap), (), frozenset()))
         for i, (value, dtype) in enumerate(consts):
-            if (store.const(value), (), PRE) in self.seen:
+            if (store.const(value), (), PRE, dtype) in self.seen:
                 continue  # the same constant twice (two RMSNorms' eps)
             self._add(Val(store.const(value), (), TensorType((), dtype), PRE, "const", (),
                           (("index", i),), frozenset()))
 
     def _add(self, v: Val) -> None:
         v.nodes = v.nodes | {len(self.vals)}
-        self.seen.add((v.expr, v.labels, v.var))
+        self.seen.add((v.expr, v.labels, v.var, v.type.dtype))
         self.vals.append(v)
 
     def _prune(self, reason: str) -> None:
@@ -138,7 +139,7 @@ class BlockSearch:
             return self._prune("not_modelled")
         if self._constant(expr) and not all(self._constant(v.expr) for v in vs):
             return self._prune("constant")  # a constant recomputed from input data (x/x)
-        key = (expr, labels, var)
+        key = (expr, labels, var, t.dtype)  # casts change no value but do change the dtype
         if key in self.seen:
             return self._prune("duplicate")
         if self.oracle is not None and not self.oracle.query(expr):
@@ -240,6 +241,10 @@ class BlockSearch:
                     if not self._ok():
                         return False
                     self._try("reduce_sum", (i,), (("dim", d), ("keepdim", keep)))
+        for dtype in self.vocab["cast"]:
+            for i in sorted(new):
+                if self.vals[i].type.dtype != dtype:
+                    self._try("cast", (i,), (("dtype", dtype),))
         if self.vocab["transpose"]:
             for i in sorted(new):
                 if self.vals[i].type.rank >= 2:
@@ -300,7 +305,8 @@ class BlockSearch:
                 except NotNormalizable:
                     continue
             for g in goals:
-                if g.name not in found and g.expr == expr and (g.labels is None or g.labels == v.labels):
+                if g.name not in found and g.expr == expr and (g.labels is None or g.labels == v.labels) \
+                        and (g.dtype is None or g.dtype == v.type.dtype):
                     found[g.name] = i
 
     # ------------------------------------------------------------ the result

@@ -31,7 +31,8 @@ def vocabulary(program: KernelGraph) -> dict:
     binary = sorted(ops & BINARY_OPS) + (["matmul"] if "matmul" in ops else [])
     return {"unary": sorted(ops & UNARY_OPS), "binary": binary,
             "reduce": sorted({n.attr("keepdim") for n in program.nodes if n.op == "reduce_sum"}),
-            "transpose": "transpose" in ops}
+            "transpose": "transpose" in ops,
+            "cast": sorted({n.attr("dtype") for n in program.nodes if n.op == "cast"})}
 
 
 def nontrivial(pattern: Pattern) -> dict[int, frozenset]:
@@ -193,7 +194,7 @@ def run_pattern(program: KernelGraph, index: ProgramIndex, pattern: Pattern, bud
     targets = [env[o] for o in program.outputs]
     designs: list[tuple] = []
     if pattern.split < 0:
-        goals = [Goal(t, index.labels[o], o) for t, o in zip(targets, program.outputs)]
+        goals = [Goal(t, index.labels[o], o, program.type_of(o).dtype) for t, o in zip(targets, program.outputs)]
         bs = _block(store, targets, _program_sources(program, index, store, targets), pattern, index,
                     vocab, index.consts, budget, cap, col)
         found = bs.run(goals, guide=(program, env, index.labels))
@@ -228,7 +229,7 @@ def _combine_kernels(program, index, split, parts, vocab, budget, cap, col) -> l
     t2 = [store.substitute(t, table) for t in targets]
     names = atom_names(store, t2)
     srcs = _program_sources(program, index, store, t2) + [s for s in parts if s.name in names]
-    goals = [Goal(t, index.labels[o], o) for t, o in zip(t2, program.outputs)]
+    goals = [Goal(t, index.labels[o], o, program.type_of(o).dtype) for t, o in zip(t2, program.outputs)]
     bs = _block(store, t2, srcs, p0, index, vocab, index.consts, budget, cap, col)
     found = bs.run(goals)
     if not found:

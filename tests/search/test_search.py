@@ -140,3 +140,18 @@ def test_reinstantiate_at_other_shapes_without_search():
         assert again.best.customized_nodes() and again.best.num_kernels == 1
         assert again.best.output_types == other.output_types
         assert check_equivalent(other, again.best, trials=2, seed=1).equivalent
+
+
+def test_casts_keep_the_program_dtypes():
+    # A bf16 program that normalises in float32: the found graphs must write bf16 like the program.
+    p = Program("mixed")
+    x = p.input("x", (3, 96), "bfloat16")
+    w = p.input("w", (96, 80), "bfloat16")
+    y = p.cast(p.rms_norm(p.cast(x, "float32"), eps=1e-6), "bfloat16")
+    p.output(p.matmul(y, w))
+    prog = p.build()
+    res = superoptimize(prog, budget=BUDGET)
+    assert res.best is not prog and res.stats.verified >= 1
+    for g, _ in res.ranked:
+        assert g.output_types == prog.output_types
+        assert check_equivalent(prog, g, trials=2, seed=5).equivalent
