@@ -88,3 +88,20 @@ def test_graphs_of_a_replaced_cache_are_dropped():
     model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=400, min_new_tokens=400, **kw)
     assert len(runner.steps) == 1  # only the step on the new, longer cache
     assert all(runner.pool.owns(s.static_in["past_key_values"]) for s in runner.steps.values())
+
+
+def test_runner_on_a_patched_model_keeps_hf_tokens():
+    """Patched sites (torch backend) + owned static cache + graphed steps: the tokens of plain HF."""
+    import mirage_serve
+
+    model = _tiny_llama()
+    ids, mask = _left_padded(3, [6, 2, 5], model.config.vocab_size)
+    kw = dict(max_new_tokens=10, min_new_tokens=10, do_sample=False, pad_token_id=0)
+    want = model.generate(input_ids=ids, attention_mask=mask, **kw)
+    report = mirage_serve.patch(model, backend="torch", search_budget=0, batch_sizes=(3,))
+    assert len(report.patched) == len(report.sites) > 0
+    runner = install_decode_graphs(model, capture=False)
+    got = model.generate(input_ids=ids, attention_mask=mask, **kw)
+    assert runner.replays == 8 and torch.equal(got, want)
+    uninstall_decode_graphs(model)
+    mirage_serve.unpatch(model)
