@@ -15,7 +15,7 @@ from typing import Any, Mapping, Sequence
 
 from ..ir import BlockGraph, KernelGraph, Node, Variance, block_variance, op_info
 from ..ir.ops import Category
-from ..ir.tiling import reduced_axes
+from ..ir.tiling import input_tile_shape, reduced_axes
 from .domain import Domain
 
 G = 3  # leading grid axes on every block value
@@ -111,9 +111,8 @@ def _tile_view(x: Any, shape: tuple[int, ...], b: BlockGraph, imap, fmap: int, d
     order += [i for i in range(3 * rank) if i not in order]  # leftover extent-1 axes
     x = domain.permute(x, order)
     gx, gy, gz = (b.grid[a] if imap[a] != -1 else 1 for a in range(G))
-    tile = [shape[d] // (next((b.grid[a] for a in range(G) if imap[a] == d), 1) *
-                         (b.forloop if fmap == d else 1)) for d in range(rank)]
-    return domain.reshape(x, [gx, gy, gz, b.forloop if fmap != -1 else 1] + tile)
+    tile = input_tile_shape(shape, b.grid, imap, fmap, b.forloop)
+    return domain.reshape(x, [gx, gy, gz, b.forloop if fmap != -1 else 1, *tile])
 
 
 def _loop_slice(view: Any, i: int, domain: Domain) -> Any:
