@@ -1,0 +1,101 @@
+"""Where one decode step's time goes: per-kernel GPU time, kernels per step, idle gaps, achieved bandwidth.
+
+Patches a registry model (random weights), warms generate() up so the decode graphs are captured, then
+profiles `--steps` decode steps with torch.profiler (CUPTI sees the kernels inside CUDA-graph replays)
+and prints, per kernel name: launches per step, µs per step, share of the step; then GPU-busy µs per
+step, idle gap µs per step (step wall − busy), and weight bytes ÷ busy time as % of the copy bandwidth
+measured in the same run.
+
+    python benchmarks/profile_decode_step.py Llama-3.1-8B --batch 1 --steps 32 [--no-patch]
+"""
+from __future__ import annotations
+
+import argparse
+from collections import defaultdict
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class KernelSpan:
+    name: str
+    start_us: float
+    end_us: float
+
+
+def summarize(spans: list[KernelSpan], steps: int) -> dict:
+    """Aggregate kernel spans recorded over ``steps`` decode steps (per-step figures)."""
+    spans = sorted(spans, key=lambda s: s.start_us)
+    per_name: dict[str, list[float]] = defaultdict(list)
+    busy, cursor = 0.0, float("-inf")
+    for s in spans:  # union of intervals: overlapping kernels count once
+        per_name[s.name].append(s.end_us - s.start_us)
+        lo = max(s.start_us, cursor)
+        if s.end_us > lo:
+            busy += s.end_us - lo
+        cursor = max(cursor, s.end_us)
+    wall = (spans[-1].end_us - spans[0].start_us) if spans else 0.0
+    rows = sorted(((n, len(d) / steps, sum(d) / steps) for n, d in per_name.items()), key=lambda r: -r[2])
+    return {"rows": rows, "busy_us": busy / steps, "wall_us": wall / steps,
+            "gap_us": (wall - busy) / steps, "kernels_per_step": len(spans) / steps}
+
+
+def _profile(model, ids, steps: int) -> list[KernelSpan]:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    kw = dict(max_new_tokens=steps + 1, min_new_tokens=steps + 1, do_sample=False, pad_token_id=0,
+              attention_mask=torch.ones_like(ids))
+    with torch.inference_mode():
+        model.generate(ids, **kw)  # warm-up: capture the decode graphs
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            model.generate(ids, **kw)
+            torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
+    # Drop the prefill: everything up to the end of the first step's largest burst is the prompt.
+    kernels.sort(key=lambda e: e.time_range.start)
+    skip = len(kernels) - round(len(kernels) * steps / (steps + 1))
+    return [KernelSpan(e.name, e.time_range.start, e.time_range.end) for e in kernels[skip:]]
+
+
+def main(argv=None) -> None:
+    import torch
+
+    from mirage_serve import registry
+    from mirage_serve.bench_load import load
+    from mirage_serve.bench_timing import copy_bandwidth
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--no-patch", dest="patch", action="store_false")
+    ap.add_argument("--top", type=int, default=25)
+    args = ap.parse_args(argv)
+    bw = copy_bandwidth("cuda")
+    lm = load(args.model, dtype="bf16", device="cuda")
+    if args.patch:
+        import mirage_serve
+
+        print(mirage_serve.patch(lm.model, batch_sizes=(args.batch,)))
+    else:
+        from mirage_serve.decode import install_decode_graphs
+
+        install_decode_graphs(lm.model)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    ids = torch.randint(1, lm.facts["vocab_size"], (args.batch, args.prompt_len), device="cuda", generator=g)
+    s = summarize(_profile(lm.model, ids, args.steps), args.steps)
+    print(f"{torch.cuda.get_device_name()}: copy {bw / 1e12:.2f} TB/s; {lm.name} batch {args.batch}; "
+          f"{s['kernels_per_step']:.0f} kernels/step, GPU busy {s['busy_us']:.0f} µs/step, idle gaps "
+          f"{s['gap_us']:.0f} µs/step, span {s['wall_us']:.0f} µs/step")
+    floor_bytes = registry.decode_bytes(lm.facts)
+    print(f"weights {floor_bytes / 1e9:.2f} GB/step → {floor_bytes / (s['busy_us'] * 1e-6) / 1e9:.0f} GB/s over "
+          f"busy time = {100 * floor_bytes / (s['busy_us'] * 1e-6) / bw:.0f}% of copy bandwidth")
+    print(f"{'kernel':<70} {'per step':>8} {'µs/step':>9} {'share':>6}")
+    for name, n, us in s["rows"][:args.top]:
+        print(f"{name[:70]:<70} {n:>8.1f} {us:>9.1f} {100 * us / s['busy_us']:>5.1f}%")
+
+
+if __name__ == "__main__":
+    main()
