@@ -55,7 +55,8 @@ class Executor:
     seconds: float
 
 
-def build(graph: KernelGraph, backend: str, device: torch.device) -> Executor:
+def build(graph: KernelGraph, backend: str, device: torch.device, launch: dict | None = None) -> Executor:
+    """``launch``: Triton kernel name -> (num_warps, num_stages), as profiled (default: the renderer's)."""
     t0 = time.perf_counter()
     if backend == "torch":
         from superopt.interp import evaluate
@@ -68,7 +69,7 @@ def build(graph: KernelGraph, backend: str, device: torch.device) -> Executor:
         if backend == "triton":
             from superopt.runtime import compile_graph
 
-            compiled = compile_graph(graph, backend="triton", device=device)
+            compiled = compile_graph(graph, backend="triton", device=device, launch=launch)
         else:
             from superopt.runtime.cuda_launch import cuda_runner
 

@@ -24,6 +24,17 @@ class Choice:
     note: str          # why, for the report
     seconds: float
     result: object = None  # the SearchResult, to re-instantiate its structures at other buckets
+    launch: dict | None = None  # kernel name -> (num_warps, num_stages) when profiled
+    profile: str = ""      # what the profiler measured, for the report
+
+
+@dataclass(frozen=True)
+class Pick:
+    """What a profiler chose among a search result's candidates (``choose(..., pick=)``)."""
+    graph: KernelGraph
+    launch: dict
+    median_us: float
+    note: str
 
 
 @dataclass(frozen=True)
@@ -52,36 +63,46 @@ def default_budget(budget, backend: str):
     return SearchBudget(max_seconds=CPU_SEARCH_SECONDS)
 
 
-def choose(program: KernelGraph, *, budget, arch: str, cache=None, key=None, seed=None) -> Choice:
+def choose(program: KernelGraph, *, budget, arch: str, cache=None, key=None, seed=None, pick=None) -> Choice:
     """The μGraph to run for ``program``. ``budget=0`` skips the search (tests, quick starts).
 
     ``cache`` is a ``mirage_serve.cache.KernelCache`` and ``key`` its ``CacheKey`` for this program,
     or both None; searched winners are stored (the fallback is the program itself). ``seed``: the
     search result of the same site at another bucket, whose structures are re-instantiated at this
-    shape (and re-verified by the search) instead of searching again.
+    shape (and re-verified by the search) instead of searching again. ``pick(result) -> Pick``:
+    times the result's candidates on the device and returns the fastest (None: the search's best);
+    its launch configuration and timings are stored with the entry, so a cache hit needs no profiling.
     """
     if cache is None or key is None:
-        return _choose(program, budget, arch, None, None, seed)
+        return _choose(program, budget, arch, None, None, seed, pick)
     # Concurrent patchers of one model: one searches each program, the others wait, then hit.
     with cache.lock(key):
-        return _choose(program, budget, arch, cache, key, seed)
+        return _choose(program, budget, arch, cache, key, seed, pick)
 
 
-def _choose(program: KernelGraph, budget, arch: str, cache, key, seed) -> Choice:
+def _choose(program: KernelGraph, budget, arch: str, cache, key, seed, pick) -> Choice:
     t0 = time.perf_counter()
 
     def done(graph, source, note, result=None):
+        launch, profile, meta = None, "", {"program_digest": digest(program), "source": source}
+        if source in ("search", "reinstantiated") and pick is not None:
+            chosen = pick(result)
+            graph, launch, profile = chosen.graph, chosen.launch, chosen.note
+            meta.update(launch={k: list(v) for k, v in launch.items()}, median_us=chosen.median_us,
+                        profile=profile)
         if source in ("search", "reinstantiated") and cache is not None and key is not None:
             from .cache import CacheEntry
-            cache.put(key, CacheEntry(to_text(graph), {}, {}, {"program_digest": digest(program),
-                                                                 "source": source}))
-        return Choice(graph, source, note, time.perf_counter() - t0, result)
+            cache.put(key, CacheEntry(to_text(graph), {}, {}, meta))
+        return Choice(graph, source, note, time.perf_counter() - t0, result, launch, profile)
 
     if cache is not None and key is not None:
         entry = cache.get(key)
         if entry is not None:
+            launch = entry.meta.get("launch")
             return Choice(from_text(entry.ugraph_text), "cache", f"cache entry {key.dirname()}",
-                          time.perf_counter() - t0)
+                          time.perf_counter() - t0, None,
+                          {k: tuple(v) for k, v in launch.items()} if isinstance(launch, dict) else None,
+                          entry.meta.get("profile", ""))
     if budget == 0:
         return done(program, "fallback", "search disabled (search_budget=0)")
     try:

@@ -151,16 +151,19 @@ def patch(model: torch.nn.Module, *, backend: str = "auto", cache_dir=None, sear
 
     prep = Preparer(report, backend, dtype, buckets, search_budget, _open_cache(cache_dir, report))
     plans = []
-    for i, layer in enumerate(layers):
-        for site in family.sites:
-            sr = SiteReport(i, site.name, tuple(f"{layers_path}.{i}.{p}" for p in site.paths()))
-            report.sites.append(sr)
-            try:
-                plans.append((layer, site, prep.prepare(layer, site, sr), sr))
-            except SiteError as e:
-                sr.reason = str(e)
-            except Exception as e:  # an unexpected failure of one site must not stop the others
-                sr.reason = f"internal error: {type(e).__name__}: {e}"
+    try:
+        for i, layer in enumerate(layers):
+            for site in family.sites:
+                sr = SiteReport(i, site.name, tuple(f"{layers_path}.{i}.{p}" for p in site.paths()))
+                report.sites.append(sr)
+                try:
+                    plans.append((layer, site, prep.prepare(layer, site, sr), sr))
+                except SiteError as e:
+                    sr.reason = str(e)
+                except Exception as e:  # an unexpected failure of one site must not stop the others
+                    sr.reason = f"internal error: {type(e).__name__}: {e}"
+    finally:
+        prep.close()
 
     records: list[Record] = []
     try:

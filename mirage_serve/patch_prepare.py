@@ -24,6 +24,7 @@ from .sites import NormSite, ProjSite, signature, site_module, unsupported_layer
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 TF32_TOLERANCE = 5e-4  # fp32 on GPU backends, whose matmuls may use tf32
 _DTYPE_SHORT = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+_TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
 
 class SiteError(Exception):
@@ -89,6 +90,32 @@ class Preparer:
         self._searched: dict[tuple, object] = {}  # (site name, signature) -> SearchResult to re-instantiate
         self._plain: dict[tuple, str] = {}  # (site name, signature) whose chosen μGraphs failed to run
         self._rng = torch.Generator().manual_seed(0)
+        self._selector = None  # superopt.runtime.select.Selector, opened on the first GPU profile
+
+    def close(self) -> None:
+        """Stop the profiler's build workers (patch() calls this when it is done, success or not)."""
+        if self._selector is not None:
+            self._selector.close()
+            self._selector = None
+
+    def _pick(self, program, device):
+        """``optimize.choose``'s profiler: the fastest verified candidate of a search result on ``device``."""
+        def pick(result) -> optimize.Pick:
+            from superopt.runtime.select import Selector
+            if self._selector is None:
+                self._selector = Selector(device)
+            cands = result.candidates()
+            inputs = [torch.randn(v.type.shape, generator=self._rng).to(device, _TORCH[v.type.dtype])
+                      for v in program.inputs]
+            ranked = self._selector.pick(cands, inputs)
+            for r in ranked:
+                if r.error is None and optimize.verify(program, r.ugraph).ok:
+                    base = next((x.median_us for x in ranked if x.ugraph == result.best), float("nan"))
+                    note = (f"fastest of {len(ranked)} timed: {r.median_us:.1f} µs "
+                            f"(cost model's pick {base:.1f} µs)")
+                    return optimize.Pick(r.ugraph, dict(r.launch), r.median_us, note)
+            return optimize.Pick(result.best, {}, float("nan"), f"no candidate ran ({ranked[0].error})")
+        return pick
 
     def prepare(self, layer: torch.nn.Module, site: NormSite | ProjSite, sr: SiteReport) -> SiteRuntime:
         wrapper = site_module(layer, site)
@@ -158,6 +185,8 @@ class Preparer:
             _add_time(sr, "verify", built[1].seconds)
             _add_time(sr, "build", built[2].seconds)
         choice, ver, executor = built
+        if choice.profile:
+            sr.profile[m] = choice.profile
         if not sr.source:  # the largest bucket's (searched) μGraph speaks for the site
             sr.source, sr.source_note, sr.verdict = choice.source, choice.note, ver.verdict
         sr.kernels = max(sr.kernels, len(choice.graph.customized_nodes()))
@@ -192,15 +221,16 @@ class Preparer:
         # On CPU the search still targets sm_90: the torch backend runs any μGraph, and searching
         # for the GPU's structures is what exercises the whole path without a GPU.
         search_arch = arch if device.type == "cuda" else "sm_90"
+        profiled = self.backend == "triton" and device.type == "cuda"
         choice = optimize.choose(program, budget=self.budget, arch=search_arch, cache=self.cache, key=key,
-                                 seed=seed)
+                                 seed=seed, pick=self._pick(program, device) if profiled else None)
         ver = optimize.verify(program, choice.graph)
         self.report.searches += choice.source == "search"
         self.report.reinstantiated += choice.source == "reinstantiated"
         self.report.cache_hits += choice.source == "cache"
         self.report.programs += 1
         try:
-            executor = backends.build(choice.graph, self.backend, device)
+            executor = backends.build(choice.graph, self.backend, device, choice.launch)
         except Exception as e:
             if choice.graph == program:  # nothing simpler to fall back to: the site stays original
                 raise SiteError(f"build failed ({self.backend}): {type(e).__name__}: {e}") from None

@@ -32,22 +32,24 @@ class ProfileResult:
 
 
 def profile_candidates(ugraphs: Sequence[KernelGraph], example_inputs: Sequence[torch.Tensor],
-                       configs: Sequence[tuple[int, int]] = DEFAULT_CONFIGS, reps: int = 30,
+                       configs: Sequence[tuple[int, int] | None] = DEFAULT_CONFIGS, reps: int = 30,
                        backend: str = "triton") -> list[ProfileResult]:
-    """Rank ``ugraphs`` (all computing the same program) by median time on ``example_inputs``."""
+    """Rank ``ugraphs`` (all computing the same program) by median time on ``example_inputs``.
+
+    A ``None`` config launches every kernel with the renderer's own choice for it."""
     sets = rotated_sets(example_inputs)
     results = []
     for i, g in enumerate(ugraphs):
         best, tried, err = None, [], None
-        for nw, ns in configs:
+        for config in configs:
             try:
-                cg = compile_graph(g, backend=backend, device=example_inputs[0].device,
-                                   launch={k.name: (nw, ns) for k in _kernels(g)})
+                launch = None if config is None else {k.name: tuple(config) for k in _kernels(g)}
+                cg = compile_graph(g, backend=backend, device=example_inputs[0].device, launch=launch)
                 us = time_call(cg, sets, graph=True, reps=reps)
             except Exception as e:  # a candidate that cannot build or run loses, with its reason
                 err = f"{type(e).__name__}: {e}"
                 continue
-            tried.append(((nw, ns), us))
+            tried.append((config, us))
             if best is None or us < best[1]:
                 best = (cg.launch, us)
         if best is None:

@@ -38,6 +38,16 @@ class SearchResult:
     ranked: list                      # (KernelGraph, cost µs), best first, all verified
     stats: SearchStats
     designs: list = field(default_factory=list)  # (design, extents) parallel to ranked; None for the fallback
+    alternatives: list = field(default_factory=list)  # [KernelGraph] parallel to ranked: other extents
+
+    def candidates(self, designs: int = 3) -> list[KernelGraph]:
+        """What a profiler should time: the ``designs`` best-ranked graphs, each followed by its
+        design at other extents (all verified designs; the unfused program is one of the ranked)."""
+        out = []
+        for i, (g, _) in enumerate(self.ranked[:designs]):
+            out.append(g)
+            out += self.alternatives[i] if i < len(self.alternatives) else []
+        return out
 
     @property
     def best(self) -> KernelGraph:
@@ -54,8 +64,8 @@ class SearchResult:
         found = _rank_and_verify(program, index, [d for d, _ in self.designs if d is not None], quick,
                                  self.arch, self.seed, stats, top=1)
         stats.seconds["reinstantiate"] = time.perf_counter() - t0
-        ranked, kept = _with_fallback(program, found, self.arch)
-        return SearchResult(program, self.budget, self.arch, self.seed, ranked, stats, kept)
+        ranked, kept, alts = _with_fallback(program, found, self.arch)
+        return SearchResult(program, self.budget, self.arch, self.seed, ranked, stats, kept, alts)
 
 
 def _job(args):
@@ -90,22 +100,62 @@ def superoptimize(program: KernelGraph, budget: SearchBudget = SearchBudget(), a
         designs = _search(program, index, patterns, budget, deadline, ckpt, stats)
         stats.seconds["search"] = time.perf_counter() - t0
     found = _rank_and_verify(program, index, designs, budget, arch, seed, stats) if designs else []
-    for g, cost, _ in found:
+    for g, cost, _, _ in found:
         ckpt.record_found(to_text(g), cost)
-    ranked, kept = _with_fallback(program, found, arch)
+    ranked, kept, alts = _with_fallback(program, found, arch)
     stats.seconds["total"] = time.perf_counter() - t_start
-    return SearchResult(program, budget, arch, seed, ranked, stats, kept)
+    return SearchResult(program, budget, arch, seed, ranked, stats, kept, alts)
 
 
 def _with_fallback(program: KernelGraph, found: list, arch: str) -> tuple[list, list]:
     """The verified graphs plus the unfused program itself, by cost: ``best`` is never None."""
-    ranked = [(g, c) for g, c, _ in found]
-    kept = [x for _, _, x in found]
+    ranked = [(g, c) for g, c, _, _ in found]
+    kept = [x for _, _, x, _ in found]
+    alts = [a for _, _, _, a in found]
     fallback = (program, graph_cost(program, arch))
     pos = next((i for i, (_, c) in enumerate(ranked) if c > fallback[1]), len(ranked))
     ranked.insert(pos, fallback)
     kept.insert(pos, (None, None))
-    return ranked, kept
+    alts.insert(pos, [])
+    return ranked, kept, alts
+
+
+ALTERNATIVES = 5  # extents of a design kept besides its cost-best, for the profiler
+
+
+def _kernel_options(k, types, index, budget, arch, stats) -> list:
+    """[(node, cost, extents)] of kernel skeleton ``k`` at every valid extent, cheapest first."""
+    opts = []
+    for e in extent_choices(k, index, budget.tile_sizes, budget.block_threads):
+        try:
+            node = build_kernel(k, dict(types), index, e)
+        except (ValueError, KeyError):
+            continue
+        if shared_memory_bytes(node.block) > SMEM_BUDGET[arch]:
+            continue
+        args = [types[a] for a in node.args]
+        best = None
+        for t in budget.block_threads:
+            cand = replace(node, block=replace(node.block, block_threads=t))
+            stats.instances += 1
+            c = node_cost(cand, args, arch)
+            if best is None or c < best[1]:
+                best = (cand, c, (e[0], e[1], t))
+        opts.append(best)
+    return sorted(opts, key=lambda o: o[1])
+
+
+def _diverse(opts: list) -> list:
+    """The cheapest option, then the cheapest of each other (block count, loop length) shape."""
+    out, seen = [], set()
+    for o in opts:
+        shape = (o[0].block.num_blocks, o[0].block.forloop)
+        if shape not in seen:
+            seen.add(shape)
+            out.append(o)
+        if len(out) > ALTERNATIVES:
+            break
+    return out
 
 
 def _budget_key(budget: SearchBudget) -> dict:
@@ -177,42 +227,38 @@ def _add_stats(stats: SearchStats, st: dict) -> None:
 
 
 def _rank_and_verify(program, index, designs, budget, arch, seed, stats, top=None) -> list:
-    """[(graph, cost, (design, extents))] verified, best first; one entry per design."""
+    """[(graph, cost, (design, extents), alternatives)] verified, best first; one entry per design.
+
+    ``alternatives``: the same design at other extents (at most ``ALTERNATIVES``, each a different
+    block count or loop length of the main kernel), cheapest first. The cost model cannot see
+    per-block latency or what the code generator makes of a tile, so these are what the GPU
+    profiler times against the winner; they are the verified design, only instantiated otherwise.
+    """
     t0 = time.perf_counter()
     best_per_design = []
     for d in designs:
         # Kernel costs add up and a kernel's input shapes do not depend on another kernel's
         # extents, so each kernel's extents (and then its thread count) are chosen on their own.
         types = {v.name: v.type for v in program.inputs}
-        nodes, exts, cost = [], [], 0.0
+        options = []
         for k in d:
-            best = None
-            for e in extent_choices(k, index, budget.tile_sizes, budget.block_threads):
-                try:
-                    node = build_kernel(k, dict(types), index, e)
-                except (ValueError, KeyError):
-                    continue
-                if shared_memory_bytes(node.block) > SMEM_BUDGET[arch]:
-                    continue
-                args = [types[a] for a in node.args]
-                for t in budget.block_threads:
-                    cand = replace(node, block=replace(node.block, block_threads=t))
-                    stats.instances += 1
-                    c = node_cost(cand, args, arch)
-                    if best is None or c < best[1]:
-                        best = (cand, c, (e[0], e[1], t))
-            if best is None:
+            opts = _kernel_options(k, types, index, budget, arch, stats)
+            if not opts:
                 break
-            build_kernel(k, types, index, best[2])  # record its output types for the next kernel
-            nodes.append(best[0])
-            exts.append(best[2])
-            cost += best[1]
+            build_kernel(k, types, index, opts[0][2])  # record its output types for the next kernel
+            options.append(opts)
         else:
-            try:
-                g = check(assemble(program, nodes), arch)
-            except ValueError:
-                continue
-            best_per_design.append((g, cost, (d, tuple(exts))))
+            graphs = []
+            for main in _diverse(options[0]):
+                nodes = [main[0]] + [o[0][0] for o in options[1:]]
+                try:
+                    graphs.append((check(assemble(program, nodes), arch), main[1] + sum(o[0][1] for o in options[1:]),
+                                   (main[2],) + tuple(o[0][2] for o in options[1:])))
+                except ValueError:
+                    continue
+            if graphs:
+                g, cost, exts = graphs[0]
+                best_per_design.append((g, cost, (d, exts), [x[0] for x in graphs[1:]]))
     best_per_design.sort(key=lambda x: x[1])
     stats.seconds["rank"] = stats.seconds.get("rank", 0.0) + time.perf_counter() - t0
     t0 = time.perf_counter()
@@ -224,7 +270,7 @@ def _rank_and_verify(program, index, designs, budget, arch, seed, stats, top=Non
         if all(fewest is not c for c in chosen):
             chosen.append(fewest)
     out = []
-    for g, c, (d, ext) in chosen:
+    for g, c, (d, ext), alts in chosen:
         ok, note = verify_reduced(program, index, d, seed, arch)
         if ok and not out:
             ok2, note2 = verify_full(program, g, seed, budget.full_verify_elements)
@@ -233,7 +279,7 @@ def _rank_and_verify(program, index, designs, budget, arch, seed, stats, top=Non
         stats.verify_notes.append(f"{g.num_kernels} kernel(s), {c:.1f} us: {note}")
         if ok:
             stats.verified += 1
-            out.append((g, c, (d, ext)))
+            out.append((g, c, (d, ext), alts))
         else:
             stats.rejected += 1
     stats.seconds["verify"] = stats.seconds.get("verify", 0.0) + time.perf_counter() - t0

@@ -107,3 +107,28 @@ def test_custom_ops_under_torch_compile():
     want = cg(*xs)[0].clone()
     f = torch.compile(lambda *a: cg(*a)[0] * 2.0)
     assert torch.equal(f(*xs), want * 2.0)
+
+
+def test_selector_times_search_candidates_and_its_winner_is_correct():
+    """The profiler's pick among a real search's candidates computes the program (bf16 tolerance)."""
+    from superopt.lax import Program
+    from superopt.runtime import compile_graph
+    from superopt.runtime.select import Selector
+    from superopt.search import SearchBudget, superoptimize
+
+    p = Program("down_proj")
+    x = p.input("x", (3, 1216), "bfloat16")
+    w = p.input("w", (448, 1216), "bfloat16")
+    p.output(p.matmul(x, p.transpose(w)))
+    program = p.build()
+    result = superoptimize(program, SearchBudget(max_seconds=30))
+    cands = result.candidates()
+    assert len(cands) > len(result.ranked[:3])  # designs at other extents are offered too
+    g = torch.Generator().manual_seed(3)
+    xs = [torch.randn(3, 1216, generator=g).cuda().bfloat16(), torch.randn(448, 1216, generator=g).cuda().bfloat16()]
+    with Selector(torch.device("cuda"), workers=2) as sel:
+        ranked = sel.pick(cands, xs)
+    assert ranked[0].error is None and ranked[0].median_us == min(r.median_us for r in ranked)
+    want = xs[0].double() @ xs[1].double().T
+    got = compile_graph(ranked[0].ugraph, launch=ranked[0].launch)(*xs)[0].double()
+    assert ((got - want).norm() / want.norm()).item() <= TOL["bfloat16"]

@@ -85,13 +85,37 @@ def test_tiny_llama_triton_generate(searched):
     cfg = LlamaConfig(vocab_size=1001, hidden_size=256, intermediate_size=688, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2)
     model = build(cfg).to("cuda", torch.bfloat16)
-    ids = torch.randint(0, 1001, (3, 9), device="cuda")
+    ids = torch.randint(1, 1001, (3, 9), device="cuda")  # no pad id (0) inside the prompts
     want = model.generate(ids, max_new_tokens=STEPS, min_new_tokens=STEPS, do_sample=False, pad_token_id=0)
     report = mirage_serve.patch(model, search_budget=_budget() if searched else 0, batch_sizes=(1, 4))
     print(report)
     assert report.backend == "triton" and not report.unpatched, str(report)
     got = model.generate(ids, max_new_tokens=STEPS, min_new_tokens=STEPS, do_sample=False, pad_token_id=0)
-    assert torch.equal(got, want)
+    mirage_serve.unpatch(model)
+    _assert_same_tokens_ties_aside(model, got, want)
+
+
+def _assert_same_tokens_ties_aside(model, got, want) -> None:
+    """Greedy tokens equal, except that the first divergence may be a bf16 near-tie.
+
+    Fused kernels sum in another order than cuBLAS, so two tokens whose logits differ by less than
+    the rounding of the largest logit may swap (CONVENTIONS.md: "ties aside"). The unpatched model
+    re-scores the common prefix and the two tokens' logits must be within TIE_ULPS ulps; after a
+    divergence the sequences are different inputs, so nothing later is compared.
+    """
+    from mirage_serve.bench import TIE_ULPS
+
+    if torch.equal(got, want):
+        return
+    diff = (got != want).nonzero()
+    step = int(diff[:, 1].min())
+    row = int(diff[diff[:, 1] == step][0, 0])
+    with torch.inference_mode():
+        logits = model(want[row:row + 1, :step]).logits[0, -1].float()
+    gap = float(logits[want[row, step]] - logits[got[row, step]])
+    tol = TIE_ULPS * torch.finfo(torch.bfloat16).eps * float(logits.abs().max())
+    assert abs(gap) <= tol, (f"row {row} diverges at position {step}: unpatched logit gap {gap:.3g} between "
+                             f"its token and ours exceeds the near-tie tolerance {tol:.3g}")
 
 
 @pytest.mark.gpu

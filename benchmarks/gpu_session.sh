@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# One device call: the integrated GPU checks, each step time-boxed, logs under $OUT.
+#   bash benchmarks/gpu_session.sh STEP [STEP ...]      (steps below; $OUT must be set)
+# Steps: tests | decode-qwen | decode-llama | profile-qwen | profile-llama | cuda | blocks | warm MODEL...
+# The kernel cache is kept in $OUT/cache while running and tarred to $OUT/cache.tar at the end,
+# so searched μGraphs found on the GPU can be brought back (for kernels_cache/).
+set -u
+export PYTHONUNBUFFERED=1
+OUT=${OUT:?set OUT}
+export MIRAGE_SERVE_CACHE_DIR=${MIRAGE_SERVE_CACHE_DIR:-/tmp/ms_cache}
+python -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || tail -5 "$OUT/install.log"
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+python -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
+
+step() {  # step NAME TIMEOUT CMD...
+  local name=$1 limit=$2; shift 2
+  local t0=$SECONDS
+  echo "=== $name (limit ${limit}s)"
+  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "--- $name rc=$rc in $((SECONDS - t0)) s"; tail -n 40 "$OUT/$name.log"
+}
+
+while [ $# -gt 0 ]; do
+  case $1 in
+    tests) step tests 150 python -m pytest -q -m gpu -x tests/patches tests/decode -p no:cacheprovider ;;
+    decode-qwen) step decode_qwen 220 python benchmarks/bench_decode.py --models Qwen2.5-0.5B --batch 1,8 \
+                    --new-tokens 64 --repeats 2 --baselines eager --markdown "$OUT/decode.md" ;;
+    decode-llama) step decode_llama 300 python benchmarks/bench_decode.py --models Llama-3.1-8B --batch 1 \
+                    --new-tokens 64 --repeats 2 --baselines eager --markdown "$OUT/decode.md" ;;
+    profile-qwen) step profile_qwen 120 python benchmarks/profile_decode_step.py Qwen2.5-0.5B ;;
+    profile-llama) step profile_llama 200 python benchmarks/profile_decode_step.py Llama-3.1-8B ;;
+    cuda) step cuda 200 python -m tests.codegen_cuda.device_check "$OUT" ;;
+    blocks) step blocks 400 python benchmarks/bench_blocks.py --suite llama --out "$OUT/blocks.md" ;;
+    *) echo "unknown step $1" ;;
+  esac
+  shift
+done
+tar -C / -cf "$OUT/cache.tar" "${MIRAGE_SERVE_CACHE_DIR#/}" 2>/dev/null; ls -la "$OUT"

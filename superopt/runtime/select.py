@@ -1,0 +1,94 @@
+"""Choose the fastest verified μGraph and launch configuration for one program by timing them.
+
+The search ranks designs with a cost model that cannot see per-block latency or what Triton makes
+of a tile; the GPU can. ``Selector.pick`` times every candidate (the search's best designs and each
+at other extents, ``SearchResult.candidates``) at its rendered default launch, then sweeps launch
+configurations (num_warps, num_stages) over the fastest few, and returns all results, best first.
+
+Compiling dominates: a Triton kernel takes about a second to build and timing it takes
+milliseconds. So each stage first builds its kernels in worker processes (``spawn``; each builds
+and launches once, which leaves the binary in Triton's on-disk cache), then times them one by
+one in this process, where the build is then a cache hit. Timings never share the GPU with a build.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+from concurrent.futures import ProcessPoolExecutor
+from typing import Sequence
+
+import torch
+
+from ..ir import KernelGraph, from_text, to_text
+from .profile import DEFAULT_CONFIGS, ProfileResult, profile_candidates
+
+SWEEP_TOP = 3  # candidates whose launch configurations are swept after the first stage
+
+
+def default_workers() -> int:
+    return max(1, min(12, (os.cpu_count() or 2) - 2))
+
+
+class Selector:
+    """Profiles candidates on ``device``; holds a pool of build workers until ``close()``."""
+
+    def __init__(self, device: torch.device, workers: int | None = None,
+                 configs: Sequence[tuple[int, int]] = DEFAULT_CONFIGS):
+        self.device = torch.device(device)
+        self.workers = default_workers() if workers is None else workers
+        self.configs = tuple(configs)
+        self._pool = None
+
+    def pick(self, candidates: Sequence[KernelGraph], inputs: Sequence[torch.Tensor]) -> list[ProfileResult]:
+        """Every candidate timed (best first); errors (e.g. out of shared memory) rank last."""
+        unique = list({to_text(g): g for g in candidates}.values())
+        self._prebuild([(g, None) for g in unique], inputs)
+        first = profile_candidates(unique, inputs, configs=(None,))
+        top = [r.ugraph for r in first if r.error is None][:SWEEP_TOP]
+        self._prebuild([(g, c) for g in top for c in self.configs], inputs)
+        swept = profile_candidates(top, inputs, configs=self.configs)
+        best = {to_text(r.ugraph): r for r in first}
+        for r in swept:  # keep each graph's faster result: its default launch or a swept one
+            k = to_text(r.ugraph)
+            if r.error is None and r.median_us < best[k].median_us:
+                best[k] = r
+        return sorted(best.values(), key=lambda r: r.median_us)
+
+    def _prebuild(self, jobs: list, inputs: Sequence[torch.Tensor]) -> None:
+        if self.workers <= 1 or len(jobs) <= 1 or self.device.type != "cuda":
+            return
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"))
+        specs = [(tuple(t.shape), str(t.dtype).removeprefix("torch.")) for t in inputs]
+        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        list(self._pool.map(_build_once, [(to_text(g), c, specs, index) for g, c in jobs]))
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+            self._pool = None
+
+    def __enter__(self) -> "Selector":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _build_once(job) -> str | None:
+    """Worker: build ``graph`` at ``config`` and launch it once on random inputs; the error, if any."""
+    text, config, specs, device_index = job
+    try:
+        from .compiled import compile_graph
+        g = from_text(text)
+        device = torch.device("cuda", device_index)
+        xs = [torch.randn(shape, device=device).to(getattr(torch, dtype)) for shape, dtype in specs]
+        launch = None
+        if config is not None:
+            from ..codegen.triton import render_triton
+            launch = {k.name: tuple(config) for k in render_triton(g).kernels}
+        compile_graph(g, device=device, launch=launch)(*xs)
+        torch.cuda.synchronize(device)
+        return None
+    except Exception as e:  # the timing pass in the parent reports it
+        return f"{type(e).__name__}: {e}"

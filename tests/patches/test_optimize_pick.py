@@ -1,0 +1,40 @@
+"""optimize.choose with a profiler: the pick is what runs, and a cache hit brings back its launch."""
+from __future__ import annotations
+
+from mirage_serve import optimize
+from mirage_serve.cache import CacheKey, KernelCache, versions_now
+from superopt.ir import digest, to_text
+from superopt.lax import Program
+from superopt.search import SearchBudget
+
+
+def _program():
+    p = Program("down_proj")
+    x = p.input("x", (2, 608), "bfloat16")
+    w = p.input("w", (224, 608), "bfloat16")
+    p.output(p.matmul(x, p.transpose(w)))
+    return p.build()
+
+
+def test_pick_is_stored_and_a_hit_skips_profiling(tmp_path):
+    program = _program()
+    cache = KernelCache(tmp_path)
+    key = CacheKey(digest(program), "b2", "bf16", "sm90", "triton", versions_now(), "mlp_out-m2")
+    calls = []
+
+    def pick(result):  # a stand-in profiler that prefers the last candidate offered
+        cands = result.candidates()
+        calls.append(len(cands))
+        return optimize.Pick(cands[-1], {"k0": (2, 4)}, 3.5, f"fastest of {len(cands)}")
+
+    budget = SearchBudget(max_seconds=20)
+    first = optimize.choose(program, budget=budget, arch="sm_90", cache=cache, key=key, pick=pick)
+    assert first.source == "search" and calls and calls[0] > 3
+    assert first.launch == {"k0": (2, 4)} and first.profile == f"fastest of {calls[0]}"
+    assert to_text(first.graph) == to_text(first.result.candidates()[-1])
+    assert optimize.verify(program, first.graph).ok
+
+    second = optimize.choose(program, budget=budget, arch="sm_90", cache=cache, key=key, pick=pick)
+    assert second.source == "cache" and len(calls) == 1  # no search, no profiling
+    assert to_text(second.graph) == to_text(first.graph)
+    assert second.launch == {"k0": (2, 4)} and second.profile == first.profile
