@@ -8,6 +8,9 @@ set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:?set OUT}
 export MIRAGE_SERVE_CACHE_DIR=${MIRAGE_SERVE_CACHE_DIR:-/tmp/ms_cache}
+if [ "${GPU_SESSION_CLEAN:-0}" = 1 ] && [ -d .git ]; then  # run the committed tree, not work in progress
+  git stash -u -q && echo "gpu_session: ran HEAD $(git rev-parse --short HEAD) (uncommitted changes set aside)"
+fi
 python -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || tail -5 "$OUT/install.log"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 python -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
@@ -23,9 +26,10 @@ step() {  # step NAME TIMEOUT CMD...
 
 while [ $# -gt 0 ]; do
   case $1 in
-    tests) step tests 150 python -m pytest -q -m gpu -x tests/patches tests/decode -p no:cacheprovider ;;
-    decode-qwen) step decode_qwen 220 python benchmarks/bench_decode.py --models Qwen2.5-0.5B --batch 1,8 \
-                    --new-tokens 64 --repeats 2 --baselines eager --markdown "$OUT/decode.md" ;;
+    tests) step tests 150 python -m pytest -q -m gpu tests/patches tests/decode -p no:cacheprovider \
+             -k "not registry" tests/codegen/test_triton_gpu.py ;;
+    decode-qwen) step decode_qwen 240 python benchmarks/bench_decode.py --models Qwen2.5-0.5B --batch 1,8 \
+                    --new-tokens 64 --repeats 2 --baselines "${BASELINES:-eager}" --markdown "$OUT/decode.md" ;;
     decode-llama) step decode_llama 300 python benchmarks/bench_decode.py --models Llama-3.1-8B --batch 1 \
                     --new-tokens 64 --repeats 2 --baselines eager --markdown "$OUT/decode.md" ;;
     profile-qwen) step profile_qwen 120 python benchmarks/profile_decode_step.py Qwen2.5-0.5B ;;
