@@ -4,7 +4,9 @@
 
 * ``generate``: unless the caller brings their own cache, it hands generate() a static cache from
   the model's ``CachePool`` (sized to prompt + new tokens) and turns off HF's auto-compile, which
-  would otherwise compile around our graphs;
+  would otherwise compile around our graphs; a greedy/sampling call the graphed decode loop
+  reproduces (``fast_generate``) runs it — one graph replay per token, token choice included —
+  and every other call runs HF's loop. ``paths`` counts which loop ran and why HF's did;
 * ``forward``: a call that is a decode step on one of those caches (one new token per row, no
   attention/hidden-state outputs requested) replays the ``GraphedStep`` captured for its signature
   (batch size, cache, argument shapes); every other call (prefill, training, foreign caches) runs
@@ -14,37 +16,48 @@
 """
 from __future__ import annotations
 
+import functools
+from collections import Counter
+from functools import partial
 from typing import Any
 
 import torch
 
 from .cache_pool import CachePool
+from .fast_generate import call_blocker, fast_sample
+from .fast_loop import DecodeLoop
 from .graph_step import GraphedStep, signature
 
 _ATTR = "_mirage_decode_runner"
 
 
 class DecodeRunner:
-    def __init__(self, model, capture: bool | None = None):
+    def __init__(self, model, capture: bool | None = None, fast_loop: bool = True):
         self.model = model
         self.capture = torch.cuda.is_available() if capture is None else capture
+        self.fast_loop = fast_loop  # False: every call runs HF's loop (graphed steps only)
         self.pool = CachePool(model.config)
         self.steps: dict[tuple, GraphedStep] = {}
         self.graph_pool = torch.cuda.graph_pool_handle() if self.capture else None
         self.captures = 0
         self.replays = 0
+        self.loops: dict[tuple, DecodeLoop] = {}  # graphed decode loops, by signature
+        # "fast" / "hf" -> calls; "hf: <reason>" -> calls that kept HF's loop for that reason
+        self.paths: Counter = Counter()
         self._forward = None  # the forward we replaced (possibly already patched per site)
 
     # ------------------------------------------------------------ install / uninstall
     @classmethod
-    def install(cls, model, capture: bool | None = None) -> "DecodeRunner":
+    def install(cls, model, capture: bool | None = None, fast_loop: bool = True) -> "DecodeRunner":
         if getattr(model, _ATTR, None) is not None:
             raise RuntimeError("decode graphs are already installed on this model; uninstall first")
-        runner = cls(model, capture)
+        runner = cls(model, capture, fast_loop)
         runner._forward = model.forward
         runner._generate = model.generate
-        model.forward = runner.forward
-        model.generate = runner.generate
+        # generate() inspects forward's signature to decide whether to prepare position ids,
+        # the attention mask and logits_to_keep: the wrapper must show the original signature.
+        model.forward = functools.wraps(runner._forward)(partial(DecodeRunner.forward, runner))
+        model.generate = functools.wraps(runner._generate)(partial(DecodeRunner.generate, runner))
         setattr(model, _ATTR, runner)
         return runner
 
@@ -57,6 +70,7 @@ class DecodeRunner:
             if name in model.__dict__:
                 delattr(model, name)
         runner.steps.clear()
+        runner.loops.clear()
         runner.pool.clear()
 
     # ------------------------------------------------------------ generate
@@ -65,14 +79,39 @@ class DecodeRunner:
         needed = self._needed_length(input_ids, kwargs)
         beams = kwargs.get("num_beams") or self.model.generation_config.num_beams or 1
         if kwargs.get("past_key_values") is not None or needed is None or self.model.training or beams != 1:
+            self.count_path("hf", "own cache" if kwargs.get("past_key_values") is not None
+                            else "unknown length" if needed is None
+                            else "training" if self.model.training else "beams")
             return self._generate(*args, **kwargs)
         cache, fresh = self.pool.get(int(input_ids.shape[0]), needed)
         if fresh:  # graphs captured on a replaced cache point at freed memory: drop them
             self.steps = {k: s for k, s in self.steps.items()
                           if self.pool.owns(s.static_in.get("past_key_values"))}
+            self.loops = {k: lp for k, lp in self.loops.items() if self.pool.owns(lp.cache)}
         kwargs["past_key_values"] = cache
         kwargs.setdefault("disable_compile", True)
+        reason = call_blocker(self.model, args, kwargs) if self.fast_loop else "fast loop off"
+        if reason is None:  # HF prepares everything, then runs our loop instead of _sample
+            kwargs["custom_generate"] = partial(fast_sample, self)
+        else:
+            self.count_path("hf", reason)
         return self._generate(*args, **kwargs)
+
+    def count_path(self, path: str, reason: str | None = None) -> None:
+        self.paths[path] += 1
+        if reason is not None:
+            self.paths[f"{path}: {reason}"] += 1
+
+    def loop_for(self, cache, batch: int, chooser, extra: dict) -> DecodeLoop:
+        """The decode loop of this signature, made on first use (its graph is captured lazily)."""
+        key = (batch, id(cache), chooser.key, tuple(sorted(extra.items())))
+        loop = self.loops.get(key)
+        if loop is None:
+            length = int(cache.layers[0].max_cache_len)
+            loop = DecodeLoop(self.model, self._forward, cache, batch, length, chooser, extra,
+                              self.graph_pool, self.capture)
+            self.loops[key] = loop
+        return loop
 
     def _needed_length(self, input_ids, kwargs) -> int | None:
         if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2:
@@ -107,8 +146,8 @@ class DecodeRunner:
         return step(kwargs)
 
 
-def install_decode_graphs(model, capture: bool | None = None) -> DecodeRunner:
-    return DecodeRunner.install(model, capture)
+def install_decode_graphs(model, capture: bool | None = None, fast_loop: bool = True) -> DecodeRunner:
+    return DecodeRunner.install(model, capture, fast_loop)
 
 
 def uninstall_decode_graphs(model) -> None:

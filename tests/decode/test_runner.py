@@ -1,4 +1,4 @@
-"""The decode runner: owned static caches + graphed steps give HF's tokens (CPU: eager stand-in)."""
+"""The decode runner on HF's loop (fast loop off): owned static caches + graphed steps give HF's tokens."""
 from __future__ import annotations
 
 import pytest
@@ -36,7 +36,7 @@ def test_greedy_tokens_match_hf_for_16_steps(lengths):
     ids, mask = _left_padded(len(lengths), lengths, model.config.vocab_size)
     kw = dict(max_new_tokens=16, min_new_tokens=16, do_sample=False, pad_token_id=0)
     want = model.generate(input_ids=ids, attention_mask=mask, **kw)
-    runner = install_decode_graphs(model, capture=False)
+    runner = install_decode_graphs(model, capture=False, fast_loop=False)
     got = model.generate(input_ids=ids, attention_mask=mask, **kw)
     assert runner.captures == 1 and runner.replays == 14  # step 1 is prefill, step 2 captures
     assert torch.equal(got, want)
@@ -46,7 +46,7 @@ def test_greedy_tokens_match_hf_for_16_steps(lengths):
 
 def test_repeated_calls_reuse_cache_and_graphs_and_regrow():
     model = _tiny_llama()
-    runner = DecodeRunner.install(model, capture=False)
+    runner = DecodeRunner.install(model, capture=False, fast_loop=False)
     ids, mask = _left_padded(2, [6, 4], model.config.vocab_size)
     kw = dict(do_sample=False, pad_token_id=0)
     a = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=8, min_new_tokens=8, **kw)
@@ -65,7 +65,7 @@ def test_sampling_with_seed_matches():
     kw = dict(max_new_tokens=12, min_new_tokens=12, do_sample=True, top_k=20, pad_token_id=0)
     torch.manual_seed(5)
     want = model.generate(input_ids=ids, attention_mask=mask, **kw)
-    install_decode_graphs(model, capture=False)
+    install_decode_graphs(model, capture=False, fast_loop=False)
     torch.manual_seed(5)
     got = model.generate(input_ids=ids, attention_mask=mask, **kw)
     assert torch.equal(got, want)
@@ -80,7 +80,7 @@ def test_double_install_is_refused():
 
 def test_graphs_of_a_replaced_cache_are_dropped():
     model = _tiny_llama()
-    runner = DecodeRunner.install(model, capture=False)
+    runner = DecodeRunner.install(model, capture=False, fast_loop=False)
     ids, mask = _left_padded(1, [5], model.config.vocab_size)
     kw = dict(do_sample=False, pad_token_id=0)
     model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=4, min_new_tokens=4, **kw)
@@ -100,7 +100,7 @@ def test_runner_on_a_patched_model_keeps_hf_tokens():
     want = model.generate(input_ids=ids, attention_mask=mask, **kw)
     report = mirage_serve.patch(model, backend="torch", search_budget=0, batch_sizes=(3,))
     assert len(report.patched) == len(report.sites) > 0
-    runner = install_decode_graphs(model, capture=False)
+    runner = install_decode_graphs(model, capture=False, fast_loop=False)
     got = model.generate(input_ids=ids, attention_mask=mask, **kw)
     assert runner.replays == 8 and torch.equal(got, want)
     uninstall_decode_graphs(model)

@@ -1,4 +1,4 @@
-"""The decode runner with real CUDA-graph capture: same tokens as HF, steps replayed (GPU only)."""
+"""The decode runner on HF's loop with real CUDA-graph capture: HF's tokens, steps replayed (GPU only)."""
 from __future__ import annotations
 
 import pytest
@@ -16,7 +16,7 @@ def test_captured_steps_give_hf_tokens(lengths):
     ids, mask = (t.to("cuda") for t in _left_padded(len(lengths), lengths, model.config.vocab_size))
     kw = dict(max_new_tokens=24, min_new_tokens=24, do_sample=False, pad_token_id=0)
     want = model.generate(input_ids=ids, attention_mask=mask, **kw)
-    runner = install_decode_graphs(model)
+    runner = install_decode_graphs(model, fast_loop=False)
     got = model.generate(input_ids=ids, attention_mask=mask, **kw)
     again = model.generate(input_ids=ids, attention_mask=mask, **kw)  # replays the same graph
     assert runner.captures == 1 and runner.replays == 2 * 22 + 1

@@ -1,0 +1,132 @@
+"""The decode loop of greedy/sampling generate() as one CUDA-graph replay per token.
+
+One ``DecodeLoop`` per signature (batch size, static cache, token-choice settings) owns static
+device buffers; a decode step reads and writes only them, so after the first step of the first call
+the host does nothing per token but ``graph.replay()``:
+
+    ids [B, 1] ── model forward (4D mask built from the full-length 2D mask) ── logits [B, V]
+      └─ token choice (token_choice.TokenChooser) ── pad finished rows ── tokens[:, t] = tok
+         ids = tok; pos += 1; t += 1; unfinished &= tok ∉ eos; generated += any(unfinished before)
+
+Why a full-length 2D mask is exact: for a static cache HF builds the decode mask from the 2D mask
+padded with zeros to the cache length, AND-ed with causality (kv ≤ the query's cache position). Our
+mask holds the prompt's mask followed by ones for every later column; the columns it differs on
+(beyond the current position) are removed by causality, so the 4D mask is the same, element for
+element, and it is built inside the captured step from device state (the cache length is a tensor).
+
+Finished rows: HF stops when every row has produced an EOS. Reading that needs a host sync, so the
+loop polls a non-blocking copy every ``check_every`` steps and may run a few steps past the stop;
+those steps only write pad tokens, and ``generated`` (HF's output length) stops counting at the
+stop, so the returned tokens are HF's. Like ``GraphedStep``, ``capture=False`` runs the same step
+eagerly through the same buffers (CPU tests).
+"""
+from __future__ import annotations
+
+import torch
+
+from .token_choice import TokenChooser
+
+
+class DecodeLoop:
+    def __init__(self, model, forward, cache, batch: int, cache_len: int, chooser: TokenChooser,
+                 extra_inputs: dict, pool=None, capture: bool = False):
+        self.model, self.forward, self.cache = model, forward, cache
+        self.chooser, self.extra = chooser, dict(extra_inputs)  # e.g. use_cache, logits_to_keep
+        self.capture, self.pool = capture, pool
+        dev, long = model.device, torch.long
+        vocab = model.config.get_text_config().vocab_size
+        self.ids = torch.zeros(batch, 1, dtype=long, device=dev)
+        self.pos = torch.zeros(batch, 1, dtype=long, device=dev)
+        self.mask = torch.ones(batch, cache_len, dtype=long, device=dev)
+        self.tokens = torch.zeros(batch, cache_len, dtype=long, device=dev)  # ≥ any step count
+        self.t = torch.zeros((), dtype=long, device=dev)          # tokens generated so far
+        self.generated = torch.zeros((), dtype=long, device=dev)  # HF's output length
+        self.min_new = torch.zeros((), dtype=long, device=dev)    # EOS suppressed while t < this
+        self.unfinished = torch.ones(batch, dtype=long, device=dev)
+        self.eos_mask = torch.zeros(vocab, dtype=torch.bool, device=dev)
+        self.pad = torch.zeros((), dtype=long, device=dev)
+        pinned = dev.type == "cuda"
+        self._alive_host = torch.zeros((), dtype=long, pin_memory=pinned)
+        self._alive_event = torch.cuda.Event() if pinned else None
+        self.graph = None
+        self.captures = 0
+        self.replays = 0
+
+    # ------------------------------------------------------------ per call
+    def start(self, prompt_mask: torch.Tensor | None, width: int, next_pos: torch.Tensor,
+              eos_ids: torch.Tensor | None, pad: torch.Tensor | None, min_new: int,
+              first_logits: torch.Tensor) -> None:
+        """Reset the per-call state after HF's prefill and take the first token from its logits."""
+        self.mask.fill_(1)
+        if prompt_mask is not None:
+            self.mask[:, :width].copy_(prompt_mask)
+        self.pos.copy_(next_pos.expand_as(self.pos))  # position of the first generated token
+        self.eos_mask.zero_()
+        if eos_ids is not None:
+            self.eos_mask[eos_ids.to(self.eos_mask.device).reshape(-1)] = True
+        if pad is None:  # HF pads finished rows only when it has EOS ids, and then pad is set
+            self.pad.zero_()
+        else:
+            self.pad.copy_(pad.reshape(()))
+        self.min_new.fill_(min_new)
+        self.t.zero_()
+        self.generated.zero_()
+        self.unfinished.fill_(1)
+        self._advance(first_logits)
+
+    def run(self, n_new: int, check_every: int = 16) -> torch.Tensor:
+        """Steps 2..n_new (the first token came from the prefill); returns the new tokens [B, n]."""
+        pending = False
+        for i in range(1, n_new):
+            if i % check_every == 0:
+                if pending:  # copied check_every steps ago: normally done, so this rarely waits
+                    if self._alive_event is not None:
+                        self._alive_event.synchronize()
+                    if int(self._alive_host) == 0:
+                        break
+                self._alive_host.copy_(self.unfinished.amax(), non_blocking=True)
+                if self._alive_event is not None:
+                    self._alive_event.record()
+                pending = True
+            self.step()
+        n = int(self.generated)  # the one sync that has to wait for the last step
+        return self.tokens[:, :n].clone()
+
+    # ------------------------------------------------------------ one step
+    def step(self) -> None:
+        if self.graph is not None:
+            self.graph.replay()
+            self.replays += 1
+        elif not self.capture:
+            self._step()
+        else:
+            # First step of this signature: run it eagerly on a side stream (this warms lazy
+            # initialisation and *is* the step), then capture; capture records without running.
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                self._step()
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                self._step()
+            self.graph = graph
+            self.captures += 1
+
+    def _step(self) -> None:
+        inputs = self.model.prepare_inputs_for_generation(
+            self.ids, next_sequence_length=1, past_key_values=self.cache, attention_mask=self.mask,
+            position_ids=self.pos, **self.extra)
+        out = self.forward(**inputs, return_dict=True)
+        self.pos.add_(1)
+        self._advance(out.logits[:, -1].to(copy=True, dtype=torch.float32))
+
+    def _advance(self, logits: torch.Tensor) -> None:
+        """Token choice and HF's bookkeeping of ``_sample``, in place on the device buffers."""
+        tok = self.chooser(logits, self.t, self.min_new, self.eos_mask)  # [B]
+        self.generated.add_((self.unfinished.amax() > 0).long())  # HF runs this step iff any alive
+        tok = tok * self.unfinished + self.pad * (1 - self.unfinished)
+        self.tokens.index_copy_(1, self.t.view(1), tok[:, None])
+        self.unfinished.mul_((~self.eos_mask[tok]).long())
+        self.ids.copy_(tok[:, None])
+        self.t.add_(1)
