@@ -115,7 +115,9 @@ def _choose(program: KernelGraph, budget, arch: str, cache, key, seed, pick) -> 
             best = _best(result)
         except Exception:  # a structure that does not fit this shape: search this one afresh
             best = None
-        if best is not None:
+        # Only the unfused program left (no structure fits this shape, e.g. a split of 1 row):
+        # a search of its own may still fuse it.
+        if best is not None and best != program:
             return done(best, "reinstantiated", "structures of another bucket", result)
     try:
         kwargs = {"arch": arch} if budget is None else {"arch": arch, "budget": budget}

@@ -38,3 +38,14 @@ def test_pick_is_stored_and_a_hit_skips_profiling(tmp_path):
     assert second.source == "cache" and len(calls) == 1  # no search, no profiling
     assert to_text(second.graph) == to_text(first.graph)
     assert second.launch == {"k0": (2, 4)} and second.profile == first.profile
+
+
+def test_a_reinstantiation_left_with_only_the_program_searches_afresh():
+    program = _program()
+
+    class Seed:  # another bucket's result whose structures fit nothing at this shape
+        def reinstantiate(self, p):
+            return type("R", (), {"best": p, "ranked": [(p, 1.0)]})()
+
+    choice = optimize.choose(program, budget=SearchBudget(max_seconds=20), arch="sm_90", seed=Seed())
+    assert choice.source == "search" and choice.graph != program
