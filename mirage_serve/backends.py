@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -51,25 +51,31 @@ class Executor:
     run: Callable[..., list]
     backend: str
     differentiable: bool
-    compiled: bool          # a compile step ran (counted in the report)
+    compiled: int           # kernels compiled in this process (0: none, or all loaded from caches)
     seconds: float
+    source: str | None = None   # generated source (triton), for the cache entry
+    binaries: dict = field(default_factory=dict)  # compiled kernels as plain files, for the cache entry
 
 
-def build(graph: KernelGraph, backend: str, device: torch.device, launch: dict | None = None) -> Executor:
-    """``launch``: Triton kernel name -> (num_warps, num_stages), as profiled (default: the renderer's)."""
+def build(graph: KernelGraph, backend: str, device: torch.device, launch: dict | None = None,
+          source: str | None = None, binaries: dict | None = None) -> Executor:
+    """``launch``: Triton kernel name -> (num_warps, num_stages), as profiled (default: the renderer's).
+    ``source`` / ``binaries``: a cache entry's build (``mirage_serve.cache.builds``), so that a warm
+    entry compiles nothing."""
     t0 = time.perf_counter()
     if backend == "torch":
         from superopt.interp import evaluate
         from superopt.interp.torch_domain import TorchDomain
 
         domain = TorchDomain(device)
-        return Executor(lambda *ts: evaluate(graph, ts, domain), "torch", True, False,
+        return Executor(lambda *ts: evaluate(graph, ts, domain), "torch", True, 0,
                         time.perf_counter() - t0)
     try:
         if backend == "triton":
             from superopt.runtime import compile_graph
 
-            compiled = compile_graph(graph, backend="triton", device=device, launch=launch)
+            compiled = compile_graph(graph, backend="triton", device=device, launch=launch,
+                                     source=source, binaries=binaries)
         else:
             from superopt.runtime.cuda_launch import cuda_runner
 
@@ -81,4 +87,7 @@ def build(graph: KernelGraph, backend: str, device: torch.device, launch: dict |
     # graph serves the same site of every layer. No copy: a decoder layer consumes a site's outputs
     # (projections into RoPE / the KV cache / the residual add) before the next layer calls the
     # site again, and a copy per output would add a launch per output per layer to every step.
-    return Executor(compiled, backend, False, True, time.perf_counter() - t0)
+    if backend == "triton":
+        return Executor(compiled, backend, False, compiled.compiles, time.perf_counter() - t0,
+                        compiled.source, compiled.binaries())
+    return Executor(compiled, backend, False, 1, time.perf_counter() - t0)

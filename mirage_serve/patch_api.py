@@ -96,11 +96,9 @@ def _adapters():
 
 
 def _open_cache(cache_dir, report: PatchReport):
-    """The kernel cache (mirage_serve.cache), opened only when something can be looked up in it."""
-    from . import optimize
-
-    if cache_dir is None and not optimize.search_available():
-        return None  # without a search every μGraph is its program: nothing worth caching
+    """The kernel cache (mirage_serve.cache): ``cache_dir`` or the default user cache, layered over
+    the shipped ``kernels_cache/``. Opened even without a search: its entries still serve searched
+    μGraphs and their binaries."""
     try:
         from .cache import KernelCache
         return KernelCache(cache_dir)

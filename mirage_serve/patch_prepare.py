@@ -229,8 +229,11 @@ class Preparer:
         self.report.reinstantiated += choice.source == "reinstantiated"
         self.report.cache_hits += choice.source == "cache"
         self.report.programs += 1
+        from .cache.builds import load_build, store_build
+        stored = load_build(self.cache, key) if choice.source == "cache" else None  # a warm entry compiles nothing
         try:
-            executor = backends.build(choice.graph, self.backend, device, choice.launch)
+            executor = backends.build(choice.graph, self.backend, device, choice.launch,
+                                      *((stored.source, stored.binaries) if stored else ()))
         except Exception as e:
             if choice.graph == program:  # nothing simpler to fall back to: the site stays original
                 raise SiteError(f"build failed ({self.backend}): {type(e).__name__}: {e}") from None
@@ -243,6 +246,8 @@ class Preparer:
             except Exception as e2:
                 raise SiteError(f"build failed ({self.backend}): {type(e2).__name__}: {e2}") from None
         self.report.compiles += executor.compiled
+        if choice.source != "fallback":  # the entry's μGraph built: its source and binaries join the entry
+            store_build(self.cache, key, executor.source, executor.binaries)
         return choice, ver, executor
 
     def _self_check(self, wrapper, runtime: SiteRuntime, sr: SiteReport) -> None:

@@ -158,32 +158,34 @@ class KernelCache:
 
     # ------------------------------------------------------------ lookup
 
-    def get(self, key: CacheKey) -> CacheEntry | None:
-        """The entry for `key` from the first layer that has a good one, else None (a miss)."""
+    def get(self, key: CacheKey, count: bool = True) -> CacheEntry | None:
+        """The entry for `key` from the first layer that has a good one, else None (a miss).
+        `count=False`: a second look at an entry already counted (not added to `stats`)."""
         mem = self._memory.get(key.digest())
         if mem is not None and mem[0] == key:
-            self.stats.hits["memory"] += 1
+            self.stats.hits["memory"] += count
             return replace(mem[1], origin="memory")
-        found = self._load(self.root / key.dirname(), key, "user")
+        found = self._load(self.root / key.dirname(), key, "user", count)
         if found is None and self.shipped is not None:
             sk = key.for_shipped()
-            found = self._load(self.shipped / sk.dirname(), sk, "shipped")
+            found = self._load(self.shipped / sk.dirname(), sk, "shipped", count)
             if found is not None:
                 # Shipped binaries, if any slipped in, were built by an unknown toolchain.
                 found = replace(found, binaries={})
         if found is None:
-            self.stats.misses += 1
+            self.stats.misses += count
         return found
 
-    def _load(self, path: Path, key: CacheKey, layer: str) -> CacheEntry | None:
+    def _load(self, path: Path, key: CacheKey, layer: str, count: bool = True) -> CacheEntry | None:
         if not path.exists():
             return None
         try:
             _, entry = read_entry(path, key)
         except (BadEntry, OSError) as e:
-            self._reject(path, str(e))
+            if count:
+                self._reject(path, str(e))
             return None
-        self.stats.hits[layer] += 1
+        self.stats.hits[layer] += count
         return replace(entry, origin=layer)
 
     def _reject(self, path: Path, reason: str) -> None:
@@ -193,9 +195,13 @@ class KernelCache:
 
     # ------------------------------------------------------------ store
 
-    def put(self, key: CacheKey, entry: CacheEntry) -> Path | None:
+    def put(self, key: CacheKey, entry: CacheEntry, replace_existing: bool = False) -> Path | None:
         """Install `entry` atomically and return its directory; None if the cache is read-only
-        (the entry is then kept in memory for this process and listed in `stats.unsaved`)."""
+        (the entry is then kept in memory for this process and listed in `stats.unsaved`).
+
+        A good entry already there wins (first complete writer) unless `replace_existing`: then
+        the new version replaces it (a whole entry either way; call under `lock(key)`, see
+        `install_entry`)."""
         if not self.read_only:
             try:
                 tmp = Path(tempfile.mkdtemp(dir=self.private_dir(".tmp"),
@@ -208,7 +214,7 @@ class KernelCache:
             return self._keep_in_memory(key, entry)
         try:
             write_entry(tmp, key, entry)
-            final, _ = install_entry(self.root, tmp, key)
+            final, _ = install_entry(self.root, tmp, key, replace_existing)
         except OSError as e:   # disk full, directory gone: patch() must go on with the kernel
             warnings.warn(f"mirage_serve cache: could not save {key.dirname()} ({e}); "
                           "keeping it in memory", CacheWarning, stacklevel=2)
@@ -336,12 +342,16 @@ class KernelCache:
         return export_shipped(self, Path(dest))
 
 
-def install_entry(root: Path, tmp: Path, key: CacheKey) -> tuple[Path, bool]:
+def install_entry(root: Path, tmp: Path, key: CacheKey, replace_existing: bool = False
+                  ) -> tuple[Path, bool]:
     """Rename the fully written entry directory `tmp` into `root` as `key`'s entry.
 
     Returns (entry path, whether `tmp` was installed). If a good entry is already there (a
     concurrent writer won), it is kept and `tmp` is left for the caller to delete: the first
-    complete entry wins. A bad one is moved aside first, then replaced."""
+    complete entry wins. A bad one is moved aside first, then replaced. `replace_existing`: a good
+    one is replaced too (a new version of an immutable entry: the old one is renamed away, then
+    the new one renamed in; a reader without the key's lock may miss in between, never sees a
+    mix of the two)."""
     final = root / key.dirname()
     for _ in range(8):
         try:
@@ -350,6 +360,9 @@ def install_entry(root: Path, tmp: Path, key: CacheKey) -> tuple[Path, bool]:
         except OSError as e:
             if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
                 raise
+        if replace_existing:
+            discard_entry(root, final)
+            continue
         try:
             read_entry(final, key)
             return final, False

@@ -67,10 +67,10 @@ def test_searched_graph_that_does_not_build_falls_back_to_the_program(monkeypatc
 
     real = backends.build
 
-    def refuse_searched(graph, backend, device):
+    def refuse_searched(graph, backend, device, *args):
         if graph.name.endswith("_searched"):
             raise RuntimeError("codegen does not cover this μGraph")
-        return real(graph, backend, device)
+        return real(graph, backend, device, *args)
 
     monkeypatch.setattr(backends, "build", refuse_searched)
     cfg = LlamaConfig(vocab_size=61, hidden_size=30, intermediate_size=41, num_hidden_layers=1,
@@ -90,8 +90,8 @@ def test_searched_graph_that_fails_to_run_falls_back_to_the_program(monkeypatch)
 
     real = backends.build
 
-    def crash_searched(graph, backend, device):
-        ex = real(graph, backend, device)
+    def crash_searched(graph, backend, device, *args):
+        ex = real(graph, backend, device, *args)
         if not graph.name.endswith("_searched"):
             return ex
 
