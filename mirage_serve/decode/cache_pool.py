@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 
+import torch
 from transformers import StaticCache
 
 log = logging.getLogger("mirage_serve")
@@ -32,7 +33,7 @@ class CachePool:
     def get(self, batch: int, needed_len: int) -> tuple[StaticCache, bool]:
         """A reset cache for ``batch`` rows holding ≥ ``needed_len`` tokens; True if newly made."""
         cache, have = self._caches.get(batch, (None, 0))
-        if cache is not None and have >= needed_len:
+        if cache is not None and have >= needed_len and not _frozen_here(cache):
             cache.reset()
             return cache, False
         length = -(-needed_len // LENGTH_QUANTUM) * LENGTH_QUANTUM
@@ -45,3 +46,15 @@ class CachePool:
 
     def clear(self) -> None:
         self._caches.clear()
+
+
+def _frozen_here(cache) -> bool:
+    """True if the cache's tensors were made under ``torch.inference_mode`` and we are outside it.
+
+    StaticCache allocates lazily, inside the first forward: a first generate() under
+    inference_mode leaves inference tensors that no later call outside it may reset or update.
+    """
+    if torch.is_inference_mode_enabled():
+        return False
+    return any(getattr(layer, "is_initialized", False) and layer.keys.is_inference()
+               for layer in cache.layers)

@@ -33,8 +33,16 @@ class DecodeLoop:
         self.model, self.forward, self.cache = model, forward, cache
         self.chooser, self.extra = chooser, dict(extra_inputs)  # e.g. use_cache, logits_to_keep
         self.capture, self.pool = capture, pool
-        dev, long = model.device, torch.long
+        dev = model.device
         vocab = model.config.get_text_config().vocab_size
+        with torch.inference_mode(False):  # normal tensors: updatable in and outside inference mode
+            self._alloc(batch, cache_len, vocab, dev)
+        self.graph = None
+        self.captures = 0
+        self.replays = 0
+
+    def _alloc(self, batch: int, cache_len: int, vocab: int, dev: torch.device) -> None:
+        long = torch.long
         self.ids = torch.zeros(batch, 1, dtype=long, device=dev)
         self.pos = torch.zeros(batch, 1, dtype=long, device=dev)
         self.mask = torch.ones(batch, cache_len, dtype=long, device=dev)
@@ -48,9 +56,6 @@ class DecodeLoop:
         pinned = dev.type == "cuda"
         self._alive_host = torch.zeros((), dtype=long, pin_memory=pinned)
         self._alive_event = torch.cuda.Event() if pinned else None
-        self.graph = None
-        self.captures = 0
-        self.replays = 0
 
     # ------------------------------------------------------------ per call
     def start(self, prompt_mask: torch.Tensor | None, width: int, next_pos: torch.Tensor,

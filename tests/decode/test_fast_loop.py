@@ -180,3 +180,21 @@ def test_fast_loop_over_a_patched_model_keeps_hf_tokens():
     assert runner.paths["fast"] == 1 and torch.equal(got, want)
     uninstall_decode_graphs(model)
     mirage_serve.unpatch(model)
+
+
+def test_calls_in_and_out_of_inference_mode_mix():
+    """A first call under inference_mode leaves inference-tensor caches; a later plain call still works."""
+    model = _tiny("llama")
+    ids, mask = _left_padded(3, [5, 9, 3], model.config.vocab_size)
+    kw = dict(input_ids=ids, attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0,
+              eos_token_id=None)
+    want = model.generate(**kw)
+    runner = install_decode_graphs(model, capture=False)
+    with torch.inference_mode():
+        first = model.generate(**kw)
+    second = model.generate(**kw)
+    with torch.inference_mode():
+        third = model.generate(**kw)
+    assert runner.paths["fast"] == 3
+    for got in (first, second, third):
+        assert torch.equal(got, want)

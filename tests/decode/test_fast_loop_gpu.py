@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers import StaticCache
 
 from mirage_serve.decode import install_decode_graphs, uninstall_decode_graphs
+from mirage_serve.decode.cache_pool import LENGTH_QUANTUM
 
 from .test_fast_loop import _tiny
 from .test_runner import _left_padded
@@ -16,6 +18,13 @@ def _cuda_batch(model, lengths, seed=1):
     return tuple(t.to("cuda") for t in _left_padded(len(lengths), lengths, model.config.vocab_size, seed))
 
 
+def _hf_static(model, ids, mask, **kw):
+    """HF's own loop over a static cache as long as the runner's (same attention math in bf16), no compile."""
+    length = -(-(ids.shape[1] + kw["max_new_tokens"]) // LENGTH_QUANTUM) * LENGTH_QUANTUM
+    cache = StaticCache(config=model.config, max_cache_len=length)
+    return model.generate(input_ids=ids, attention_mask=mask, past_key_values=cache, disable_compile=True, **kw)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("lengths", [[7], [5, 9, 3]])
 def test_captured_loop_gives_hf_greedy_tokens_and_replays(lengths):
@@ -24,10 +33,8 @@ def test_captured_loop_gives_hf_greedy_tokens_and_replays(lengths):
     other_ids, other_mask = _cuda_batch(model, [n + 2 for n in lengths], seed=2)
     # min_new_tokens = max: no EOS stop, so the number of decode steps is known
     kw = dict(max_new_tokens=STEPS, min_new_tokens=STEPS, do_sample=False, pad_token_id=0)
-    # Reference: HF's own loop on a static cache (same attention math as ours), no compile.
-    ref = dict(kw, cache_implementation="static", disable_compile=True)
-    want = model.generate(input_ids=ids, attention_mask=mask, **ref)
-    want_other = model.generate(input_ids=other_ids, attention_mask=other_mask, **ref)
+    want = _hf_static(model, ids, mask, **kw)
+    want_other = _hf_static(model, other_ids, other_mask, **kw)
     runner = install_decode_graphs(model)
     got = model.generate(input_ids=ids, attention_mask=mask, **kw)
     got_other = model.generate(input_ids=other_ids, attention_mask=other_mask, **kw)
@@ -46,9 +53,8 @@ def test_captured_loop_samples_hf_tokens_with_a_fixed_seed():
     ids, mask = _cuda_batch(model, [5, 9, 3])
     kw = dict(max_new_tokens=32, min_new_tokens=32, do_sample=True, temperature=0.8, top_k=40,
               top_p=0.9, pad_token_id=0)
-    ref = dict(kw, cache_implementation="static", disable_compile=True)
     torch.manual_seed(11)
-    want = model.generate(input_ids=ids, attention_mask=mask, **ref)
+    want = _hf_static(model, ids, mask, **kw)
     install_decode_graphs(model)
     got = []
     for _ in range(2):  # the second call replays the captured sampling ops
@@ -62,14 +68,12 @@ def test_captured_loop_samples_hf_tokens_with_a_fixed_seed():
 def test_captured_loop_stops_at_eos_like_hf():
     model = _tiny("llama", dtype=torch.bfloat16).to("cuda")
     ids, mask = _cuda_batch(model, [5, 9, 3])
-    seen = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=24, do_sample=False,
-                          pad_token_id=0, eos_token_id=None, cache_implementation="static",
-                          disable_compile=True)[:, ids.shape[1]:]
-    kw = dict(max_new_tokens=STEPS, do_sample=False, pad_token_id=0, eos_token_id=int(seen[0, 3]),
-              cache_implementation="static", disable_compile=True)
-    want = model.generate(input_ids=ids, attention_mask=mask, **kw)
-    install_decode_graphs(model)
-    kw.pop("cache_implementation")
+    seen = _hf_static(model, ids, mask, max_new_tokens=24, do_sample=False, pad_token_id=0,
+                      eos_token_id=None)[:, ids.shape[1]:]
+    kw = dict(max_new_tokens=STEPS, do_sample=False, pad_token_id=0, eos_token_id=int(seen[0, 3]))
+    want = _hf_static(model, ids, mask, **kw)
+    runner = install_decode_graphs(model)
     got = model.generate(input_ids=ids, attention_mask=mask, **kw)
+    assert runner.paths["fast"] == 1, runner.paths
     assert torch.equal(got, want)
     uninstall_decode_graphs(model)
