@@ -18,7 +18,7 @@ from superopt.lax.extract import ExtractError, Extracted, extract
 
 from . import backends, optimize
 from .report import PatchReport, SiteReport
-from .sites import NormSite, ProjSite, signature, site_module, unsupported_layers
+from .sites import NormSite, ProjSite, signature, site_module, site_parts, unsupported_layers
 
 # CONVENTIONS.md tolerance table: relative Frobenius error against a float64 reference.
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
@@ -67,6 +67,21 @@ class SiteRuntime:
             x2 = torch.cat([x2, x2.new_zeros(k.rows - m, self.dim)])
         outs = k.executor.run(*[x2 if f is None else f for f in k.feeds])
         return [o[:m].reshape(*lead, o.shape[-1]) for o in outs]
+
+
+class PartsRuntime:
+    """A site run as several programs on the same input (``sites.site_parts``); outputs concatenated."""
+
+    def __init__(self, parts: list[SiteRuntime]):
+        self.parts = parts
+        self.dim, self.dtype, self.device = parts[0].dim, parts[0].dtype, parts[0].device
+        self.kernels = parts[0].kernels  # the buckets (every part has the same)
+
+    def eligible(self, module: torch.nn.Module, x) -> bool:
+        return all(p.eligible(module, x) for p in self.parts)
+
+    def run(self, x: torch.Tensor) -> list[torch.Tensor]:
+        return [o for p in self.parts for o in p.run(x)]
 
 
 def _dim(head: torch.nn.Module) -> int:
@@ -144,20 +159,29 @@ class Preparer:
             sr.source_note = self._plain[key]
         return runtime
 
-    def _prepare(self, wrapper, site, sig, dim: int, device, sr: SiteReport, plain: bool) -> SiteRuntime:
-        kernels: dict[int, BucketKernel] = {}
-        for m in sorted(self.buckets, reverse=True):  # search the largest bucket, re-instantiate the rest
-            kernels[m] = self._kernel(wrapper, site, sig, dim, m, device, sr, plain)
-        return SiteRuntime(dim, self.dtype, device, kernels)
+    def _prepare(self, wrapper, site, sig, dim: int, device, sr: SiteReport, plain: bool):
+        runtimes, kernels, launches = [], 0, 0
+        for name, part in site_parts(site.name, wrapper):
+            sr.kernels = sr.launches = 0
+            per_bucket: dict[int, BucketKernel] = {}
+            for m in sorted(self.buckets, reverse=True):  # search the largest bucket, re-instantiate the rest
+                per_bucket[m] = self._kernel(part, name, sig, dim, m, device, sr, plain)
+            runtimes.append(SiteRuntime(dim, self.dtype, device, per_bucket))
+            kernels, launches = kernels + sr.kernels, launches + sr.launches
+        sr.kernels, sr.launches = kernels, launches
+        if len(runtimes) == 1:
+            return runtimes[0]
+        return PartsRuntime(runtimes[::-1])  # outputs in the site's order: the norm's n first
 
-    def _kernel(self, wrapper, site, sig, dim: int, m: int, device, sr: SiteReport, plain: bool) -> BucketKernel:
+    def _kernel(self, wrapper, name: str, sig, dim: int, m: int, device, sr: SiteReport, plain: bool
+                ) -> BucketKernel:
         t0 = time.perf_counter()
-        key = (site.name, sig, m)
+        key = (name, sig, m)
         ex = self._extracted.get(key)
         if ex is None:
             x = torch.randn(m, dim, generator=self._rng).to(device, self.dtype)
             try:
-                ex = extract(wrapper, (x,), f"{site.name}_m{m}")
+                ex = extract(wrapper, (x,), f"{name}_m{m}")
             except ExtractError as e:
                 raise SiteError(f"extraction failed: {e}") from None
             for o in ex.graph.output_types:
@@ -174,19 +198,19 @@ class Preparer:
             raise built
         if built is None:  # first site with this program: its report carries the shared times
             try:
-                built = self._build(program, dg, site.name, m, device, self._searched.get((site.name, sig)), plain)
+                built = self._build(program, dg, name, m, device, self._searched.get((name, sig)), plain)
             except SiteError as e:
                 self._built[bkey] = e
                 raise
             if built[0].result is not None:
-                self._searched.setdefault((site.name, sig), built[0].result)
+                self._searched.setdefault((name, sig), built[0].result)
             self._built[bkey] = built
             _add_time(sr, "optimize", built[0].seconds)
             _add_time(sr, "verify", built[1].seconds)
             _add_time(sr, "build", built[2].seconds)
         choice, ver, executor = built
         if choice.profile:
-            sr.profile[m] = choice.profile
+            sr.profile[f"{name} b{m}"] = choice.profile
         if not sr.source:  # the largest bucket's (searched) μGraph speaks for the site
             sr.source, sr.source_note, sr.verdict = choice.source, choice.note, ver.verdict
         sr.kernels = max(sr.kernels, len(choice.graph.customized_nodes()))

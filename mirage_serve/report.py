@@ -19,7 +19,7 @@ class SiteReport:
     verdict: str = ""
     check_error: float | None = None   # numeric self-check: max rel. Frobenius error vs float64
     times: dict[str, float] = field(default_factory=dict)  # extract/optimize/verify/build/check (s)
-    profile: dict[int, str] = field(default_factory=dict)  # bucket -> what the GPU profiler measured
+    profile: dict[str, str] = field(default_factory=dict)  # "<program> b<M>" -> what the GPU profiler measured
 
 
 @dataclass
@@ -68,8 +68,8 @@ class PatchReport:
             lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
         notes = sorted({f"{s.source}: {s.source_note}" for s in self.sites if s.source_note and s.source != "search"})
         lines += [f"μGraph source {n}" for n in notes]
-        profiled = {(s.site, m): p for s in self.sites for m, p in s.profile.items()}
-        lines += [f"profiled {site} b{m}: {p}" for (site, m), p in sorted(profiled.items())]
+        profiled = {k: p for s in self.sites for k, p in s.profile.items()}
+        lines += [f"profiled {k}: {p}" for k, p in sorted(profiled.items())]
         lines.append(f"{len(self.patched)}/{len(self.sites)} sites patched; {self.programs} distinct "
                      f"programs; {self.searches} searches, {self.reinstantiated} re-instantiated, "
                      f"{self.compiles} compiles, {self.cache_hits} cache hits; {self.seconds:.1f} s")

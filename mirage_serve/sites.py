@@ -88,18 +88,36 @@ def find_layers(model: nn.Module, family: Family) -> tuple[str, nn.ModuleList] |
 
 
 class SiteModule(nn.Module):
-    """The traced form of a site: ``x -> (norm(x), consumer outputs…)`` or ``x -> proj(x)``."""
+    """The traced form of a site: ``x -> (norm(x), consumer outputs…)`` or ``x -> proj(x)``;
+    with ``norm_output=False``, ``x -> (consumer outputs…)``."""
 
-    def __init__(self, head: nn.Module, consumers: list[nn.Module]):
+    def __init__(self, head: nn.Module, consumers: list[nn.Module], norm_output: bool = True):
         super().__init__()
         self.head = head
         self.consumers = nn.ModuleList(consumers)
+        self.norm_output = norm_output
 
     def forward(self, x):  # x: [M, D]
         if not len(self.consumers):
             return (self.head(x),)
         n = self.head(x)
-        return (n, *[c(n) for c in self.consumers])
+        outs = tuple(c(n) for c in self.consumers)
+        return (n, *outs) if self.norm_output else outs
+
+
+def site_parts(name: str, wrapper: SiteModule) -> list[tuple[str, SiteModule]]:
+    """The programs site ``name`` is optimized as: (program name, module), in the order prepared.
+
+    A norm site splits in two: the consumers fed by the norm (``x -> consumer outputs``) and the
+    norm alone (``x -> n``). The norm's output is indexed by the hidden dim only, so a program that
+    also writes it cannot be tiled over the consumers' output columns, the grid a memory-bound
+    decode GEMV needs; the norm alone is one small row-wise kernel (one more launch). Norms of one
+    shape are one program ("norm"), searched and built once for both norm sites.
+    """
+    if not len(wrapper.consumers):
+        return [(name, wrapper)]
+    return [(name, SiteModule(wrapper.head, list(wrapper.consumers), norm_output=False)),
+            ("norm", SiteModule(wrapper.head, []))]
 
 
 def _without(module: nn.Module, child: str) -> nn.Module:
