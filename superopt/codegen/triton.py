@@ -11,7 +11,7 @@ Numerics: tiles are loaded in their dtype and every op computes in float32; a ma
 for fp32) and accumulates in float32; a ``cast`` to fp16/bf16 rounds through that dtype; stores
 round to the output's dtype. Shapes, strides and offsets are baked in as constants (a μGraph is
 static), which lets Triton prove alignment and issue 16-byte vector loads. Tiles are padded to
-Triton's extents (``triton_pad``); masks keep padding out of reductions, dots and stores.
+Triton's extents (``ir.padding``); masks keep padding out of reductions, dots and stores.
 
 Library ops are not rendered: the runtime runs them as torch calls. This module imports no
 triton and no torch; it only writes text.
@@ -21,8 +21,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..ir import BlockGraph, Category, KernelGraph, Node, Variance, block_variance, op_info, reduced_axes
-from .triton_pad import padded_shapes
+from ..ir import (BlockGraph, Category, KernelGraph, Node, Variance, block_variance, default_stages, op_info,
+                  reduced_axes)
+from ..ir.padding import padded_shapes
 
 TL_DTYPES = {"float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32"}
 _UNARY = {
@@ -52,8 +53,8 @@ class KernelSpec:
     args: tuple[str, ...]      # kernel-graph tensors read, in launcher order
     outs: tuple[str, ...]      # kernel-graph tensors written, in launcher order
     workspaces: tuple[int, ...]  # indices into ``outs`` summed by atomics in a float32 workspace
-    num_warps: int             # defaults (block_threads / 32, 3 stages); the profiler may change them
-    num_stages: int
+    num_warps: int             # defaults: block_threads / 32, and the most stages (≤ 3) whose shared
+    num_stages: int            # memory estimate (ir.smem) fits sm_90; the profiler may change them
 
 
 @dataclass(frozen=True)
@@ -347,7 +348,7 @@ def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph) -> tuple[Ke
     spec = KernelSpec(kname, f"launch_{kname}", idx, tuple(b.grid), tuple(node.args),
                       tuple(v.name for v in node.outs),
                       tuple(j for j, a in enumerate(atomic) if a and node.outs[j].type.dtype != "float32"),
-                      max(1, b.block_threads // 32), 3)
+                      max(1, b.block_threads // 32), default_stages(b) or 1)
     return spec, text + "\n" + _launcher(spec, node, atomic) + "\n"
 
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 from .graph import BlockGraph, KernelGraph, Node, TensorType
 from .ops import ACCUM_OPS, DTYPE_BYTES, Category, op_info
 from .shapes import ShapeError, infer_type
+from .smem import SMEM_BUDGET, triton_smem_bytes
 from .tiling import TilingError, block_input_tile, output_shape, reduced_axes
 
-# Usable shared memory per threadblock, bytes (sm_90: 227 KB after the opt-in).
-SMEM_BUDGET = {"sm_90": 227 * 1024, "sm_89": 99 * 1024, "sm_80": 163 * 1024}
 MAX_THREADS = 1024
 
 
@@ -158,28 +157,22 @@ def check_block(b: BlockGraph, args: list[TensorType], outs: list[TensorType], a
         if reduced_axes(o, b.grid) and o.reduce == "none":
             raise GraphError(f"{where}: output %{o.value}: grid axes {reduced_axes(o, b.grid)} of extent > 1 "
                              f"do not tile it; map them in omap or declare reduce sum")
-    fused = set()
     for grp in b.thread_groups:
         for name in grp:
             node = next((n for n in b.nodes if n.outs[0].name == name), None)
             if node is None or op_info(node.op).category not in (Category.UNARY, Category.BINARY,
                                                                    Category.CONST) and node.op != "cast":
                 raise GraphError(f"{where}: thread group member %{name} is not an elementwise node")
-            fused.add(name)
-    smem = shared_memory_bytes(b, types, fused)
+    smem = shared_memory_bytes(b)
     budget = SMEM_BUDGET.get(arch)
     if budget is None:
         raise GraphError(f"unknown arch {arch!r}; known: {', '.join(SMEM_BUDGET)}")
     if smem > budget:
-        raise GraphError(f"{where}: needs {smem} bytes of shared memory; {arch} allows {budget}")
+        raise GraphError(f"{where}: needs {smem} bytes of shared memory (padded tiles, 1 stage); "
+                         f"{arch} allows {budget}")
 
 
-def shared_memory_bytes(b: BlockGraph, types: dict[str, TensorType] | None = None,
-                        fused: set[str] | None = None) -> int:
-    """Bytes of shared memory: every tile not kept in registers by thread-level fusion."""
-    if types is None:
-        types = {i.value.name: i.value.type for i in b.inputs}
-        types.update((n.out.name, n.out.type) for n in b.nodes)
-    if fused is None:
-        fused = {x for grp in b.thread_groups for x in grp}
-    return sum(t.numel * DTYPE_BYTES[t.dtype] for name, t in types.items() if name not in fused)
+def shared_memory_bytes(b: BlockGraph) -> int:
+    """Least shared memory ``b``'s kernel needs at any launch config: its Triton rendering with one
+    stage (no pipelined copies), at the padded tile shapes the renderer uses (``smem``)."""
+    return triton_smem_bytes(b, num_stages=1)

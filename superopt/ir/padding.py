@@ -1,4 +1,4 @@
-"""Padded tile shapes for the Triton renderer: every tile dim rounded up to what Triton can hold.
+"""Padded tile shapes of the Triton renderer: every tile dim rounded up to what Triton can hold.
 
 Triton tensors have power-of-two extents, and ``tl.dot`` needs M, N, K ≥ 16. A block value of
 shape [3, 80] therefore lives in registers as [16, 128] with the real elements in the leading
@@ -9,7 +9,8 @@ loads fill them with 0, every reduction and contraction masks them, stores never
 """
 from __future__ import annotations
 
-from ..ir import BlockGraph, Category, op_info
+from .graph import BlockGraph
+from .ops import Category, op_info
 
 DOT_MIN = 16  # tl.dot's smallest M, N and K
 
@@ -49,8 +50,12 @@ class _Classes:
         self.floor[r] = max(self.floor[r], n)
 
 
-def padded_shapes(b: BlockGraph) -> dict[str, tuple[int, ...]]:
-    """The register shape of every block value (inputs and nodes) of ``b``."""
+def padded_shapes(b: BlockGraph, strict: bool = True) -> dict[str, tuple[int, ...]]:
+    """The register shape of every block value (inputs and nodes) of ``b``.
+
+    ``strict=False`` pads the dims of ops Triton cannot render (concat, slice) on their own
+    instead of raising: the shared-memory estimate still covers graphs only the CUDA renderer takes.
+    """
     shapes: dict[str, tuple[int, ...]] = {i.value.name: i.value.type.shape for i in b.inputs}
     shapes.update((n.out.name, n.out.type.shape) for n in b.nodes)
     cls = _Classes()
@@ -99,7 +104,7 @@ def padded_shapes(b: BlockGraph) -> dict[str, tuple[int, ...]]:
             for d in range(len(s)):
                 src_d = {len(s) - 1: len(s) - 2, len(s) - 2: len(s) - 1}.get(d, d)
                 cls.union((out, d), (n.args[0], src_d))
-        elif cat is not Category.CONST:
+        elif cat is not Category.CONST and strict:
             raise NotImplementedError(f"render_triton: block-level op {n.op!r} is not supported "
                                       f"(concat/slice inside a block graph have no Triton form)")
     return {name: tuple(cls.floor[cls.find((name, d))] for d in range(len(s))) for name, s in shapes.items()}

@@ -12,7 +12,7 @@ from typing import Sequence
 
 import torch
 
-from ..ir import KernelGraph
+from ..ir import KernelGraph, launch_fits
 from .compiled import compile_graph
 from .timing import rotated_sets, time_call
 
@@ -42,6 +42,9 @@ def profile_candidates(ugraphs: Sequence[KernelGraph], example_inputs: Sequence[
     for i, g in enumerate(ugraphs):
         best, tried, err = None, [], None
         for config in configs:
+            if config is not None and not launch_fits(g, *config):  # Triton would refuse the launch
+                err = f"skipped {tuple(config)}: shared memory estimate (ir.smem) over the sm_90 budget"
+                continue
             try:
                 launch = None if config is None else {k.name: tuple(config) for k in _kernels(g)}
                 cg = compile_graph(g, backend=backend, device=example_inputs[0].device, launch=launch)

@@ -64,20 +64,28 @@ def test_imap_on_a_missing_dim():
 
 
 def test_shared_memory_over_budget_on_sm90():
+    # x[3, 3000] @ w[3000, 5] in one block: 96 KB of real tiles, but Triton pads the dot to
+    # [16, 4096] @ [4096, 16] and stages both operands in shared memory: 512 KB at any num_stages
     p = Program("big")
-    x = p.input("x", (256, 256))
-    p.output(p.exp(x))
+    x, w = p.input("x", (3, 3000)), p.input("w", (3000, 5))
+    p.output(p.matmul(x, w))
     prog = p.build()
     blk = replace(base().nodes[0].block, grid=(1, 1, 1), forloop=1, thread_groups=(),
-                  inputs=(BlockInput(V("xt", (256, 256)), 0, (-1, -1, -1), -1),),
-                  nodes=(Node("exp", ("xt",), (V("e", (256, 256)),)),),
-                  outputs=(BlockOutput("e", (-1, -1, -1)),))
-    g = KernelGraph(prog.inputs, (Node("customized", ("x",), (V("out", (256, 256)),), (), blk),), ("out",))
-    rejects(g, r"needs 524288 bytes of shared memory; sm_90 allows 232448")
-    # keeping the exp in registers (thread-level fusion) halves it: still over 227 KB
-    fused = with_block(g, thread_groups=(("e",),))
-    rejects(fused, r"needs 262144 bytes")
-    rejects(fused, r"sm_89 allows 101376", arch="sm_89")
+                  inputs=(BlockInput(V("xt", (3, 3000)), 0, (-1, -1, -1), -1),
+                          BlockInput(V("wt", (3000, 5)), 1, (-1, -1, -1), -1)),
+                  nodes=(Node("matmul", ("xt", "wt"), (V("s", (3, 5)),)),),
+                  outputs=(BlockOutput("s", (-1, -1, -1)),))
+    g = KernelGraph(prog.inputs, (Node("customized", ("x", "w"), (V("out", (3, 5)),), (), blk),), ("out",))
+    rejects(g, r"needs 524288 bytes of shared memory \(padded tiles, 1 stage\); sm_90 allows 232448")
+    rejects(g, r"sm_89 allows 101376", arch="sm_89")
+    # an elementwise tile lives in registers: a [256, 256] exp needs no shared memory at all
+    e = Program("exp")
+    y = e.input("y", (256, 256))
+    e.output(e.exp(y))
+    eb = replace(blk, inputs=(BlockInput(V("yt", (256, 256)), 0, (-1, -1, -1), -1),),
+                 nodes=(Node("exp", ("yt",), (V("ex", (256, 256)),)),), outputs=(BlockOutput("ex", (-1, -1, -1)),))
+    ge = KernelGraph(e.build().inputs, (Node("customized", ("y",), (V("o", (256, 256)),), (), eb),), ("o",))
+    assert check(ge) is ge
 
 
 def test_dtype_mismatch():

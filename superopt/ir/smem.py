@@ -1,0 +1,136 @@
+"""Shared memory a block graph needs as the Triton renderer writes it: one estimate for checker and runtime.
+
+Triton keeps tiles in registers; shared memory holds only what its compiler stages there, all of
+it at the *padded* tile shapes the renderer uses (``padding.padded_shapes``: powers of two, dot
+dims ≥ 16). Measured against ``metadata.shared`` of sm_90 builds (tests/codegen/test_smem_estimate.py):
+
+* **pipelined loads**: in a for-loop of ``num_stages`` > 1, a loop-variant load that (through
+  elementwise ops, casts, transposes) feeds a ``tl.dot`` is copied ahead by ``cp.async`` into
+  ``num_stages − 1`` buffers of its padded tile, in its dtype; all of them live the whole loop.
+* **dot operands**: a ``tl.dot`` operand that is not a pipelined load passed as loaded (no mask
+  along K, no dtype conversion) is written to shared memory
+  (layout conversion to the MMA operand layout): padded A + padded B in the dot's input dtype.
+  The buffers of different dots are not live together (Triton reuses them): the largest counts,
+  except loop-invariant operands of a dot in the loop, converted once before it and live all of
+  it. An fp32 dot (IEEE, FMA) converts even a pipelined load into a buffer of its own.
+* **scratch**: cross-warp reductions (one partial per output element and warp) and layout
+  conversions of transposes (at most the whole float32 tile; a transpose with an extent-1 side is
+  converted in chunks of ~1 KB a warp); transient, like dot operands.
+
+The estimate is the pipelined and loop-long buffers plus the largest transient one: an upper bound that
+stays within 1.5× + 16 KB of what Triton allocates for every fixture and searched graph. A loop
+without any dot is counted as if its loads were pipelined too (newer Triton may do so).
+"""
+from __future__ import annotations
+
+from .graph import BlockGraph
+from .ops import DTYPE_BYTES, Category, op_info
+from .padding import padded_shapes
+
+# Usable shared memory per threadblock, bytes (sm_90: 227 KB after the opt-in; the launch limit
+# Triton reports on H100/H200 is 232448).
+SMEM_BUDGET = {"sm_90": 227 * 1024, "sm_89": 99 * 1024, "sm_80": 163 * 1024}
+STAGE_CHOICES = (3, 2, 1)  # the renderer's default num_stages, most pipelined first
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def dot_dtype(b: BlockGraph) -> str:
+    """The dtype ``tl.dot`` operands take: the first fp16/bf16 of the kernel's inputs and outputs."""
+    io = [i.value.type.dtype for i in sorted(b.inputs, key=lambda i: i.source)]
+    dtypes = {n.out.name: n.out.type.dtype for n in b.nodes}
+    dtypes.update((i.value.name, i.value.type.dtype) for i in b.inputs)
+    io += [dtypes[o.value] for o in b.outputs]
+    return next((d for d in io if d in ("float16", "bfloat16")), "float32")
+
+
+def triton_smem_bytes(b: BlockGraph, num_warps: int | None = None, num_stages: int = 1) -> int:
+    """Upper estimate of ``metadata.shared`` for the Triton kernel of ``b`` at this launch config."""
+    num_warps = num_warps or max(1, b.block_threads // 32)
+    pad = padded_shapes(b, strict=False)
+    producer = {n.out.name: n for n in b.nodes}
+    loop_inputs = {i.value.name: i for i in b.inputs if i.fmap != -1}
+    dtype = {i.value.name: i.value.type.dtype for i in b.inputs}
+    dtype.update((n.out.name, n.out.type.dtype) for n in b.nodes)
+    real = {i.value.name: i.value.type.shape for i in b.inputs}
+    real.update((n.out.name, n.out.type.shape) for n in b.nodes)
+    dots = [n for n in b.nodes if op_info(n.op).category is Category.MATMUL]
+
+    def ancestors(v: str) -> set[str]:
+        seen, todo = set(), [v]
+        while todo:
+            x = todo.pop()
+            if x in seen:
+                continue
+            seen.add(x)
+            if x in producer:
+                todo.extend(producer[x].args)
+        return seen
+
+    pipelined: set[str] = set()
+    if b.forloop > 1 and num_stages > 1:
+        if dots:
+            for n in dots:
+                for a in n.args:
+                    pipelined |= ancestors(a) & loop_inputs.keys()
+        else:
+            pipelined = set(loop_inputs)
+    staged = (num_stages - 1) * sum(_numel(pad[v]) * DTYPE_BYTES[dtype[v]] for v in pipelined)
+
+    op_bytes = DTYPE_BYTES[dot_dtype(b)]
+    accums = {n.out.name for n in b.nodes if op_info(n.op).category is Category.ACCUM}
+    invariant = {v for v in pad if not (ancestors(v) & (loop_inputs.keys() | accums))}
+    persistent, transient = 0, 0
+    for n in b.nodes:
+        cat = op_info(n.op).category
+        if cat is Category.MATMUL:
+            need = 0
+            in_loop = b.forloop > 1 and n.out.name not in invariant
+            for j, a in enumerate(n.args):
+                src = _unwidened(a, producer, dtype)
+                k = len(pad[src]) - (1 if j == 0 else 2)
+                # an MMA dot reads a pipelined load in place; a masked or converted operand, or any
+                # operand of an fp32 (FMA) dot, is written to a new buffer
+                direct = pad[src][k] == real[src][k] and DTYPE_BYTES[dtype[src]] == op_bytes < 4
+                if src in pipelined and direct:
+                    continue
+                if in_loop and a in invariant:  # converted once before the loop, live all of it
+                    persistent += _numel(pad[a]) * op_bytes
+                else:
+                    need += _numel(pad[a]) * op_bytes
+            transient = max(transient, need)
+        elif cat is Category.REDUCE:
+            src, dim = n.args[0], n.attr("dim")
+            transient = max(transient, _numel(pad[n.out.name]) * min(num_warps, pad[src][dim]) * 4)
+        elif n.op == "transpose":
+            po = pad[n.out.name]
+            full = _numel(po) * 4
+            # a transpose with an extent-1 side only relabels: converted in chunks of ~1 KB a warp
+            transient = max(transient, full if min(po[-2:]) > 1 else min(full, 2048 * num_warps))
+    return staged + persistent + transient
+
+
+def _unwidened(v: str, producer: dict, dtype: dict) -> str:
+    """The fp16/bf16 value a float32 ``v`` was cast from (the renderer feeds the dot with it)."""
+    n = producer.get(v)
+    while n is not None and n.op == "cast" and dtype[n.args[0]] in ("float16", "bfloat16"):
+        v = n.args[0]
+        n = producer.get(v)
+    return v
+
+
+def default_stages(b: BlockGraph, num_warps: int | None = None, arch: str = "sm_90") -> int | None:
+    """The most pipelined of ``STAGE_CHOICES`` whose estimate fits ``arch``; None if none fits."""
+    budget = SMEM_BUDGET[arch]
+    return next((s for s in STAGE_CHOICES if triton_smem_bytes(b, num_warps, s) <= budget), None)
+
+
+def launch_fits(g, num_warps: int, num_stages: int, arch: str = "sm_90") -> bool:
+    """Whether every customized op of kernel graph ``g`` fits ``arch`` at this launch config."""
+    return all(triton_smem_bytes(n.block, num_warps, num_stages) <= SMEM_BUDGET[arch]
+               for n in g.nodes if n.op == "customized")
