@@ -70,18 +70,23 @@ class SiteRuntime:
 
 
 class PartsRuntime:
-    """A site run as several programs on the same input (``sites.site_parts``); outputs concatenated."""
+    """A site run as several programs on the same input (``sites.site_parts``), each computing
+    some of the site's outputs; ``run`` returns them in the site's order."""
 
-    def __init__(self, parts: list[SiteRuntime]):
+    def __init__(self, parts: list[tuple[SiteRuntime, tuple[int, ...]]]):
         self.parts = parts
-        self.dim, self.dtype, self.device = parts[0].dim, parts[0].dtype, parts[0].device
-        self.kernels = parts[0].kernels  # the buckets (every part has the same)
+        first = parts[0][0]
+        self.dim, self.dtype, self.device = first.dim, first.dtype, first.device
+        self.kernels = first.kernels  # the buckets (every part has the same)
+        produced = [i for _, outs in parts for i in outs]  # site output index, in part order
+        self.order = [produced.index(k) for k in range(len(produced))]
 
     def eligible(self, module: torch.nn.Module, x) -> bool:
-        return all(p.eligible(module, x) for p in self.parts)
+        return all(p.eligible(module, x) for p, _ in self.parts)
 
     def run(self, x: torch.Tensor) -> list[torch.Tensor]:
-        return [o for p in self.parts for o in p.run(x)]
+        outs = [o for p, _ in self.parts for o in p.run(x)]  # in part order
+        return [outs[j] for j in self.order]
 
 
 def _dim(head: torch.nn.Module) -> int:
@@ -161,17 +166,17 @@ class Preparer:
 
     def _prepare(self, wrapper, site, sig, dim: int, device, sr: SiteReport, plain: bool):
         runtimes, kernels, launches = [], 0, 0
-        for name, part in site_parts(site.name, wrapper):
+        for name, part, outputs in site_parts(site.name, wrapper):
             sr.kernels = sr.launches = 0
             per_bucket: dict[int, BucketKernel] = {}
             for m in sorted(self.buckets, reverse=True):  # search the largest bucket, re-instantiate the rest
                 per_bucket[m] = self._kernel(part, name, sig, dim, m, device, sr, plain)
-            runtimes.append(SiteRuntime(dim, self.dtype, device, per_bucket))
+            runtimes.append((SiteRuntime(dim, self.dtype, device, per_bucket), outputs))
             kernels, launches = kernels + sr.kernels, launches + sr.launches
-        sr.kernels, sr.launches = kernels, launches
+        sr.kernels, sr.launches, sr.parts = kernels, launches, len(runtimes)
         if len(runtimes) == 1:
-            return runtimes[0]
-        return PartsRuntime(runtimes[::-1])  # outputs in the site's order: the norm's n first
+            return runtimes[0][0]
+        return PartsRuntime(runtimes)
 
     def _kernel(self, wrapper, name: str, sig, dim: int, m: int, device, sr: SiteReport, plain: bool
                 ) -> BucketKernel:

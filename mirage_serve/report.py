@@ -12,6 +12,7 @@ class SiteReport:
     patched: bool = False
     reason: str = ""               # why not patched, or a note
     program: str = ""              # digest of the extracted Lax program
+    parts: int = 1                 # programs the site runs as (sites.site_parts: norm, consumer groups)
     kernels: int = 0               # customized (fused) kernels in the chosen μGraph
     launches: int = 0              # kernel launches per call (library ops + customized)
     source: str = ""               # "cache", "search", "reinstantiated" or "fallback"

@@ -105,19 +105,29 @@ class SiteModule(nn.Module):
         return (n, *outs) if self.norm_output else outs
 
 
-def site_parts(name: str, wrapper: SiteModule) -> list[tuple[str, SiteModule]]:
-    """The programs site ``name`` is optimized as: (program name, module), in the order prepared.
+def site_parts(name: str, wrapper: SiteModule) -> list[tuple[str, SiteModule, tuple[int, ...]]]:
+    """The programs site ``name`` is optimized as: (program name, module, which of the site's
+    outputs it computes), in the order they are prepared; together they compute every output.
 
-    A norm site splits in two: the consumers fed by the norm (``x -> consumer outputs``) and the
-    norm alone (``x -> n``). The norm's output is indexed by the hidden dim only, so a program that
-    also writes it cannot be tiled over the consumers' output columns, the grid a memory-bound
-    decode GEMV needs; the norm alone is one small row-wise kernel (one more launch). Norms of one
-    shape are one program ("norm"), searched and built once for both norm sites.
+    A norm site splits: the norm alone (``x -> n``), and its consumers grouped by output width
+    (``x -> consumer outputs``: q / k+v, or gate+up). A memory-bound decode GEMV needs its grid over
+    output columns, and one grid cannot tile outputs of different widths, nor the norm's output,
+    which is indexed by the hidden dim only. Each group is one fused norm+GEMV kernel; the norm alone
+    is one small row-wise kernel. Norms of one shape are one program ("norm"), searched and built
+    once for both norm sites of a layer.
     """
     if not len(wrapper.consumers):
-        return [(name, wrapper)]
-    return [(name, SiteModule(wrapper.head, list(wrapper.consumers), norm_output=False)),
-            ("norm", SiteModule(wrapper.head, []))]
+        return [(name, wrapper, (0,))]
+    groups: dict = {}
+    for i, c in enumerate(wrapper.consumers):
+        width = c.out_features if isinstance(c, nn.Linear) else ("module", i)
+        groups.setdefault(width, []).append(i)
+    parts = []
+    for j, idx in enumerate(groups.values()):
+        cons = [wrapper.consumers[i] for i in idx]
+        parts.append((name if j == 0 else f"{name}_{j}", SiteModule(wrapper.head, cons, norm_output=False),
+                      tuple(1 + i for i in idx)))
+    return parts + [("norm", SiteModule(wrapper.head, []), (0,))]
 
 
 def _without(module: nn.Module, child: str) -> nn.Module:

@@ -44,7 +44,7 @@ def test_search_once_then_cache_hits(monkeypatch, tmp_path):
 
     first = mirage_serve.patch(model, backend="torch", cache_dir=tmp_path, batch_sizes=(2,))
     assert not first.unpatched, str(first)
-    assert first.searches == 5 and len(calls) == 5  # one per distinct program (4 sites + the norm), not per layer
+    assert first.searches == 6 and len(calls) == 6  # one per distinct program (q, k+v, gate+up, o, down, norm), not per layer
     assert {a for _, a in calls} == {"sm_90"}  # the GPU target, even for the CPU backend
     assert all(s.source == "search" and s.verdict.startswith("equivalent") for s in first.sites)
     with torch.no_grad():
@@ -52,9 +52,9 @@ def test_search_once_then_cache_hits(monkeypatch, tmp_path):
     mirage_serve.unpatch(model)
 
     second = mirage_serve.patch(model, backend="torch", cache_dir=tmp_path, batch_sizes=(2,))
-    assert second.searches == 0 and second.cache_hits == 5 and len(calls) == 5
+    assert second.searches == 0 and second.cache_hits == 6 and len(calls) == 6
     assert all(s.source == "cache" for s in second.sites)
-    assert "5 cache hits" in str(second)
+    assert "6 cache hits" in str(second)
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, ref, rtol=1e-4, atol=1e-5)
     mirage_serve.unpatch(model)
@@ -77,7 +77,7 @@ def test_searched_graph_that_does_not_build_falls_back_to_the_program(monkeypatc
                       num_attention_heads=3, num_key_value_heads=1, head_dim=8)
     model = build(cfg)
     report = mirage_serve.patch(model, backend="torch", batch_sizes=(2,))
-    assert not report.unpatched and len(calls) == 5
+    assert not report.unpatched and len(calls) == 6
     assert all(s.source == "fallback" and "did not build" in s.source_note for s in report.sites)
     assert "codegen does not cover" in str(report)
     mirage_serve.unpatch(model)
@@ -107,7 +107,7 @@ def test_searched_graph_that_fails_to_run_falls_back_to_the_program(monkeypatch)
     with torch.no_grad():
         ref = model(ids).logits
     report = mirage_serve.patch(model, backend="torch", batch_sizes=(2,))
-    assert not report.unpatched and len(calls) == 5, str(report)
+    assert not report.unpatched and len(calls) == 6, str(report)
     assert all(s.source == "fallback" and "failed to run" in s.source_note for s in report.sites)
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, ref, rtol=1e-4, atol=1e-5)
