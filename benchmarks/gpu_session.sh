@@ -26,7 +26,7 @@ step() {  # step NAME TIMEOUT CMD...
 
 while [ $# -gt 0 ]; do
   case $1 in
-    tests) step tests 150 python -m pytest -q -m gpu tests/patches tests/decode -p no:cacheprovider \
+    tests) step tests 180 python -m pytest -q -m gpu tests/patches tests/decode tests/cache -p no:cacheprovider \
              -k "not registry" tests/codegen/test_triton_gpu.py ;;
     decode-qwen) step decode_qwen 240 python benchmarks/bench_decode.py --models Qwen2.5-0.5B --batch 1,8 \
                     --new-tokens 64 --repeats 2 --baselines "${BASELINES:-eager}" --markdown "$OUT/decode.md" ;;
