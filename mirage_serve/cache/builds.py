@@ -24,11 +24,12 @@ machine with the deployment's Triton and CUDA produces entries under the deploym
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .key import CacheKey
-from .store import KernelCache
+from .store import CacheWarning, KernelCache
 
 SOURCE = "source.py"   # the generated Triton module (the CUDA backend stores none yet)
 
@@ -55,6 +56,15 @@ def store_build(cache: KernelCache | None, key: CacheKey | None, source: str | N
     or None when nothing was written (no entry, nothing to add, already built, read-only)."""
     if cache is None or key is None or not binaries:
         return None
+    try:
+        return _store(cache, key, source, binaries)
+    except (OSError, ValueError, TimeoutError) as e:  # a build not saved must not fail patch()
+        warnings.warn(f"mirage_serve cache: build of {key.dirname()} not saved ({e})", CacheWarning,
+                      stacklevel=2)
+        return None
+
+
+def _store(cache: KernelCache, key: CacheKey, source: str | None, binaries: dict[str, bytes]) -> Path | None:
     with cache.lock(key):
         entry = cache.get(key, count=False)
         if entry is None or entry.binaries:

@@ -8,8 +8,8 @@ kernel source, options and toolchain. This module works with that machinery rath
   cache) or loaded (a hit), with the files of its cache group, through
   ``triton.knobs.compilation.listener`` (chained to any listener already set, restored on exit;
   kernels of other functions are ignored). The files captured are kept per kernel hash.
-* ``export_files(fns)`` → flat ``{file name: bytes}`` (cubin + Triton's metadata JSON per kernel,
-  and a manifest ``triton-kernels.json``): what a kernel cache entry stores. No pickle.
+* ``export_files({kernel: hash})`` → flat ``{file name: bytes}`` (cubin + Triton's metadata JSON
+  per kernel, and a manifest ``triton-kernels.json``): what a kernel cache entry stores. No pickle.
 * ``seed(files)``: puts those files back into Triton's cache through its own ``CacheManager``
   (``put`` / ``put_group``: atomic, content-addressed, so it changes nothing for other kernels),
   so the JIT's first launch finds them and compiles nothing, even with an empty ``~/.triton``.
@@ -69,26 +69,34 @@ def watch(fns: Iterable) -> Iterator[CompileLog]:
         return
     previous = comp.listener
 
-    def listener(*, src, metadata, metadata_group, times, cache_hit):
+    def listener(*args, **kw):
         if previous is not None:
-            previous(src=src, metadata=metadata, metadata_group=metadata_group, times=times,
-                     cache_hit=cache_hit)
+            previous(*args, **kw)
+        src = kw.get("src")
         if id(getattr(src, "fn", None)) not in ids:
             return
-        name = _fn_name(src)
-        (log.loaded if cache_hit else log.compiled).append(name)
-        files = {}
-        for fname, path in metadata_group.items():
-            if fname.rsplit(".", 1)[-1] not in _OPTIONAL:
-                files[fname] = Path(path).read_bytes()
-        with _lock:
-            _SEEN[metadata["hash"]] = files
+        (log.loaded if kw.get("cache_hit") else log.compiled).append(_fn_name(src))
+        h = (kw.get("metadata") or {}).get("hash")
+        if h:
+            _capture(h, kw.get("metadata_group") or {})
 
     comp.listener = listener
     try:
         yield log
     finally:
         comp.listener = previous
+
+
+def _capture(h: str, metadata_group: dict) -> None:
+    """Keep the files of the cache group ``h`` (all but intermediate IR), read from Triton's cache."""
+    try:
+        files = {fname: Path(path).read_bytes() for fname, path in metadata_group.items()
+                 if fname.rsplit(".", 1)[-1] not in _OPTIONAL}
+    except OSError:   # removed from Triton's cache meanwhile: nothing to export for it
+        return
+    if any(f.endswith(".json") for f in files):
+        with _lock:
+            _SEEN[h] = files
 
 
 def export_files(hashes: dict[str, str]) -> dict[str, bytes]:
@@ -105,7 +113,7 @@ def export_files(hashes: dict[str, str]) -> dict[str, bytes]:
                 return {}
             mapping = {}
             for fname, data in sorted(files.items()):
-                flat = f"{name}.{h[:16]}.{fname.rsplit('.', 1)[-1]}"
+                flat = f"{name[:64]}.{h[:16]}.{fname.rsplit('.', 1)[-1]}"  # cache file names ≤ 128
                 out[flat] = data
                 mapping[fname] = flat
             kernels.append({"kernel": name, "hash": h, "files": mapping})
@@ -194,4 +202,6 @@ def warmup(tm, module, launch: dict[str, tuple[int, int]] | None = None, target=
             nw, ns = launch.get(s.name, (s.num_warps, s.num_stages))
             kernel = fn.warmup(*_dtypes(tm, s), grid=s.grid, num_warps=nw, num_stages=ns)
             log.hashes[s.name] = kernel.hash
+            if kernel.hash not in _SEEN:   # a Triton whose listener does not report cache hits
+                _capture(kernel.hash, getattr(kernel, "metadata_group", None) or {})
     return log

@@ -189,3 +189,25 @@ def test_warm_entry_compiles_nothing_on_the_gpu(tmp_path):
                    json.dumps(key.fields()))
     assert warm["compiles"] == 0 and warm["loaded"] == len(_kernels()) and warm["at_launch"] == []
     assert warm["outs"] == cold["outs"]
+
+
+def test_watch_chains_and_restores_the_listener():
+    from triton import knobs
+
+    from superopt.runtime.binaries import watch
+
+    seen = []
+
+    def mine(**kw):
+        seen.append(kw["cache_hit"])
+
+    before = knobs.compilation.listener
+    knobs.compilation.listener = mine
+    try:
+        with watch([object()]):
+            assert knobs.compilation.listener is not mine
+            knobs.compilation.listener(src=None, metadata={"hash": "ab"}, metadata_group={}, times=None,
+                                       cache_hit=True)  # another kernel: forwarded, not recorded
+        assert knobs.compilation.listener is mine and seen == [True]
+    finally:
+        knobs.compilation.listener = before
