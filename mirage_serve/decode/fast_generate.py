@@ -102,6 +102,8 @@ def fast_sample(runner, model, input_ids, logits_processor, stopping_criteria, g
     width = int(input_ids.shape[1])
     if reason is None and max_length - width < 1:
         reason = "no new tokens"
+    if reason is None and max_length > model_kwargs["past_key_values"].layers[0].max_cache_len:
+        reason = "cache shorter than max_length"  # the runner sizes it; a caller's config may not
     if reason is not None:
         runner.count_path("hf", reason)
         return type(model)._sample(model, input_ids, logits_processor=logits_processor,

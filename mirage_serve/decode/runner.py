@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 from collections import Counter
-from functools import partial
 from typing import Any
 
 import torch
@@ -56,8 +55,8 @@ class DecodeRunner:
         runner._generate = model.generate
         # generate() inspects forward's signature to decide whether to prepare position ids,
         # the attention mask and logits_to_keep: the wrapper must show the original signature.
-        model.forward = functools.wraps(runner._forward)(partial(DecodeRunner.forward, runner))
-        model.generate = functools.wraps(runner._generate)(partial(DecodeRunner.generate, runner))
+        model.forward = functools.wraps(runner._forward)(functools.partial(DecodeRunner.forward, runner))
+        model.generate = functools.wraps(runner._generate)(functools.partial(DecodeRunner.generate, runner))
         setattr(model, _ATTR, runner)
         return runner
 
@@ -92,7 +91,7 @@ class DecodeRunner:
         kwargs.setdefault("disable_compile", True)
         reason = call_blocker(self.model, args, kwargs) if self.fast_loop else "fast loop off"
         if reason is None:  # HF prepares everything, then runs our loop instead of _sample
-            kwargs["custom_generate"] = partial(fast_sample, self)
+            kwargs["custom_generate"] = functools.partial(fast_sample, self)
         else:
             self.count_path("hf", reason)
         return self._generate(*args, **kwargs)
@@ -152,3 +151,9 @@ def install_decode_graphs(model, capture: bool | None = None, fast_loop: bool = 
 
 def uninstall_decode_graphs(model) -> None:
     DecodeRunner.uninstall(model)
+
+
+def decode_paths(model) -> dict[str, int]:
+    """Which decode loop generate() ran on this model: {"fast": n, "hf": n, "hf: <reason>": n}."""
+    runner = getattr(model, _ATTR, None)
+    return dict(runner.paths) if runner is not None else {}

@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from mirage_serve.decode import install_decode_graphs, uninstall_decode_graphs
+from mirage_serve.decode import decode_paths, install_decode_graphs, uninstall_decode_graphs
 from mirage_serve.decode.token_choice import TokenChooser
 
 from .test_runner import _left_padded
@@ -177,8 +177,9 @@ def test_fast_loop_over_a_patched_model_keeps_hf_tokens():
     assert len(report.patched) == len(report.sites) > 0
     runner = install_decode_graphs(model, capture=False)
     got = model.generate(**kw)
-    assert runner.paths["fast"] == 1 and torch.equal(got, want)
+    assert decode_paths(model) == {"fast": 1} and torch.equal(got, want)
     uninstall_decode_graphs(model)
+    assert decode_paths(model) == {}
     mirage_serve.unpatch(model)
 
 
