@@ -50,11 +50,11 @@ class DecodeLoop:
         self.t = torch.zeros((), dtype=long, device=dev)          # tokens generated so far
         self.generated = torch.zeros((), dtype=long, device=dev)  # HF's output length
         self.min_new = torch.zeros((), dtype=long, device=dev)    # EOS suppressed while t < this
-        self.unfinished = torch.ones(batch, dtype=long, device=dev)
+        self.unfinished = torch.ones(batch, dtype=torch.bool, device=dev)
         self.eos_mask = torch.zeros(vocab, dtype=torch.bool, device=dev)
         self.pad = torch.zeros((), dtype=long, device=dev)
         pinned = dev.type == "cuda"
-        self._alive_host = torch.zeros((), dtype=long, pin_memory=pinned)
+        self._alive_host = torch.zeros((), dtype=torch.bool, pin_memory=pinned)
         self._alive_event = torch.cuda.Event() if pinned else None
 
     # ------------------------------------------------------------ per call
@@ -76,7 +76,7 @@ class DecodeLoop:
         self.min_new.fill_(min_new)
         self.t.zero_()
         self.generated.zero_()
-        self.unfinished.fill_(1)
+        self.unfinished.fill_(True)
         self._advance(first_logits)
 
     def run(self, n_new: int, check_every: int = 16) -> torch.Tensor:
@@ -87,9 +87,9 @@ class DecodeLoop:
                 if pending:  # copied check_every steps ago: normally done, so this rarely waits
                     if self._alive_event is not None:
                         self._alive_event.synchronize()
-                    if int(self._alive_host) == 0:
+                    if not bool(self._alive_host):
                         break
-                self._alive_host.copy_(self.unfinished.amax(), non_blocking=True)
+                self._alive_host.copy_(self.unfinished.any(), non_blocking=True)
                 if self._alive_event is not None:
                     self._alive_event.record()
                 pending = True
@@ -128,10 +128,11 @@ class DecodeLoop:
 
     def _advance(self, logits: torch.Tensor) -> None:
         """Token choice and HF's bookkeeping of ``_sample``, in place on the device buffers."""
+        # Few, fused-where-possible ops: each is a kernel launch inside the graph, every token.
         tok = self.chooser(logits, self.t, self.min_new, self.eos_mask)  # [B]
-        self.generated.add_((self.unfinished.amax() > 0).long())  # HF runs this step iff any alive
-        tok = tok * self.unfinished + self.pad * (1 - self.unfinished)
+        self.generated.add_(self.unfinished.any())  # HF runs this step iff a row is unfinished
+        tok = torch.where(self.unfinished, tok, self.pad)  # HF: tok * unf + pad * (1 - unf)
         self.tokens.index_copy_(1, self.t.view(1), tok[:, None])
-        self.unfinished.mul_((~self.eos_mask[tok]).long())
+        self.unfinished.logical_and_(~self.eos_mask[tok])
         self.ids.copy_(tok[:, None])
         self.t.add_(1)
