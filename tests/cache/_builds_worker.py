@@ -3,6 +3,7 @@
     python -m tests.cache._builds_worker aot CASE OUT_DIR        # build for sm_90 on CPU, export
     python -m tests.cache._builds_worker load CASE CACHE KEYJSON  # seed from the entry, build again
     python -m tests.cache._builds_worker gpu CASE OUT_DIR [CACHE KEYJSON]   # compile_graph on CUDA
+    python -m tests.cache._builds_worker patch CACHE               # patch a tiny Llama on CUDA
 
 Prints one JSON line: what Triton did (kernels compiled / loaded) and, for ``load``, whether the
 cubin Triton loaded is byte-identical to the stored one.
@@ -98,6 +99,30 @@ def gpu(case: str, out: str, cache_dir: str | None = None, key_json: str | None 
             "outs": [o.double().flatten().tolist()[:64] + [o.double().norm().item()] for o in outs]}
 
 
+def patch(cache_dir: str) -> dict:
+    """patch() a 2-layer Llama (bf16, CUDA) with the cache `cache_dir`; its report and greedy tokens."""
+    import torch
+    from transformers import LlamaConfig
+
+    import mirage_serve
+    from tests.patches.parity import build as build_model
+
+    try:
+        from superopt.search import SearchBudget
+        budget = SearchBudget(max_seconds=20)
+    except ImportError:
+        budget = 0
+    cfg = LlamaConfig(vocab_size=1001, hidden_size=256, intermediate_size=688, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2)
+    model = build_model(cfg).to("cuda", torch.bfloat16)
+    ids = torch.randint(1, 1001, (3, 9), device="cuda", generator=torch.Generator("cuda").manual_seed(2))
+    r = mirage_serve.patch(model, cache_dir=cache_dir, search_budget=budget, batch_sizes=(1, 4))
+    got = model.generate(ids, max_new_tokens=16, min_new_tokens=16, do_sample=False, pad_token_id=0)
+    return {"searches": r.searches, "reinstantiated": r.reinstantiated, "compiles": r.compiles,
+            "cache_hits": r.cache_hits, "programs": r.programs, "unpatched": len(r.unpatched),
+            "seconds": r.seconds, "tokens": got.tolist(), "report": str(r)}
+
+
 if __name__ == "__main__":
     mode, *args = sys.argv[1:]
-    print(json.dumps({"aot": aot, "load": load, "gpu": gpu}[mode](*args)))
+    print(json.dumps({"aot": aot, "load": load, "gpu": gpu, "patch": patch}[mode](*args)))

@@ -211,3 +211,20 @@ def test_watch_chains_and_restores_the_listener():
         assert knobs.compilation.listener is mine and seen == [True]
     finally:
         knobs.compilation.listener = before
+
+
+@pytest.mark.gpu
+def test_patch_with_a_warm_cache_searches_and_compiles_nothing(tmp_path):
+    """Issue 7, must-show 2 on a tiny Llama: cold patch fills the cache (μGraphs and binaries); a
+    fresh process with an empty ~/.triton then patches with zero searches and zero compiles."""
+    cache = str(tmp_path / "cache")
+    cold = _worker(tmp_path, "triton-cold", "patch", cache)
+    print(cold["report"])
+    assert cold["unpatched"] == 0 and cold["searches"] + cold["reinstantiated"] > 0
+    warm = _worker(tmp_path, "triton-warm", "patch", cache)
+    print(warm["report"])
+    assert warm["unpatched"] == 0 and warm["searches"] == 0 and warm["reinstantiated"] == 0
+    assert warm["compiles"] == 0, warm["report"]
+    assert warm["cache_hits"] == cold["searches"] + cold["reinstantiated"]
+    assert warm["tokens"] == cold["tokens"]
+    assert any(i.binaries for i in KernelCache(cache, shipped_dir=False).ls(("user",)))
