@@ -22,9 +22,13 @@ eagerly through the same buffers (CPU tests).
 """
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from .token_choice import TokenChooser
+
+log = logging.getLogger("mirage_serve")
 
 
 class DecodeLoop:
@@ -40,6 +44,7 @@ class DecodeLoop:
         self.graph = None
         self.captures = 0
         self.replays = 0
+        self.capture_error: str | None = None  # set if capture failed and the loop runs eagerly
 
     def _alloc(self, batch: int, cache_len: int, vocab: int, dev: torch.device) -> None:
         long = torch.long
@@ -113,8 +118,14 @@ class DecodeLoop:
                 self._step()
             torch.cuda.current_stream().wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                self._step()
+            try:
+                with torch.cuda.graph(graph, pool=self.pool):
+                    self._step()
+            except Exception as e:  # capture records without running: the state is still exact
+                self.capture, self.capture_error = False, f"{type(e).__name__}: {e}"
+                log.warning("mirage_serve: decode loop capture failed (%s); running it eagerly",
+                            self.capture_error)
+                return
             self.graph = graph
             self.captures += 1
 

@@ -42,6 +42,7 @@ def test_captured_loop_gives_hf_greedy_tokens_and_replays(lengths):
     assert runner.paths["fast"] == 3 and runner.paths["hf"] == 0
     (loop,) = runner.loops.values()
     # steps 2..64 per call: the first is run eagerly and captured, all later ones replay
+    assert loop.capture_error is None
     assert loop.captures == 1 and loop.replays == 3 * (STEPS - 1) - 1
     assert torch.equal(got, want) and torch.equal(again, want) and torch.equal(got_other, want_other)
     uninstall_decode_graphs(model)
@@ -55,11 +56,13 @@ def test_captured_loop_samples_hf_tokens_with_a_fixed_seed():
               top_p=0.9, pad_token_id=0)
     torch.manual_seed(11)
     want = _hf_static(model, ids, mask, **kw)
-    install_decode_graphs(model)
+    runner = install_decode_graphs(model)
     got = []
     for _ in range(2):  # the second call replays the captured sampling ops
         torch.manual_seed(11)
         got.append(model.generate(input_ids=ids, attention_mask=mask, **kw))
+    (loop,) = runner.loops.values()
+    assert loop.capture_error is None and loop.captures == 1 and loop.replays > 0
     assert torch.equal(got[0], want) and torch.equal(got[1], want)
     uninstall_decode_graphs(model)
 
