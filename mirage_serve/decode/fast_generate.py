@@ -40,6 +40,10 @@ def call_blocker(model, args: tuple, kwargs: dict) -> str | None:
             return name
     if model.config.is_encoder_decoder:
         return "encoder-decoder model"
+    # HF turns synced_gpus on by itself under FSDP / ZeRO-3; a custom_generate callable loses it.
+    if torch.distributed.is_available() and torch.distributed.is_initialized() \
+            and torch.distributed.get_world_size() > 1:
+        return "distributed"
     rest = {k: v for k, v in kwargs.items() if k not in ("generation_config", "input_ids", "inputs")}
     try:
         gc, model_kwargs = model._prepare_generation_config(kwargs.get("generation_config"), **rest)
