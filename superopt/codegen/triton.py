@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from ..ir import (BlockGraph, Category, KernelGraph, Node, Variance, block_variance, default_stages, op_info,
                   reduced_axes)
-from ..ir.padding import padded_shapes
+from ..ir.padding import fma_matmul, padded_shapes
 
 TL_DTYPES = {"float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32"}
 _UNARY = {
@@ -123,6 +123,22 @@ class _Kernel:
         self.native: set[str] = set()  # values held in their loaded dtype, not yet float32
         self.lines: list[str] = []
         self.skip = self._only_feed_dots(b) if narrow else set()
+        # small-M matmuls written as a broadcast product + tl.sum (ir.padding.fma_matmul); one whose
+        # B is transpose(w) reads w [N, K] as loaded (K contiguous) and the transpose is never emitted
+        self.fma = {n.out.name for n in b.nodes if op_info(n.op).category is Category.MATMUL
+                    and fma_matmul(self.real[n.args[0]], self.real[n.args[1]])}
+        self.nk: dict[str, str] = {}
+        for n in b.nodes:
+            t = self.producer.get(n.args[1]) if n.out.name in self.fma else None
+            if t is not None and t.op == "transpose":
+                self.nk[n.out.name] = t.args[0]
+        readers: dict[str, set[str]] = {}
+        for n in b.nodes:
+            for a in n.args:
+                readers.setdefault(a, set()).add(n.out.name)
+        outs = {o.value for o in b.outputs}
+        self.skip |= {w for m, src in self.nk.items() for w in [self.producer[m].args[1]]
+                      if w not in outs and readers[w] <= set(self.nk)}
 
     def _only_feed_dots(self, b: BlockGraph) -> set[str]:
         """Widening casts read only by matmuls: the dots take the narrow value, so never emit them."""
@@ -212,6 +228,9 @@ class _Kernel:
                 x = f"tl.where({m}, {x}, {fill})"
             fn = "tl.sum" if n.op == "reduce_sum" else "tl.max"
             self.emit(f"{lhs} = {fn}({x}, axis={dim}, keep_dims={bool(n.attr('keepdim'))})", ind)
+        elif cat is Category.MATMUL and out in self.fma:
+            expr, axis = self.fma_product(n)
+            self.emit(f"{lhs} = tl.sum({expr}, axis={axis})", ind)
         elif cat is Category.MATMUL:
             self.matmul(n, lhs, ind)
         elif n.op == "transpose":
@@ -257,6 +276,30 @@ class _Kernel:
         if len(po) != 2 and (len(po) != 3 or batch == 1):
             dot = f"tl.reshape({dot}, {po})"
         self.emit(f"{lhs} = {dot}", ind)
+
+    def fma_operand(self, v: str, kdim: int) -> str:
+        """A float32 operand of a broadcast-product matmul, rounded as ``tl.dot`` would take it."""
+        if self.narrow:
+            v = self.unwidened(v)
+        x = self.f32(v)
+        if self.narrow and not (v in self.native and self.dtype[v] == self.narrow):
+            x = f"{x}.to({TL_DTYPES[self.narrow]}).to(tl.float32)"
+        m = _mask(self.real[v], self.pad[v], [kdim])
+        return f"tl.where({m}, {x}, 0.0)" if m else x  # padding along K contributes nothing
+
+    def fma_shape(self, n: Node) -> tuple[list[int], int]:
+        """(padded shape, K axis) of the elementwise products of ``matmul(a, b)``."""
+        (pm, pk), pn = self.pad[n.args[0]], self.pad[n.out.name][1]
+        return ([pm, pn, pk], 2) if n.out.name in self.nk else ([pm, pk, pn], 1)
+
+    def fma_product(self, n: Node) -> tuple[str, int]:
+        """(expression, K axis) of the elementwise products of ``matmul(a, b)``."""
+        a, w = n.args
+        ea = self.fma_operand(a, 1)
+        if n.out.name in self.nk:  # b = transpose(w'), w' [N, K]: out[m, n] = Σ_k a[m, k] w'[n, k]
+            eb = self.fma_operand(self.nk[n.out.name], 1)
+            return f"({ea})[:, None, :] * ({eb})[None, :, :]", 2
+        return f"({ea})[:, :, None] * ({self.fma_operand(w, 0)})[None, :, :]", 1
 
     def unwidened(self, v: str) -> str:
         """The fp16/bf16 value a float32 ``v`` was cast from, if it was: the dot can take it exactly."""
@@ -305,12 +348,13 @@ def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph) -> tuple[Ke
     for n in b.nodes:
         if var[n.out.name] == Variance.PRE:
             k.node(n, 1)
-    deferred = _deferred_sums(b, var)
+    deferred = _deferred_sums(b, var, k.fma)
     for n in accums:
         init = '-float("inf")' if n.op == "accum_max" else "0.0"
         if n.out.name in deferred:
-            src = deferred[n.out.name].args[0]
-            k.emit(f"{k.name(n.out.name)}_el = tl.full({list(k.pad[src])}, 0.0, tl.float32)", 1)
+            r = deferred[n.out.name]
+            shape = k.fma_shape(r)[0] if r.op == "matmul" else list(k.pad[r.args[0]])
+            k.emit(f"{k.name(n.out.name)}_el = tl.full({shape}, 0.0, tl.float32)", 1)
         else:
             k.emit(f"{k.name(n.out.name)} = tl.full({list(k.pad[n.out.name])}, {init}, tl.float32)", 1)
     rescaled_by = {n.args[1] for n in accums if n.op == "accum_sum_rescaled"}
@@ -326,13 +370,17 @@ def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph) -> tuple[Ke
     skipped = {r.out.name for r in deferred.values()}
     for n in b.nodes:
         if n.out.name in deferred:
-            acc = f"{k.var[n.out.name]}_el"
-            k.emit(f"{acc} = {acc} + {k.f32(deferred[n.out.name].args[0])}", ind)
+            acc, r = f"{k.var[n.out.name]}_el", deferred[n.out.name]
+            term = k.fma_product(r)[0] if r.op == "matmul" else k.f32(r.args[0])
+            k.emit(f"{acc} = {acc} + {term}", ind)
         elif op_info(n.op).category is Category.ACCUM:
             k.accumulate(n, ind)
         elif var[n.out.name] in (Variance.LOOP, Variance.RUNNING) and n.out.name not in skipped:
             k.node(n, ind)
     for name, r in deferred.items():
+        if r.op == "matmul":  # K padding was zeroed in the products
+            k.emit(f"{k.var[name]} = tl.sum({k.var[name]}_el, axis={k.fma_shape(r)[1]})", 1)
+            continue
         src, dim = r.args[0], r.attr("dim")
         m = _mask(k.real[src], k.pad[src], [dim])
         x = f"tl.where({m}, {k.var[name]}_el, 0.0)" if m else f"{k.var[name]}_el"
@@ -352,12 +400,13 @@ def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph) -> tuple[Ke
     return spec, text + "\n" + _launcher(spec, node, atomic) + "\n"
 
 
-def _deferred_sums(b: BlockGraph, var: dict[str, str]) -> dict[str, Node]:
-    """accum_sum nodes fed only by a loop-variant reduce_sum, mapped to that reduce.
+def _deferred_sums(b: BlockGraph, var: dict[str, str], fma: set[str]) -> dict[str, Node]:
+    """accum_sum nodes fed only by a loop-variant reduce_sum or broadcast-product matmul, mapped to it.
 
-    Σ_i Σ_j x_ij = Σ_j Σ_i x_ij: the kernel adds the reduce's operand elementwise every iteration
-    and reduces once after the loop, instead of a cross-warp reduction (shared memory and a
-    barrier) per iteration: the RMSNorm sum of squares in a matmul's K loop.
+    Σ_i Σ_j x_ij = Σ_j Σ_i x_ij: the kernel adds the reduce's operand (the matmul's products)
+    elementwise every iteration and reduces once after the loop, instead of a cross-warp reduction
+    (shared memory and a barrier) per iteration: the RMSNorm sum of squares in a matmul's K loop,
+    and the K loop of a decode GEMV, which then only streams its tiles.
     """
     producer = {n.out.name: n for n in b.nodes}
     uses: dict[str, int] = {}
@@ -369,7 +418,8 @@ def _deferred_sums(b: BlockGraph, var: dict[str, str]) -> dict[str, Node]:
     out = {}
     for n in b.nodes:
         r = producer.get(n.args[0]) if n.op == "accum_sum" else None
-        if r is not None and r.op == "reduce_sum" and uses[r.out.name] == 1 and var[r.out.name] == Variance.LOOP:
+        summed = r is not None and (r.op == "reduce_sum" or r.out.name in fma)
+        if summed and uses[r.out.name] == 1 and var[r.out.name] == Variance.LOOP:
             out[n.out.name] = r
     return out
 

@@ -1,6 +1,7 @@
 """Padded tile shapes of the Triton renderer: every tile dim rounded up to what Triton can hold.
 
-Triton tensors have power-of-two extents, and ``tl.dot`` needs M, N, K ≥ 16. A block value of
+Triton tensors have power-of-two extents, and ``tl.dot`` needs M, N, K ≥ 16 (small-M matmuls
+are rendered without it, ``fma_matmul``, and keep their own extents). A block value of
 shape [3, 80] therefore lives in registers as [16, 128] with the real elements in the leading
 corner. Dims that must agree (both operands of an elementwise op, the contracted dims of a
 matmul, an accumulator and its operand) are unified, so one padded extent serves them all and
@@ -13,6 +14,8 @@ from .graph import BlockGraph
 from .ops import Category, op_info
 
 DOT_MIN = 16  # tl.dot's smallest M, N and K
+FMA_MAX_ROWS = 4       # a rank-2 matmul with M or N this small is a broadcast product + sum, not tl.dot
+FMA_MAX_ELEMS = 8192   # ... if its [M, N, K] product (padded) fits in registers (64 a thread at 4 warps)
 
 
 def next_pow2(n: int) -> int:
@@ -48,6 +51,18 @@ class _Classes:
     def at_least(self, k: tuple[str, int], n: int) -> None:
         r = self.find(k)
         self.floor[r] = max(self.floor[r], n)
+
+
+def fma_matmul(a: tuple[int, ...], w: tuple[int, ...]) -> bool:
+    """Whether the renderer writes ``matmul(a, w)`` as ``tl.sum`` of a broadcast product.
+
+    A decode GEMV ([1, K] @ [K, N]) as ``tl.dot`` pads M to 16: 16× the multiplies, and both
+    operands staged through shared memory every iteration. Rank 2 only (batched dots stay dots).
+    """
+    if len(a) != 2 or len(w) != 2:
+        return False
+    m, k, n = a[0], a[1], w[1]
+    return min(m, n) <= FMA_MAX_ROWS and next_pow2(m) * next_pow2(k) * next_pow2(n) <= FMA_MAX_ELEMS
 
 
 def padded_shapes(b: BlockGraph, strict: bool = True) -> dict[str, tuple[int, ...]]:
@@ -97,8 +112,9 @@ def padded_shapes(b: BlockGraph, strict: bool = True) -> dict[str, tuple[int, ..
             cls.union((out, ro - 2), (a, ra - 2))
             cls.union((out, ro - 1), (w, rw - 1))
             cls.union((a, ra - 1), (w, rw - 2))
-            for k in ((out, ro - 2), (out, ro - 1), (a, ra - 1)):
-                cls.at_least(k, DOT_MIN)
+            if not fma_matmul(shapes[a], shapes[w]):
+                for k in ((out, ro - 2), (out, ro - 1), (a, ra - 1)):
+                    cls.at_least(k, DOT_MIN)
         elif n.op == "transpose":
             s = shapes[out]
             for d in range(len(s)):

@@ -7,6 +7,8 @@ dims ≥ 16). Measured against ``metadata.shared`` of sm_90 builds (tests/codege
 * **pipelined loads**: in a for-loop of ``num_stages`` > 1, a loop-variant load that (through
   elementwise ops, casts, transposes) feeds a ``tl.dot`` is copied ahead by ``cp.async`` into
   ``num_stages − 1`` buffers of its padded tile, in its dtype; all of them live the whole loop.
+* **small-M matmuls** (``padding.fma_matmul``) are no ``tl.dot``: a broadcast product in registers
+  and a ``tl.sum``, whose cross-warp reduction is scratch (below).
 * **dot operands**: a ``tl.dot`` operand that is not a pipelined load passed as loaded (no mask
   along K, no dtype conversion) is written to shared memory
   (layout conversion to the MMA operand layout): padded A + padded B in the dot's input dtype.
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 from .graph import BlockGraph
 from .ops import DTYPE_BYTES, Category, op_info
-from .padding import padded_shapes
+from .padding import fma_matmul, padded_shapes
 
 # Usable shared memory per threadblock, bytes (sm_90: 227 KB after the opt-in; the launch limit
 # Triton reports on H100/H200 is 232448).
@@ -59,7 +61,9 @@ def triton_smem_bytes(b: BlockGraph, num_warps: int | None = None, num_stages: i
     dtype.update((n.out.name, n.out.type.dtype) for n in b.nodes)
     real = {i.value.name: i.value.type.shape for i in b.inputs}
     real.update((n.out.name, n.out.type.shape) for n in b.nodes)
-    dots = [n for n in b.nodes if op_info(n.op).category is Category.MATMUL]
+    fma = {n.out.name for n in b.nodes if op_info(n.op).category is Category.MATMUL
+           and fma_matmul(real[n.args[0]], real[n.args[1]])}
+    dots = [n for n in b.nodes if op_info(n.op).category is Category.MATMUL and n.out.name not in fma]
 
     def ancestors(v: str) -> set[str]:
         seen, todo = set(), [v]
@@ -88,7 +92,10 @@ def triton_smem_bytes(b: BlockGraph, num_warps: int | None = None, num_stages: i
     persistent, transient = 0, 0
     for n in b.nodes:
         cat = op_info(n.op).category
-        if cat is Category.MATMUL:
+        if n.out.name in fma:  # broadcast product + tl.sum over K: a cross-warp reduction at most
+            pm, pk = pad[n.args[0]]
+            transient = max(transient, pm * pad[n.out.name][1] * min(num_warps, pk) * 4)
+        elif cat is Category.MATMUL:
             need = 0
             in_loop = b.forloop > 1 and n.out.name not in invariant
             for j, a in enumerate(n.args):

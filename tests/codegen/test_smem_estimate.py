@@ -96,15 +96,16 @@ def test_qwen_mlp_in_estimate_matches_triton():
 
 
 def _deep_k_tiles(forloop: int):
-    """Qwen mlp_out at m=1 with K=4864 in ``forloop`` tiles of [1, 4864 / forloop]."""
-    text = (UGRAPHS / "qwen05b_mlp_out_m1.txt").read_text()
+    """Qwen mlp_out at m=8 (a tl.dot) with K=4864 in ``forloop`` tiles of [8, 4864 / forloop]."""
+    text = (UGRAPHS / "qwen05b_mlp_out_m8.txt").read_text()
     tile = 4864 // forloop
-    text = text.replace("forloop 19", f"forloop {forloop}").replace("[1,256]", f"[1,{tile}]")
-    return check(from_text(text.replace("[256,1]", f"[{tile},1]")))
+    text = text.replace("forloop 19", f"forloop {forloop}").replace("[8,256]", f"[8,{tile}]")
+    return check(from_text(text.replace("[256,8]", f"[{tile},8]")))
 
 
 def test_default_stages_back_off_until_the_kernel_fits():
-    # K tiles of 1216 pad to 2048: 3 stages of both loads do not fit in 227 KB, 1 stage does
+    # K tiles of 1216 pad to 2048: [16, 2048] bf16 operands; 3 stages of both loads do not fit in
+    # 227 KB, 1 stage does
     g = _deep_k_tiles(4)
     b = g.nodes[0].block
     assert triton_smem_bytes(b, 4, 3) > H200_LIMIT

@@ -39,9 +39,22 @@ def test_one_kernel_per_customized_op_and_deterministic(case):
 
 
 def test_bfloat16_source_feeds_dot_in_bfloat16():
-    src = render_triton(build("rmsnorm_matmul", "bfloat16").ugraph).source
+    from tests.fixtures.ugraphs import FIXTURES
+
+    src = render_triton(FIXTURES["rmsnorm_matmul"](dtype="bfloat16", rows=16).ugraph).source
     assert "tl.dot(" in src and 'input_precision="ieee"' not in src
     assert "tl.float32" in src  # accumulators
+
+
+def test_small_m_matmul_is_a_broadcast_product_summed_after_the_loop():
+    # 2 rows: tl.dot would pad M to 16; the products accumulate elementwise, one tl.sum after the loop
+    src = render_triton(build("rmsnorm_matmul", "bfloat16").ugraph).source
+    assert "tl.dot(" not in src and "tl.arange(0, 16)" not in src
+    body = src.split("for i in range")[1].split("\n    v")[0]
+    assert "tl.sum" not in body
+    # x @ W^T with W [N, K]: W's tiles are read as loaded, K contiguous, and never transposed
+    gemv = render_triton(build("gemv_nk", "bfloat16").ugraph).source
+    assert "tl.trans" not in gemv and "[:, None, :] * (" in gemv and "tl.sum(v0_v2_el, axis=2)" in gemv
 
 
 @pytest.mark.slow
