@@ -77,17 +77,34 @@ def build(graph: KernelGraph, backend: str, device: torch.device, launch: dict |
             compiled = compile_graph(graph, backend="triton", device=device, launch=launch,
                                      source=source, binaries=binaries)
         else:
-            from superopt.runtime.cuda_launch import cuda_runner
-
-            arch = arch_of(device)
-            compiled = cuda_runner(graph, device, arch + "a" if arch == "sm_90" else arch)
+            return _build_cuda(graph, device, binaries, t0)
     except ImportError as e:
         raise BackendError(f"backend {backend!r} needs superopt.runtime, which is not installed ({e})") from None
     # Compiled graphs write their results into buffers that the next call overwrites, and one
     # graph serves the same site of every layer. No copy: a decoder layer consumes a site's outputs
     # (projections into RoPE / the KV cache / the residual add) before the next layer calls the
     # site again, and a copy per output would add a launch per output per layer to every step.
-    if backend == "triton":
-        return Executor(compiled, backend, False, compiled.compiles, time.perf_counter() - t0,
-                        compiled.source, compiled.binaries())
-    return Executor(compiled, backend, False, 1, time.perf_counter() - t0)
+    return Executor(compiled, backend, False, compiled.compiles, time.perf_counter() - t0,
+                    compiled.source, compiled.binaries())
+
+
+CUDA_CUBIN = "module.cubin"   # the CUDA backend's whole module, one NVRTC build
+
+
+def _build_cuda(graph: KernelGraph, device: torch.device, binaries: dict | None, t0: float) -> Executor:
+    """CUDA C++ through NVRTC; a stored cubin (same arch and NVRTC: both in the cache key) skips it."""
+    from superopt.runtime.cuda_launch import CudaGraphRunner, cuda_runner
+
+    runner, compiles = None, 0
+    cubin = (binaries or {}).get(CUDA_CUBIN)
+    if cubin:
+        try:
+            runner = CudaGraphRunner(graph, cubin, device)
+        except Exception:  # a cubin this driver cannot load: build afresh rather than fall back
+            runner = None
+    if runner is None:
+        arch = arch_of(device)
+        runner = cuda_runner(graph, device, arch + "a" if arch == "sm_90" else arch)
+        compiles = len(runner.module.kernels)
+    return Executor(runner, "cuda", False, compiles, time.perf_counter() - t0, runner.module.source,
+                    {CUDA_CUBIN: runner.cubin} if runner.module.kernels else {})

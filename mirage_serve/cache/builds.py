@@ -31,7 +31,12 @@ from pathlib import Path
 from .key import CacheKey
 from .store import CacheWarning, KernelCache
 
-SOURCE = "source.py"   # the generated Triton module (the CUDA backend stores none yet)
+SOURCE = "source.py"   # the generated Triton module
+SOURCE_CUDA = "source.cu"   # the generated CUDA C++ module (backend "cuda")
+
+
+def source_name(key: CacheKey) -> str:
+    return SOURCE_CUDA if key.backend == "cuda" else SOURCE
 
 
 @dataclass(frozen=True)
@@ -47,7 +52,7 @@ def load_build(cache: KernelCache | None, key: CacheKey | None) -> Build | None:
     entry = cache.get(key, count=False)
     if entry is None:
         return None
-    return Build(entry.sources.get(SOURCE), dict(entry.binaries))
+    return Build(entry.sources.get(source_name(key)), dict(entry.binaries))
 
 
 def store_build(cache: KernelCache | None, key: CacheKey | None, source: str | None,
@@ -71,7 +76,7 @@ def _store(cache: KernelCache, key: CacheKey, source: str | None, binaries: dict
             return None
         sources = dict(entry.sources)
         if source is not None:
-            sources[SOURCE] = source
+            sources[source_name(key)] = source
         new = replace(entry, sources=sources, binaries=dict(binaries), origin="")
         # A shipped (text-only) hit has no user entry yet: this writes the first one.
         return cache.put(key, new, replace_existing=entry.origin == "user")
