@@ -2,8 +2,12 @@
 
     rmsnorm_matmul-sm90-bf16-k4096-n6144-1a2b3c4d/
       ugraph.txt      the winning μGraph, canonical text (superopt.ir.text)
-      kernel.py       generated sources, UTF-8 text (any number, any allowed name)
-      kernel.cubin    compiled binaries, raw bytes (none in the shipped cache)
+      source.py       generated sources, UTF-8 text (any number, any allowed name; source.py is
+                      the Triton module, source.cu the CUDA one: mirage_serve.cache.builds)
+      <kernel>.<hash16>.cubin / .json, triton-kernels.json
+                      compiled binaries, raw bytes (none in the shipped cache): per Triton kernel
+                      its cubin and Triton's metadata, and a manifest (superopt.runtime.binaries);
+                      module.cubin for the CUDA backend
       meta.json       {"format", "key", "key_digest", "files": {name: {kind, sha256, bytes}},
                        "meta": caller's JSON (timings, verdict, created…), "self_sha256"}
 
