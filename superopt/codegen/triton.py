@@ -229,8 +229,7 @@ class _Kernel:
             fn = "tl.sum" if n.op == "reduce_sum" else "tl.max"
             self.emit(f"{lhs} = {fn}({x}, axis={dim}, keep_dims={bool(n.attr('keepdim'))})", ind)
         elif cat is Category.MATMUL and out in self.fma:
-            expr, axis = self.fma_product(n)
-            self.emit(f"{lhs} = tl.sum({expr}, axis={axis})", ind)
+            self.emit(f"{lhs} = {self.fma_sum(n, self.fma_product(n))}", ind)
         elif cat is Category.MATMUL:
             self.matmul(n, lhs, ind)
         elif n.op == "transpose":
@@ -287,19 +286,49 @@ class _Kernel:
         m = _mask(self.real[v], self.pad[v], [kdim])
         return f"tl.where({m}, {x}, 0.0)" if m else x  # padding along K contributes nothing
 
-    def fma_shape(self, n: Node) -> tuple[list[int], int]:
-        """(padded shape, K axis) of the elementwise products of ``matmul(a, b)``."""
-        (pm, pk), pn = self.pad[n.args[0]], self.pad[n.out.name][1]
-        return ([pm, pn, pk], 2) if n.out.name in self.nk else ([pm, pk, pn], 1)
+    def fma_form(self, n: Node) -> str:
+        """How the products of ``matmul(a, b)`` are laid out: in 2-D where a side is a single row.
 
-    def fma_product(self, n: Node) -> tuple[str, int]:
-        """(expression, K axis) of the elementwise products of ``matmul(a, b)``."""
+        "row": b = transpose(w'), w' [N, K] with N == 1 (or M == N == 1): products a * w' [M, K].
+        "col": b = transpose(w'), M == 1: products a * w' [N, K], the decode GEMV of an HF Linear.
+        Both keep the loaded tiles' layout (no shared-memory layout conversion in the loop).
+        "3d": [M, K, N] (or [M, N, K] for a transposed b), a broadcast over a third axis.
+        """
+        pm, pn = self.pad[n.out.name]
+        if n.out.name in self.nk and pn == 1:
+            return "row"
+        if n.out.name in self.nk and pm == 1:
+            return "col"
+        return "3d"
+
+    def fma_shape(self, n: Node) -> list[int]:
+        """Padded shape of the elementwise products of ``matmul(a, b)``."""
+        (pm, pk), pn = self.pad[n.args[0]], self.pad[n.out.name][1]
+        form = self.fma_form(n)
+        if form == "row":
+            return [pm, pk]
+        if form == "col":
+            return [pn, pk]
+        return [pm, pn, pk] if n.out.name in self.nk else [pm, pk, pn]
+
+    def fma_product(self, n: Node) -> str:
+        """The elementwise products of ``matmul(a, b)`` (see ``fma_form``)."""
         a, w = n.args
         ea = self.fma_operand(a, 1)
+        form = self.fma_form(n)
         if n.out.name in self.nk:  # b = transpose(w'), w' [N, K]: out[m, n] = Σ_k a[m, k] w'[n, k]
             eb = self.fma_operand(self.nk[n.out.name], 1)
-            return f"({ea})[:, None, :] * ({eb})[None, :, :]", 2
-        return f"({ea})[:, :, None] * ({self.fma_operand(w, 0)})[None, :, :]", 1
+            return f"({ea}) * ({eb})" if form in ("row", "col") else f"({ea})[:, None, :] * ({eb})[None, :, :]"
+        return f"({ea})[:, :, None] * ({self.fma_operand(w, 0)})[None, :, :]"
+
+    def fma_sum(self, n: Node, products: str) -> str:
+        """``matmul(a, b)`` [M, N] from its products: the sum over K."""
+        form = self.fma_form(n)
+        if form == "row":
+            return f"tl.sum({products}, axis=1, keep_dims=True)"
+        if form == "col":
+            return f"tl.sum({products}, axis=1)[None, :]"
+        return f"tl.sum({products}, axis={2 if n.out.name in self.nk else 1})"
 
     def unwidened(self, v: str) -> str:
         """The fp16/bf16 value a float32 ``v`` was cast from, if it was: the dot can take it exactly."""
@@ -353,7 +382,7 @@ def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph) -> tuple[Ke
         init = '-float("inf")' if n.op == "accum_max" else "0.0"
         if n.out.name in deferred:
             r = deferred[n.out.name]
-            shape = k.fma_shape(r)[0] if r.op == "matmul" else list(k.pad[r.args[0]])
+            shape = k.fma_shape(r) if r.op == "matmul" else list(k.pad[r.args[0]])
             k.emit(f"{k.name(n.out.name)}_el = tl.full({shape}, 0.0, tl.float32)", 1)
         else:
             k.emit(f"{k.name(n.out.name)} = tl.full({list(k.pad[n.out.name])}, {init}, tl.float32)", 1)
@@ -371,7 +400,7 @@ def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph) -> tuple[Ke
     for n in b.nodes:
         if n.out.name in deferred:
             acc, r = f"{k.var[n.out.name]}_el", deferred[n.out.name]
-            term = k.fma_product(r)[0] if r.op == "matmul" else k.f32(r.args[0])
+            term = k.fma_product(r) if r.op == "matmul" else k.f32(r.args[0])
             k.emit(f"{acc} = {acc} + {term}", ind)
         elif op_info(n.op).category is Category.ACCUM:
             k.accumulate(n, ind)
@@ -379,7 +408,7 @@ def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph) -> tuple[Ke
             k.node(n, ind)
     for name, r in deferred.items():
         if r.op == "matmul":  # K padding was zeroed in the products
-            k.emit(f"{k.var[name]} = tl.sum({k.var[name]}_el, axis={k.fma_shape(r)[1]})", 1)
+            k.emit(f"{k.var[name]} = {k.fma_sum(r, k.var[name] + '_el')}", 1)
             continue
         src, dim = r.args[0], r.attr("dim")
         m = _mask(k.real[src], k.pad[src], [dim])

@@ -10,30 +10,32 @@ ODD = [
     ("ntrans_odd", "ntrans", dict(rows=3, hidden=73)),
     ("decode_attention_odd", "decode_attention", dict(batch=3, q_heads=6, kv_heads=2, head_dim=16, kv_len=96)),
 ]
-# x @ W^T with W stored [N, K] (an HF Linear), one output element a block, K in a for-loop: the
-# shape of the decode GEMV the search picks for Qwen2.5-0.5B mlp_out at m=1 (tests/codegen/ugraphs),
-# small. The renderer reads W's [1, K] tiles as loaded (no transpose) and sums products after the loop.
+# x @ W^T with W stored [N, K] (an HF Linear), K in a for-loop: one output element a block (the
+# decode GEMV the search picks for Qwen2.5-0.5B mlp_out at m=1, tests/codegen/ugraphs, small), or
+# all N = 5 in one block ("cols"). The renderer reads W's tiles as loaded (no transpose) and sums
+# the products after the loop.
 GEMV_NK = """graph gemv_nk_fused
 input %w : {dt}[5,{k}]
 input %x : {dt}[1,{k}]
 %y = customized(%w, %x) : {dt}[1,5] {{
-  grid 5,1,1 threads 128 forloop 3
-  in %i0 = arg0 imap(0,-1,-1) fmap 1 : {dt}[1,{t}]
+  grid {g},1,1 threads 128 forloop 3
+  in %i0 = arg0 imap({im},-1,-1) fmap 1 : {dt}[{n},{t}]
   in %i1 = arg1 imap(-1,-1,-1) fmap 1 : {dt}[1,{t}]
-  %v0 = transpose(%i0) : {dt}[{t},1]
-  %v1 = matmul(%i1, %v0) : {dt}[1,1]
-  %v2 = accum_sum(%v1) : {dt}[1,1]
-  out %v2 omap(1,-1,-1) reduce none
+  %v0 = transpose(%i0) : {dt}[{t},{n}]
+  %v1 = matmul(%i1, %v0) : {dt}[1,{n}]
+  %v2 = accum_sum(%v1) : {dt}[1,{n}]
+  out %v2 omap({om},-1,-1) reduce none
 }}
 output %y
 """
-TEXT_CASES = {"gemv_nk": dict(k=96), "gemv_nk_odd": dict(k=90)}  # 90: K tiles of 30, padded to 32
+# 90: K tiles of 30, padded to 32
+TEXT_CASES = {"gemv_nk": dict(k=96), "gemv_nk_odd": dict(k=90), "gemv_nk_cols": dict(k=90, cols=True)}
 
 CASES = [(name, name, {}) for name in FIXTURES] + ODD + [(c, c, {}) for c in TEXT_CASES]
 INTERP_DTYPES = ("float32", "float16")  # bf16 arithmetic is broken in the interpreter (DESIGN.md)
 
 
-def _gemv_nk(dtype: str, k: int):
+def _gemv_nk(dtype: str, k: int, cols: bool = False):
     from superopt.ir import check, from_text
     from superopt.lax import Program
     from tests.fixtures.build import Fixture
@@ -41,7 +43,8 @@ def _gemv_nk(dtype: str, k: int):
     p = Program("gemv_nk")
     w, x = p.input("w", (5, k), dtype), p.input("x", (1, k), dtype)
     p.output(p.matmul(x, p.transpose(w)))
-    ugraph = check(from_text(GEMV_NK.format(dt=dtype, k=k, t=k // 3)))
+    tiling = dict(g=1, im=-1, n=5, om=-1) if cols else dict(g=5, im=0, n=1, om=1)
+    ugraph = check(from_text(GEMV_NK.format(dt=dtype, k=k, t=k // 3, **tiling)))
     return Fixture("gemv_nk", p.build(), ugraph, lambda xs: [xs[1] @ xs[0].T])
 
 
