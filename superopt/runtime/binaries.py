@@ -36,9 +36,10 @@ MANIFEST_FORMAT = 1
 _OPTIONAL = ("source", "ttir", "ttgir", "llir", "ptx", "amdgcn")
 
 _lock = threading.Lock()
-# Triton hash -> {triton file name -> bytes}: every cache group a watch saw in this process, so
-# a graph whose kernels an earlier graph compiled (same source and launch) can still export them.
-_SEEN: dict[str, dict[str, bytes]] = {}
+# Triton hash -> {triton file name -> path in Triton's cache}: every cache group a watch saw in
+# this process, so a graph whose kernels an earlier graph compiled (same source and launch) can
+# still export them.
+_SEEN: dict[str, dict[str, str]] = {}
 
 
 @dataclass
@@ -88,15 +89,13 @@ def watch(fns: Iterable) -> Iterator[CompileLog]:
 
 
 def _capture(h: str, metadata_group: dict) -> None:
-    """Keep the files of the cache group ``h`` (all but intermediate IR), read from Triton's cache."""
-    try:
-        files = {fname: Path(path).read_bytes() for fname, path in metadata_group.items()
-                 if fname.rsplit(".", 1)[-1] not in _OPTIONAL}
-    except OSError:   # removed from Triton's cache meanwhile: nothing to export for it
-        return
-    if any(f.endswith(".json") for f in files):
+    """Remember where Triton's cache keeps group ``h`` (paths only: profiling compiles hundreds of
+    candidates, and only the winners' files are read, by ``export_files``)."""
+    paths = {fname: str(path) for fname, path in metadata_group.items()
+             if fname.rsplit(".", 1)[-1] not in _OPTIONAL}
+    if any(f.endswith(".json") for f in paths):
         with _lock:
-            _SEEN[h] = files
+            _SEEN[h] = paths
 
 
 def export_files(hashes: dict[str, str]) -> dict[str, bytes]:
@@ -106,17 +105,20 @@ def export_files(hashes: dict[str, str]) -> dict[str, bytes]:
     compile)."""
     out: dict[str, bytes] = {}
     kernels = []
-    with _lock:
-        for name, h in sorted(hashes.items()):
-            files = _SEEN.get(h)
-            if not files:
+    for name, h in sorted(hashes.items()):
+        with _lock:
+            paths = _SEEN.get(h)
+        if not paths:
+            return {}
+        mapping = {}
+        for fname, path in sorted(paths.items()):
+            flat = f"{name[:64]}.{h[:16]}.{fname.rsplit('.', 1)[-1]}"  # cache file names ≤ 128
+            try:
+                out[flat] = Path(path).read_bytes()
+            except OSError:   # removed from Triton's cache meanwhile
                 return {}
-            mapping = {}
-            for fname, data in sorted(files.items()):
-                flat = f"{name[:64]}.{h[:16]}.{fname.rsplit('.', 1)[-1]}"  # cache file names ≤ 128
-                out[flat] = data
-                mapping[fname] = flat
-            kernels.append({"kernel": name, "hash": h, "files": mapping})
+            mapping[fname] = flat
+        kernels.append({"kernel": name, "hash": h, "files": mapping})
     out[MANIFEST] = json.dumps({"format": MANIFEST_FORMAT, "kernels": kernels}, sort_keys=True,
                                indent=1).encode()
     return out
