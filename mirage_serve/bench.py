@@ -6,7 +6,8 @@ Order of work (so every number comes from one process and one set of weights):
      its greedy tokens are the correctness reference; `static-compile` is HF's static cache with its
      automatic torch.compile;
   3. patch() once (timed), time ours per batch with plain generate() (the patch owns caches and graphs),
-     compare its greedy tokens with eager's, unpatch().
+     compare its greedy tokens with eager's, unpatch(); then patch again over the kernel cache the
+     first patch filled and time it up to the end of a first decode step (the warm-cache cost).
 Decode-step time, floor and units: see bench_timing and registry.decode_bytes.
 """
 from __future__ import annotations
@@ -203,9 +204,44 @@ def _patch_and_measure(lm: LoadedModel, opts: BenchOptions, measured: dict, prog
     seconds = time.perf_counter() - t0
     try:
         measured["ours"] = _measure(lm, opts, "default", prog)
+        paths = _decode_paths(lm.model)
     finally:
         unpatch(lm.model)
-    return {"available": True, "seconds": seconds, "report": str(report), "error": None}
+    return {"available": True, "seconds": seconds, "report": str(report), "error": None,
+            "counts": _counts(report), "decode_paths": paths, "warm": _warm_repatch(lm, opts, patch, unpatch)}
+
+
+def _counts(report) -> dict:
+    return {k: getattr(report, k, None) for k in ("searches", "reinstantiated", "compiles", "cache_hits", "programs")}
+
+
+def _decode_paths(model) -> dict:
+    try:
+        from .decode import decode_paths
+    except ImportError:
+        return {}
+    return decode_paths(model)
+
+
+def _warm_repatch(lm: LoadedModel, opts: BenchOptions, patch, unpatch) -> dict:
+    """Patch again over the cache the first patch filled, then one generate() of 2 new tokens: the
+    cost a user pays when the kernel cache is warm (searches and compiles should be 0)."""
+    import torch
+
+    ids = _prompt(opts.batches[0], opts.prompt_len, lm.model.config.vocab_size, opts.seed, opts.device)
+    t0 = time.perf_counter()
+    report = patch(lm.model, backend=opts.backend, batch_sizes=tuple(opts.batches), cache_dir=opts.cache_dir)
+    patched = time.perf_counter() - t0
+    try:
+        with torch.inference_mode():
+            lm.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=2, min_new_tokens=2,
+                              do_sample=False, pad_token_id=0)
+        if opts.device.startswith("cuda"):
+            torch.cuda.synchronize()
+        first = time.perf_counter() - t0
+    finally:
+        unpatch(lm.model)
+    return {"patch_seconds": patched, "first_step_seconds": first, "counts": _counts(report)}
 
 
 def _rows(opts: BenchOptions, measured: dict, floor_ms: float | None) -> list[dict]:

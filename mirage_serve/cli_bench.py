@@ -100,7 +100,14 @@ def format_result(r: dict) -> str:
     if p["error"]:
         lines.append(f"patch       {'failed' if p['available'] else 'not run'}: {p['error']}")
     else:
-        lines.append(f"patch       {p['seconds']:.2f} s to patch")
+        lines.append(f"patch       {p['seconds']:.2f} s to patch ({_counts_text(p.get('counts'))})")
+        w = p.get("warm")
+        if w:
+            lines.append(f"warm patch  {w['patch_seconds']:.2f} s to patch again over the filled kernel cache "
+                         f"({_counts_text(w['counts'])}); first decode step done {w['first_step_seconds']:.2f} s "
+                         f"after patch() began")
+        if p.get("decode_paths"):
+            lines.append("decode loop " + ", ".join(f"{k}: {v}" for k, v in sorted(p["decode_paths"].items())))
     bases = s["baselines"]
     head = f"{'batch':>5}  {'run':<15} {'ms/step':>9} {'tok/s':>9} {'% floor':>8}" + \
         "".join(f" {'vs ' + b:>18}" for b in bases)
@@ -114,6 +121,13 @@ def format_result(r: dict) -> str:
     return "\n".join(lines)
 
 
+def _counts_text(c: dict | None) -> str:
+    if not c or None in c.values():
+        return "counts not recorded"
+    return (f"{c['searches']} searches, {c['reinstantiated']} re-instantiated, {c['compiles']} compiles, "
+            f"{c['cache_hits']} cache hits, {c['programs']} programs")
+
+
 def format_markdown(r: dict) -> str:
     """The result as a markdown section for benchmarks/results/ (device, versions, command, table)."""
     m, s, env = r["model"], r["settings"], r["environment"]
@@ -125,7 +139,10 @@ def format_markdown(r: dict) -> str:
              f"torch {env['torch']}, triton {env['triton']}, transformers {env['transformers']}, "
              f"{env['date']}; `{env['command']}`; floor {_f(r['floor_ms'], '.3f')} ms/step "
              f"({m['decode_bytes'] / 1e9:.2f} GB of weights per step); patch "
-             f"{_f(r['patch']['seconds'], '.1f')} s",
+             f"{_f(r['patch']['seconds'], '.1f')} s ({_counts_text(r['patch'].get('counts'))})"
+             + (f"; warm re-patch {w['patch_seconds']:.1f} s ({_counts_text(w['counts'])}), first decode step "
+                f"{w['first_step_seconds']:.1f} s after patch() began" if (w := r['patch'].get('warm')) else "")
+             + (f"; decode loop {r['patch']['decode_paths']}" if r['patch'].get('decode_paths') else ""),
              "",
              "| batch | run | ms/step | tok/s | % of floor | "
              + " | ".join(f"vs {b}" for b in s["baselines"]) + " |",

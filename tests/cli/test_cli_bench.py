@@ -25,8 +25,13 @@ def check_schema(doc: dict, batches: list[int], baselines: list[str]) -> None:
     assert s["batches"] == batches and s["baselines"] == baselines and s["new_tokens"] >= 2
     for key in ("python", "torch", "transformers", "device", "device_name", "date"):
         assert doc["environment"][key], key
-    assert set(doc["patch"]) == {"available", "seconds", "report", "error"}
     ours = doc["patch"]["available"] and not doc["patch"]["error"]
+    extra = {"counts", "decode_paths", "warm"} if ours else set()
+    assert set(doc["patch"]) == {"available", "seconds", "report", "error"} | extra
+    if ours:
+        warm = doc["patch"]["warm"]
+        assert warm["counts"]["searches"] == 0 and warm["counts"]["cache_hits"] > 0, warm  # the cache was filled
+        assert 0 < warm["patch_seconds"] <= warm["first_step_seconds"]
     runs = (["ours"] if ours else []) + baselines
     assert [(r["batch"], r["run"]) for r in doc["rows"]] == [(b, r) for b in batches for r in runs]
     for row in doc["rows"]:
