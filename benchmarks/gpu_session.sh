@@ -29,9 +29,14 @@ while [ $# -gt 0 ]; do
     tests) step tests 180 python -m pytest -q -m gpu tests/patches tests/decode tests/cache -p no:cacheprovider \
              -k "not registry" tests/codegen/test_triton_gpu.py ;;
     decode-qwen) step decode_qwen 240 python benchmarks/bench_decode.py --models Qwen2.5-0.5B --batch 1,8 \
-                    --new-tokens 64 --repeats 2 --baselines "${BASELINES:-eager}" --markdown "$OUT/decode.md" ;;
-    decode-llama) step decode_llama 300 python benchmarks/bench_decode.py --models Llama-3.1-8B --batch 1 \
-                    --new-tokens 64 --repeats 2 --baselines eager --markdown "$OUT/decode.md" ;;
+                    --new-tokens "${NEW_TOKENS:-64}" --repeats 2 --baselines "${BASELINES:-eager}" \
+                    --markdown "$OUT/decode.md" --json-dir "$OUT" ;;
+    decode-llama) step decode_llama 330 python benchmarks/bench_decode.py --models Llama-3.1-8B \
+                    --batch "${LLAMA_BATCH:-1}" --new-tokens "${NEW_TOKENS:-64}" --repeats 2 \
+                    --baselines "${BASELINES:-eager}" --markdown "$OUT/decode.md" --json-dir "$OUT" ;;
+    decode-qwen3) step decode_qwen3 330 python benchmarks/bench_decode.py --models Qwen3-8B --batch 1,8 \
+                    --new-tokens "${NEW_TOKENS:-64}" --repeats 2 --baselines "${BASELINES:-eager}" \
+                    --markdown "$OUT/decode.md" --json-dir "$OUT" ;;
     profile-qwen) step profile_qwen 120 python benchmarks/profile_decode_step.py Qwen2.5-0.5B ;;
     profile-llama) step profile_llama 200 python benchmarks/profile_decode_step.py Llama-3.1-8B ;;
     cuda) step cuda 200 python -m tests.codegen_cuda.device_check "$OUT" ;;
