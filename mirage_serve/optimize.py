@@ -26,6 +26,7 @@ class Choice:
     result: object = None  # the SearchResult, to re-instantiate its structures at other buckets
     launch: dict | None = None  # kernel name -> (num_warps, num_stages) when profiled
     profile: str = ""      # what the profiler measured, for the report
+    verification: "Verification | None" = None  # already verified against this program (None: not yet)
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class Pick:
     launch: dict
     median_us: float
     note: str
+    verification: "Verification | None" = None  # the pick's, when the profiler verified it
 
 
 @dataclass(frozen=True)
@@ -84,25 +86,32 @@ def _choose(program: KernelGraph, budget, arch: str, cache, key, seed, pick) -> 
     t0 = time.perf_counter()
 
     def done(graph, source, note, result=None):
-        launch, profile, meta = None, "", {"program_digest": digest(program), "source": source}
-        if source in ("search", "reinstantiated") and pick is not None:
-            chosen = pick(result)
-            graph, launch, profile = chosen.graph, chosen.launch, chosen.note
-            meta.update(launch={k: list(v) for k, v in launch.items()}, median_us=chosen.median_us,
-                        profile=profile)
-        if source in ("search", "reinstantiated") and cache is not None and key is not None:
-            from .cache import CacheEntry
-            cache.put(key, CacheEntry(to_text(graph), {}, {}, meta))
-        return Choice(graph, source, note, time.perf_counter() - t0, result, launch, profile)
+        launch, profile, meta, ver = None, "", {"program_digest": digest(program), "source": source}, None
+        if source in ("search", "reinstantiated"):
+            if pick is not None:
+                chosen = pick(result)
+                graph, launch, profile, ver = chosen.graph, chosen.launch, chosen.note, chosen.verification
+                meta.update(launch={k: list(v) for k, v in launch.items()}, median_us=chosen.median_us,
+                            profile=profile)
+            ver = ver or verify(program, graph)
+            meta.update(verified=ver.ok, verdict=ver.verdict)
+            # Only a verified μGraph is stored: a hit is then trusted without verifying again (the
+            # key holds the program's digest and every file its sha256; see mirage_serve.cache).
+            if ver.ok and cache is not None and key is not None:
+                from .cache import CacheEntry
+                cache.put(key, CacheEntry(to_text(graph), {}, {}, meta))
+        return Choice(graph, source, note, time.perf_counter() - t0, result, launch, profile, ver)
 
     if cache is not None and key is not None:
         entry = cache.get(key)
         if entry is not None:
             launch = entry.meta.get("launch")
+            ver = (Verification(True, f"verified when cached: {entry.meta.get('verdict', '')}", 0.0)
+                   if entry.meta.get("verified") is True else None)
             return Choice(from_text(entry.ugraph_text), "cache", f"cache entry {key.dirname()}",
                           time.perf_counter() - t0, None,
                           {k: tuple(v) for k, v in launch.items()} if isinstance(launch, dict) else None,
-                          entry.meta.get("profile", ""))
+                          entry.meta.get("profile", ""), ver)
     if budget == 0:
         return done(program, "fallback", "search disabled (search_budget=0)")
     try:

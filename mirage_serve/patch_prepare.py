@@ -129,11 +129,12 @@ class Preparer:
                       for v in program.inputs]
             ranked = self._selector.pick(cands, inputs)
             for r in ranked:
-                if r.error is None and optimize.verify(program, r.ugraph).ok:
+                ver = optimize.verify(program, r.ugraph) if r.error is None else None
+                if ver is not None and ver.ok:
                     base = next((x.median_us for x in ranked if x.ugraph == result.best), float("nan"))
                     note = (f"fastest of {len(ranked)} timed: {r.median_us:.1f} µs "
                             f"(cost model's pick {base:.1f} µs)")
-                    return optimize.Pick(r.ugraph, dict(r.launch), r.median_us, note)
+                    return optimize.Pick(r.ugraph, dict(r.launch), r.median_us, note, ver)
             return optimize.Pick(result.best, {}, float("nan"), f"no candidate ran ({ranked[0].error})")
         return pick
 
@@ -253,7 +254,7 @@ class Preparer:
         profiled = self.backend == "triton" and device.type == "cuda"
         choice = optimize.choose(program, budget=self.budget, arch=search_arch, cache=self.cache, key=key,
                                  seed=seed, pick=self._pick(program, device) if profiled else None)
-        ver = optimize.verify(program, choice.graph)
+        ver = choice.verification or optimize.verify(program, choice.graph)
         self.report.searches += choice.source == "search"
         self.report.reinstantiated += choice.source == "reinstantiated"
         self.report.cache_hits += choice.source == "cache"

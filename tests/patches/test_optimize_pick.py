@@ -38,6 +38,10 @@ def test_pick_is_stored_and_a_hit_skips_profiling(tmp_path):
     assert second.source == "cache" and len(calls) == 1  # no search, no profiling
     assert to_text(second.graph) == to_text(first.graph)
     assert second.launch == {"k0": (2, 4)} and second.profile == first.profile
+    # verified once, when stored: a hit carries that verdict instead of verifying again
+    assert first.verification.ok and second.verification.ok
+    assert second.verification.verdict.startswith("verified when cached: equivalent")
+    assert second.verification.seconds == 0.0
 
 
 def test_a_reinstantiation_left_with_only_the_program_searches_afresh():
