@@ -11,6 +11,7 @@ export MIRAGE_SERVE_CACHE_DIR=${MIRAGE_SERVE_CACHE_DIR:-/tmp/ms_cache}
 if [ "${GPU_SESSION_CLEAN:-0}" = 1 ] && [ -d .git ]; then  # run the committed tree, not work in progress
   git stash -u -q && echo "gpu_session: ran HEAD $(git rev-parse --short HEAD) (uncommitted changes set aside)"
 fi
+[ -f cache.tar ] && tar -C / -xf cache.tar && echo "gpu_session: kernel cache restored from cache.tar"
 python -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || tail -5 "$OUT/install.log"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 python -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
