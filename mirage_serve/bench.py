@@ -52,6 +52,7 @@ class BenchOptions:
     repeats: int = 3
     seed: int = 0
     cache_dir: str | None = None  # patch()'s kernel cache (None: its default)
+    graphs: bool = True  # False: patch(cuda_graphs=False), the kernels alone under HF's decode loop
 
 
 def patch_api():
@@ -161,7 +162,7 @@ def run(lm: LoadedModel, opts: BenchOptions) -> dict[str, Any]:
                   "num_hidden_layers": facts.get("num_hidden_layers"), "params": registry.param_count(facts),
                   "decode_bytes": registry.decode_bytes(facts, opts.dtype)},
         "settings": {k: getattr(opts, k) for k in ("batches", "prompt_len", "new_tokens", "dtype",
-                                                  "baselines", "backend", "device", "repeats", "seed")},
+                                                  "baselines", "backend", "device", "repeats", "seed", "graphs")},
         "environment": environment(opts.device),
         "notes": [],
     }
@@ -196,7 +197,7 @@ def _patch_and_measure(lm: LoadedModel, opts: BenchOptions, measured: dict, prog
     t0 = time.perf_counter()
     try:
         report = patch(lm.model, backend=opts.backend, batch_sizes=tuple(opts.batches),
-                       cache_dir=opts.cache_dir)
+                       cache_dir=opts.cache_dir, **_graphs(opts))
     except Exception as err:  # keep the baselines measured so far; the CLI reports the failure
         if _is_oom(err):
             raise
@@ -209,6 +210,10 @@ def _patch_and_measure(lm: LoadedModel, opts: BenchOptions, measured: dict, prog
         unpatch(lm.model)
     return {"available": True, "seconds": seconds, "report": str(report), "error": None,
             "counts": _counts(report), "decode_paths": paths, "warm": _warm_repatch(lm, opts, patch, unpatch)}
+
+
+def _graphs(opts: BenchOptions) -> dict:
+    return {} if opts.graphs else {"cuda_graphs": False}  # default: patch() decides (on for CUDA)
 
 
 def _counts(report) -> dict:
@@ -230,7 +235,8 @@ def _warm_repatch(lm: LoadedModel, opts: BenchOptions, patch, unpatch) -> dict:
 
     ids = _prompt(opts.batches[0], opts.prompt_len, lm.model.config.vocab_size, opts.seed, opts.device)
     t0 = time.perf_counter()
-    report = patch(lm.model, backend=opts.backend, batch_sizes=tuple(opts.batches), cache_dir=opts.cache_dir)
+    report = patch(lm.model, backend=opts.backend, batch_sizes=tuple(opts.batches), cache_dir=opts.cache_dir,
+                   **_graphs(opts))
     patched = time.perf_counter() - t0
     try:
         with torch.inference_mode():

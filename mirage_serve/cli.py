@@ -85,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--cache-dir", help="kernel cache for patch() (default: MIRAGE_SERVE_CACHE_DIR or "
                    "~/.cache/mirage_serve)")
+    b.add_argument("--no-graphs", dest="graphs", action="store_false",
+                   help="ours without CUDA graphs or the fast decode loop: the fused kernels alone, under HF's loop")
     b.add_argument("--report", action="store_true", help="print patch()'s full per-site report")
     b.add_argument("--json", metavar="FILE", help="write the full result record as JSON")
     b.add_argument("--markdown", metavar="FILE", help="append the result as a markdown table (results files)")

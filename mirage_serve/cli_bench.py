@@ -50,7 +50,8 @@ def options(args):
                         prompt_len=pick(args.prompt_len, "prompt_len"), new_tokens=new_tokens,
                         dtype=pick(args.dtype, "dtype"), baselines=pick(args.baselines, "baselines"),
                         backend=backend, device=device, layers=args.layers, overrides=dict(args.overrides),
-                        repeats=pick(args.repeats, "repeats"), seed=args.seed, cache_dir=args.cache_dir)
+                        repeats=pick(args.repeats, "repeats"), seed=args.seed, cache_dir=args.cache_dir,
+                        graphs=args.graphs)
 
 
 def _load(opts):
@@ -89,7 +90,8 @@ def format_result(r: dict) -> str:
         f"{weights}; {m['decode_bytes'] / 1e9:.3f} GB read per decode step ({s['dtype']})",
         f"run         {s['dtype']} on {s['device']} ({env['device_name']}), prompt {s['prompt_len']}, "
         f"{s['new_tokens']} new tokens, batch {','.join(map(str, s['batches']))}, backend {s['backend']}, "
-        f"median of {s['repeats']}",
+        f"median of {s['repeats']}"
+        + ("" if s.get("graphs", True) else "; ours without CUDA graphs or the fast loop (kernels alone)"),
     ]
     if r["copy_bandwidth_GBps"]:
         lines.append(f"bandwidth   copy {r['copy_bandwidth_GBps']:.0f} GB/s (read + write, this run) -> "

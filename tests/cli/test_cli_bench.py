@@ -224,3 +224,23 @@ def test_patch_that_raises_keeps_the_baselines(tmp_path, capsys, monkeypatch):
     doc = json.loads(j.read_text())
     check_schema(doc, [1, 3], ["eager"])
     assert [r["run"] for r in doc["rows"]] == ["eager", "eager"]
+
+
+def test_no_graphs_patches_with_cuda_graphs_off(tmp_path, capsys, monkeypatch, needs_patch):
+    seen = []
+    real = bench.patch_api
+
+    def spy():
+        patch, unpatch = real()
+
+        def patch_spy(model, **kw):
+            seen.append(kw.get("cuda_graphs", "default"))
+            return patch(model, **kw)
+        return patch_spy, unpatch
+
+    monkeypatch.setattr(bench, "patch_api", spy)
+    j = tmp_path / "r.json"
+    assert main(tiny_bench_args("--no-graphs", "--json", str(j), "--cache-dir", str(tmp_path / "kc"))) == E.EXIT_OK
+    assert seen == [False, False]  # the measured patch and the warm re-patch
+    assert json.loads(j.read_text())["settings"]["graphs"] is False
+    assert "kernels alone" in capsys.readouterr().out
