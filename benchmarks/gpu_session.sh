@@ -3,14 +3,14 @@
 #   bash benchmarks/gpu_session.sh STEP [STEP ...]      (steps below; $OUT must be set)
 # Steps: tests | decode-qwen | decode-llama | profile-qwen | profile-llama | cuda | blocks | warm MODEL...
 # The kernel cache is kept in $OUT/cache while running and tarred to $OUT/cache.tar at the end,
-# so searched μGraphs found on the GPU can be brought back (for kernels_cache/).
+# so searched μGraphs found on the GPU can be brought back (for kernels_cache/); a cache.tar in the
+# working directory is restored first. To run exactly a commit while others edit the tree, archive it
+# into an ignored folder and carry that: `git archive HEAD | tar -x -C .clean`, then `cd .clean && ...`
+# (the device's copy of .git can be stale, so do not rely on git there).
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:?set OUT}
 export MIRAGE_SERVE_CACHE_DIR=${MIRAGE_SERVE_CACHE_DIR:-/tmp/ms_cache}
-if [ "${GPU_SESSION_CLEAN:-0}" = 1 ] && [ -d .git ]; then  # run the committed tree, not work in progress
-  git stash -u -q && echo "gpu_session: ran HEAD $(git rev-parse --short HEAD) (uncommitted changes set aside)"
-fi
 [ -f cache.tar ] && tar -C / -xf cache.tar && echo "gpu_session: kernel cache restored from cache.tar"
 python -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || tail -5 "$OUT/install.log"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
