@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One device call: the integrated GPU checks, each step time-boxed, logs under $OUT.
 #   bash benchmarks/gpu_session.sh STEP [STEP ...]      (steps below; $OUT must be set)
-# Steps: tests | decode-qwen | decode-llama | profile-qwen | profile-llama | cuda | blocks | warm MODEL...
-# The kernel cache is kept in $OUT/cache while running and tarred to $OUT/cache.tar at the end,
+# Steps: tests | decode-qwen | decode-llama | decode-qwen3 | profile-qwen | profile-llama | cuda | blocks
+# (environment: NEW_TOKENS, LLAMA_BATCH, BASELINES). The kernel cache is $MIRAGE_SERVE_CACHE_DIR
+# (default /tmp/ms_cache) while running and is tarred to $OUT/cache.tar at the end,
 # so searched μGraphs found on the GPU can be brought back (for kernels_cache/); a cache.tar in the
 # working directory is restored first. To run exactly a commit while others edit the tree, archive it
 # into an ignored folder and carry that: `git archive HEAD | tar -x -C .clean`, then `cd .clean && ...`
