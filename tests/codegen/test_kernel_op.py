@@ -1,0 +1,33 @@
+"""KernelOp: eager calls go straight to the launcher; torch.compile traces the custom op."""
+from __future__ import annotations
+
+import torch
+from torch.library import triton_op
+
+from superopt.runtime.build import KernelOp
+
+
+def test_eager_calls_the_launcher_and_compile_traces_the_custom_op():
+    calls = []
+
+    def launch(a: torch.Tensor, o0: torch.Tensor, nw: int, ns: int) -> None:
+        calls.append("launch")
+        o0.copy_(a * 2)
+
+    def op_body(a: torch.Tensor, o0: torch.Tensor, nw: int, ns: int) -> None:
+        o0.copy_(a * 2)
+
+    op = triton_op("superopt_test::double_kernel", mutates_args=("o0",))(op_body)
+    k = KernelOp(launch, op)
+    a, o = torch.randn(5), torch.empty(5)
+    k(a, o, 4, 3)
+    assert calls == ["launch"] and torch.equal(o, a * 2)
+
+    def f(a):
+        out = torch.empty_like(a)
+        k(a, out, 4, 3)
+        return out + 1
+
+    got = torch.compile(f, backend="eager", fullgraph=True)(a)
+    assert calls == ["launch"]  # traced through the custom op, not the Python launcher
+    assert torch.equal(got, a * 2 + 1)
