@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One device call: the integrated GPU checks, each step time-boxed, logs under $OUT.
 #   bash benchmarks/gpu_session.sh STEP [STEP ...]      (steps below; $OUT must be set)
-# Steps: tests | decode-qwen | decode-llama | decode-qwen3 | profile-qwen | profile-llama | cuda | blocks
-# (environment: NEW_TOKENS, LLAMA_BATCH, BASELINES). The kernel cache is $MIRAGE_SERVE_CACHE_DIR
+# Steps: tests | decode-qwen | decode-llama | decode-qwen3 | profile-qwen | profile-llama | cuda | blocks | warm
+# (environment: NEW_TOKENS, LLAMA_BATCH, BASELINES; warm: WARM_MODELS, WARM_BATCH; it leaves $OUT/shipped.tar,
+# entries in kernels_cache/ form to untar into the repo's kernels_cache/). The kernel cache is $MIRAGE_SERVE_CACHE_DIR
 # (default /tmp/ms_cache) while running and is tarred to $OUT/cache.tar at the end,
 # so searched μGraphs found on the GPU can be brought back (for kernels_cache/); a cache.tar in the
 # working directory is restored first. To run exactly a commit while others edit the tree, archive it
@@ -42,6 +43,12 @@ while [ $# -gt 0 ]; do
     profile-qwen) step profile_qwen 120 python benchmarks/profile_decode_step.py Qwen2.5-0.5B ;;
     profile-llama) step profile_llama 200 python benchmarks/profile_decode_step.py Llama-3.1-8B ;;
     cuda) step cuda 200 python -m tests.codegen_cuda.device_check "$OUT" ;;
+    warm) for m in ${WARM_MODELS:?set WARM_MODELS to registry names}; do  # issue 7: the shipped cache
+            step "warm_$m" 300 mirage-serve warm "$m" --layers 2 --batch "${WARM_BATCH:-1,2,4,8,16}"
+          done
+          step export_shipped 60 python -c "from mirage_serve.cache import KernelCache; \
+            print(KernelCache(shipped_dir=False).export_shipped('/tmp/shipped'), 'entries')" \
+            && tar -C /tmp -cf "$OUT/shipped.tar" shipped ;;
     blocks) step blocks 400 python benchmarks/bench_blocks.py --suite llama --out "$OUT/blocks.md" ;;
     *) echo "unknown step $1" ;;
   esac
