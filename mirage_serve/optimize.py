@@ -27,6 +27,7 @@ class Choice:
     launch: dict | None = None  # kernel name -> (num_warps, num_stages) when profiled
     profile: str = ""      # what the profiler measured, for the report
     verification: "Verification | None" = None  # already verified against this program (None: not yet)
+    entry: object = None   # the CacheEntry of a cache hit (its stored build is reused, not read again)
 
 
 @dataclass(frozen=True)
@@ -111,7 +112,7 @@ def _choose(program: KernelGraph, budget, arch: str, cache, key, seed, pick) -> 
             return Choice(from_text(entry.ugraph_text), "cache", f"cache entry {key.dirname()}",
                           time.perf_counter() - t0, None,
                           {k: tuple(v) for k, v in launch.items()} if isinstance(launch, dict) else None,
-                          entry.meta.get("profile", ""), ver)
+                          entry.meta.get("profile", ""), ver, entry)
     if budget == 0:
         return done(program, "fallback", "search disabled (search_budget=0)")
     try:

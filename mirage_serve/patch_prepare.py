@@ -259,8 +259,9 @@ class Preparer:
         self.report.reinstantiated += choice.source == "reinstantiated"
         self.report.cache_hits += choice.source == "cache"
         self.report.programs += 1
-        from .cache.builds import load_build, store_build
-        stored = load_build(self.cache, key) if choice.source == "cache" else None  # a warm entry compiles nothing
+        from .cache.builds import build_of, store_build
+        # a warm entry compiles nothing: its build comes with the hit (read and hash-checked once)
+        stored = build_of(choice.entry, key) if choice.entry is not None else None
         try:
             executor = backends.build(choice.graph, self.backend, device, choice.launch,
                                       *((stored.source, stored.binaries) if stored else ()))

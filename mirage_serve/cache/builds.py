@@ -1,6 +1,7 @@
 """A cache entry's build: the generated source and compiled binaries stored beside its μGraph.
 
     build = load_build(cache, key)                  # (source, binaries) of a warm entry, or None
+    build = build_of(entry, key)                    # the same, from an entry already read
     executor = backends.build(graph, ..., source=build.source, binaries=build.binaries)
     store_build(cache, key, executor.source, executor.binaries)   # after a successful build
 
@@ -28,6 +29,7 @@ import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from .entry import CacheEntry
 from .key import CacheKey
 from .store import CacheWarning, KernelCache
 
@@ -45,14 +47,17 @@ class Build:
     binaries: dict[str, bytes]    # empty when the entry holds none (shipped, text-only)
 
 
+def build_of(entry: CacheEntry, key: CacheKey) -> Build:
+    """The build stored in `entry` (an entry `cache.get(key)` returned)."""
+    return Build(entry.sources.get(source_name(key)), dict(entry.binaries))
+
+
 def load_build(cache: KernelCache | None, key: CacheKey | None) -> Build | None:
     """The stored build of `key`'s entry (not counted again in `cache.stats`); None if no entry."""
     if cache is None or key is None:
         return None
     entry = cache.get(key, count=False)
-    if entry is None:
-        return None
-    return Build(entry.sources.get(source_name(key)), dict(entry.binaries))
+    return None if entry is None else build_of(entry, key)
 
 
 def store_build(cache: KernelCache | None, key: CacheKey | None, source: str | None,
