@@ -82,7 +82,8 @@ class PartsRuntime:
         self.order = [produced.index(k) for k in range(len(produced))]
 
     def eligible(self, module: torch.nn.Module, x) -> bool:
-        return all(p.eligible(module, x) for p, _ in self.parts)
+        # every part was prepared for the same input (dim, dtype, device, buckets, backend)
+        return self.parts[0][0].eligible(module, x)
 
     def run(self, x: torch.Tensor) -> list[torch.Tensor]:
         outs = [o for p, _ in self.parts for o in p.run(x)]  # in part order

@@ -19,7 +19,7 @@ from typing import Sequence
 
 import torch
 
-from ..ir import KernelGraph, from_text, to_text
+from ..ir import KernelGraph, from_text, launch_fits, to_text
 from .profile import DEFAULT_CONFIGS, ProfileResult, profile_candidates
 
 SWEEP_TOP = 3  # candidates whose launch configurations are swept after the first stage
@@ -45,7 +45,8 @@ class Selector:
         self._prebuild([(g, None) for g in unique], inputs)
         first = profile_candidates(unique, inputs, configs=(None,))
         top = [r.ugraph for r in first if r.error is None][:SWEEP_TOP]
-        self._prebuild([(g, c) for g in top for c in self.configs], inputs)
+        # configs whose shared memory cannot fit are skipped by the timing pass: do not build them
+        self._prebuild([(g, c) for g in top for c in self.configs if launch_fits(g, *c)], inputs)
         swept = profile_candidates(top, inputs, configs=self.configs)
         best = {to_text(r.ugraph): r for r in first}
         for r in swept:  # keep each graph's faster result: its default launch or a swept one
