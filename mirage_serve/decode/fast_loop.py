@@ -26,6 +26,7 @@ import logging
 
 import torch
 
+from . import graph_step
 from .token_choice import TokenChooser
 
 log = logging.getLogger("mirage_serve")
@@ -110,17 +111,10 @@ class DecodeLoop:
         elif not self.capture:
             self._step()
         else:
-            # First step of this signature: run it eagerly on a side stream (this warms lazy
-            # initialisation and *is* the step), then capture; capture records without running.
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                self._step()
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
+            # First step of this signature: run it eagerly (it *is* the step), then capture.
+            graph_step.run_on_side_stream(self._step)
             try:
-                with torch.cuda.graph(graph, pool=self.pool):
-                    self._step()
+                graph, _ = graph_step.capture(self._step, self.pool)
             except Exception as e:  # capture records without running: the state is still exact
                 self.capture, self.capture_error = False, f"{type(e).__name__}: {e}"
                 log.warning("mirage_serve: decode loop capture failed (%s); running it eagerly",

@@ -57,6 +57,28 @@ def _static_copy(kwargs: dict) -> dict:
     return out
 
 
+def run_on_side_stream(fn: Callable[[], Any]) -> Any:
+    """``fn()`` eagerly on a side stream, ordered after and before the current stream's work.
+
+    Run once before capturing ``fn``: it warms lazy initialisation (cuBLAS handles, Triton kernels)
+    and *is* that step's result, since capture records without executing (state such as a KV cache
+    then advances once)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        out = fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    return out
+
+
+def capture(fn: Callable[[], Any], pool) -> tuple[torch.cuda.CUDAGraph, Any]:
+    """A CUDA graph of ``fn()`` (recorded, not run) and the outputs it will write on replay."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = fn()
+    return graph, out
+
+
 class GraphedStep:
     def __init__(self, forward: Callable[..., Any], kwargs: dict, pool, capture: bool = True):
         """Run the step once eagerly on ``kwargs`` (kept as ``first_output``) and capture it."""
@@ -64,15 +86,9 @@ class GraphedStep:
         self.static_in = _static_copy(kwargs)
         self._buffers = dict(_flatten(self.static_in))
         self.graph = None
-        stream = torch.cuda.Stream() if capture else None
         if capture:
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                self.first_output = forward(**self.static_in)
-            torch.cuda.current_stream().wait_stream(stream)
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph, pool=pool):
-                self.static_out = forward(**self.static_in)
+            self.first_output = run_on_side_stream(lambda: forward(**self.static_in))
+            self.graph, self.static_out = capture(lambda: forward(**self.static_in), pool)
         else:  # CPU stand-in: same buffers, eager execution (tests the plumbing without a GPU)
             self.first_output = forward(**self.static_in)
             self.static_out = None
