@@ -8,6 +8,7 @@ custom op through ``triton_op``, which keeps the kernels opaque-but-traceable un
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import os
@@ -20,6 +21,16 @@ from typing import Callable
 import torch
 
 from ..codegen.triton import KernelSpec, TritonModule
+
+try:  # torch's switch for wrap_triton; private, so a release without it just keeps the slow path
+    from torch._library.triton import set_wrap_triton_enabled as _set_wrap_triton
+except ImportError:  # pragma: no cover
+    _set_wrap_triton = None
+
+
+def _direct_triton():
+    """Context in which ``wrap_triton(kernel)`` is the kernel itself (no higher-order op)."""
+    return _set_wrap_triton(False) if _set_wrap_triton is not None else contextlib.nullcontext()
 
 _MODULES: dict[str, ModuleType] = {}
 _OPS: dict[str, Callable] = {}
@@ -69,7 +80,12 @@ class KernelOp:
     """Launches one kernel: through its torch custom op while ``torch.compile`` traces (so the
     kernel stays one opaque, traceable node), directly otherwise. The dispatcher costs tens of µs
     per call in eager mode (measured ~50 µs on a loaded 2-core CPU), a kernel's whole budget at
-    decode sizes; inside a captured CUDA graph neither path costs anything per replay."""
+    decode sizes; inside a captured CUDA graph neither path costs anything per replay.
+
+    A direct call also turns ``wrap_triton`` off, as ``triton_op`` does for its own eager calls:
+    left on, the launcher's ``wrap_triton(kernel)[grid](...)`` goes through torch's
+    triton-kernel higher-order op (pytree flattening, signature binding) on every launch — on the
+    H200 machine that made the patched Qwen2.5-0.5B's kernels-alone step slower than eager."""
 
     __slots__ = ("launch", "op")
 
@@ -79,7 +95,8 @@ class KernelOp:
     def __call__(self, *args):
         if torch.compiler.is_compiling():
             return self.op(*args)
-        return self.launch(*args)
+        with _direct_triton():
+            return self.launch(*args)
 
 
 def kernel_op(tm: TritonModule, spec: KernelSpec, cache_dir: str | Path | None = None) -> KernelOp:

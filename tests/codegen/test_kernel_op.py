@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import torch
+from torch._library.triton import is_wrap_triton_enabled
 from torch.library import triton_op
 
 from superopt.runtime.build import KernelOp
@@ -12,6 +13,8 @@ def test_eager_calls_the_launcher_and_compile_traces_the_custom_op():
 
     def launch(a: torch.Tensor, o0: torch.Tensor, nw: int, ns: int) -> None:
         calls.append("launch")
+        # a direct launch runs with wrap_triton off: wrap_triton(kernel) is the kernel itself
+        assert not is_wrap_triton_enabled()
         o0.copy_(a * 2)
 
     def op_body(a: torch.Tensor, o0: torch.Tensor, nw: int, ns: int) -> None:
@@ -22,6 +25,7 @@ def test_eager_calls_the_launcher_and_compile_traces_the_custom_op():
     a, o = torch.randn(5), torch.empty(5)
     k(a, o, 4, 3)
     assert calls == ["launch"] and torch.equal(o, a * 2)
+    assert is_wrap_triton_enabled()  # restored after the call
 
     def f(a):
         out = torch.empty_like(a)
