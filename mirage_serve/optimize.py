@@ -8,7 +8,7 @@ trivially equivalent to itself.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from superopt.ir import KernelGraph, digest, from_text, to_text
 
@@ -138,6 +138,31 @@ def _choose(program: KernelGraph, budget, arch: str, cache, key, seed, pick) -> 
     if best is None:
         return done(program, "fallback", "search found no μGraph", result)
     return done(best, "search", "searched", result)
+
+
+def verification_of(program: KernelGraph, choice: Choice, cache=None, key=None) -> Verification:
+    """``choice``'s verification against ``program``, verifying now if it has none yet.
+
+    A cache hit whose entry predates stored verdicts (or was shipped without one) is verified
+    here, and the verdict is written back to the entry when it passes, so the next patch trusts
+    it: re-verifying Llama-3-8B's 12 programs took ~20 s of every warm patch on the H200.
+    """
+    if choice.verification is not None:
+        return choice.verification
+    ver = verify(program, choice.graph)
+    if ver.ok and choice.source == "cache" and cache is not None and key is not None:
+        _stamp(cache, key, ver)
+    return ver
+
+
+def _stamp(cache, key, ver: Verification) -> None:
+    with cache.lock(key):
+        entry = cache.get(key, count=False)
+        if entry is None or entry.meta.get("verified") is True:
+            return
+        new = replace(entry, meta={**entry.meta, "verified": True, "verdict": ver.verdict}, origin="")
+        # a shipped hit has no user entry yet: this writes the first one (with the verdict)
+        cache.put(key, new, replace_existing=entry.origin == "user")
 
 
 def _best(result):

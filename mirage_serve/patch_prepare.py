@@ -255,7 +255,7 @@ class Preparer:
         profiled = self.backend == "triton" and device.type == "cuda"
         choice = optimize.choose(program, budget=self.budget, arch=search_arch, cache=self.cache, key=key,
                                  seed=seed, pick=self._pick(program, device) if profiled else None)
-        ver = choice.verification or optimize.verify(program, choice.graph)
+        ver = optimize.verification_of(program, choice, self.cache, key)
         self.report.searches += choice.source == "search"
         self.report.reinstantiated += choice.source == "reinstantiated"
         self.report.cache_hits += choice.source == "cache"

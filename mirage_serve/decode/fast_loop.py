@@ -114,7 +114,7 @@ class DecodeLoop:
             # First step of this signature: run it eagerly (it *is* the step), then capture.
             graph_step.run_on_side_stream(self._step)
             try:
-                graph, _ = graph_step.capture(self._step, self.pool)
+                graph, _ = graph_step.capture_graph(self._step, self.pool)
             except Exception as e:  # capture records without running: the state is still exact
                 self.capture, self.capture_error = False, f"{type(e).__name__}: {e}"
                 log.warning("mirage_serve: decode loop capture failed (%s); running it eagerly",

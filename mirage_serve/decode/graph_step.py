@@ -71,7 +71,7 @@ def run_on_side_stream(fn: Callable[[], Any]) -> Any:
     return out
 
 
-def capture(fn: Callable[[], Any], pool) -> tuple[torch.cuda.CUDAGraph, Any]:
+def capture_graph(fn: Callable[[], Any], pool) -> tuple[torch.cuda.CUDAGraph, Any]:
     """A CUDA graph of ``fn()`` (recorded, not run) and the outputs it will write on replay."""
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, pool=pool):
@@ -88,7 +88,7 @@ class GraphedStep:
         self.graph = None
         if capture:
             self.first_output = run_on_side_stream(lambda: forward(**self.static_in))
-            self.graph, self.static_out = capture(lambda: forward(**self.static_in), pool)
+            self.graph, self.static_out = capture_graph(lambda: forward(**self.static_in), pool)
         else:  # CPU stand-in: same buffers, eager execution (tests the plumbing without a GPU)
             self.first_output = forward(**self.static_in)
             self.static_out = None

@@ -60,6 +60,41 @@ def test_search_once_then_cache_hits(monkeypatch, tmp_path):
     mirage_serve.unpatch(model)
 
 
+def test_an_entry_without_a_stored_verdict_is_verified_once_then_trusted(monkeypatch, tmp_path):
+    """Entries written before verdicts were stored (and shipped ones exported from them) are
+    verified on their first hit, and the verdict is written back: the next patch verifies nothing."""
+    from mirage_serve import optimize
+    from mirage_serve.cache import KernelCache
+
+    _fake_search(monkeypatch, [])
+    cfg = LlamaConfig(vocab_size=61, hidden_size=30, intermediate_size=41, num_hidden_layers=1,
+                      num_attention_heads=3, num_key_value_heads=1, head_dim=8)
+    model = build(cfg)
+    mirage_serve.patch(model, backend="torch", cache_dir=tmp_path, batch_sizes=(2,))
+    mirage_serve.unpatch(model)
+    cache = KernelCache(tmp_path, shipped_dir=False)
+    for info in cache.ls(("user",)):  # strip the verdicts, as an older release wrote them
+        key = info.key
+        entry = cache.get(key, count=False)
+        meta = {k: v for k, v in entry.meta.items() if k not in ("verified", "verdict")}
+        cache.put(key, dataclasses.replace(entry, meta=meta), replace_existing=True)
+
+    verified = []
+    real_verify = optimize.verify
+    monkeypatch.setattr(optimize, "verify", lambda p, g: verified.append(p.name) or real_verify(p, g))
+    again = mirage_serve.patch(model, backend="torch", cache_dir=tmp_path, batch_sizes=(2,))
+    assert again.cache_hits == 6 and len(verified) == 6
+    assert all(s.verdict.startswith("equivalent") for s in again.sites)
+    mirage_serve.unpatch(model)
+    assert all(KernelCache(tmp_path, shipped_dir=False).get(i.key, count=False).meta["verified"] is True
+               for i in cache.ls(("user",)))
+
+    verified.clear()
+    third = mirage_serve.patch(model, backend="torch", cache_dir=tmp_path, batch_sizes=(2,))
+    assert third.cache_hits == 6 and verified == []
+    assert all(s.verdict.startswith("verified when cached: equivalent") for s in third.sites)
+
+
 def test_searched_graph_that_does_not_build_falls_back_to_the_program(monkeypatch):
     calls: list = []
     _fake_search(monkeypatch, calls)
