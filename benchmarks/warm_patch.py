@@ -33,6 +33,11 @@ def main(argv=None) -> None:
     torch.cuda.synchronize()
     t_first = time.perf_counter() - t0
     print(str(report).splitlines()[-1])
+    spent: dict[str, float] = {}
+    for site in report.sites:
+        for what, sec in site.times.items():
+            spent[what] = spent.get(what, 0.0) + sec
+    print("patch time by stage (all sites): " + ", ".join(f"{k} {v:.2f} s" for k, v in sorted(spent.items())))
     print(f"{lm.name}: patch {t_patch:.2f} s ({report.searches} searches, {report.compiles} compiles, "
           f"{report.cache_hits} cache hits); first decode step done {t_first:.2f} s after patch() began")
 
