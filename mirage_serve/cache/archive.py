@@ -143,15 +143,20 @@ def import_cache(cache: "KernelCache", path: Path) -> int:
 def export_shipped(cache: "KernelCache", dest: Path) -> int:
     """Write every good entry into `dest` (a ``kernels_cache/`` folder) in shipped form: no
     binaries, keyed by `CacheKey.for_shipped`. Returns the number of entries now there new."""
+    # Entries of several toolchains (or superopt sources) can hold one kernel: one shipped copy,
+    # preferring one with a stored verdict, which patch() then trusts without verifying again.
+    chosen: dict[str, tuple[CacheKey, CacheEntry]] = {}
+    for key, entry in _good_entries(cache):
+        sk = key.for_shipped()
+        have = chosen.get(sk.dirname())
+        if have is None or (_has_verdict(entry) and not _has_verdict(have[1])):
+            chosen[sk.dirname()] = (sk, entry)
     dest.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=dest, prefix=".ship."))
     n = 0
     try:
-        for key, entry in _good_entries(cache):
-            sk = key.for_shipped()
+        for sk, entry in chosen.values():
             d = staging / sk.dirname()
-            if d.exists():      # two toolchains' entries of one kernel: one shipped copy
-                continue
             d.mkdir()
             write_entry(d, sk, replace(entry, binaries={}, origin=""))
             _, new = install_entry(dest, d, sk)
@@ -159,3 +164,7 @@ def export_shipped(cache: "KernelCache", dest: Path) -> int:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return n
+
+
+def _has_verdict(entry: CacheEntry) -> bool:
+    return entry.meta.get("verified") is True

@@ -183,6 +183,26 @@ def test_read_only_knob(tmp_path, monkeypatch):
     assert not KernelCache(tmp_path, shipped_dir=False).read_only
 
 
+def test_export_shipped_prefers_the_entry_with_a_stored_verdict(tmp_path):
+    """Two toolchains' entries of one kernel ship as one copy: the one patch() can trust as is."""
+    import dataclasses
+
+    build = KernelCache(tmp_path / "build", shipped_dir=False)
+    older = VERSIONS[:1] + (("superopt-src", "0ld"),) + VERSIONS[1:]
+    newer = VERSIONS[:1] + (("superopt-src", "n3w"),) + VERSIONS[1:]
+    plain = make_entry(1)
+    stamped = dataclasses.replace(plain, meta={**plain.meta, "verified": True, "verdict": "equivalent"})
+    for first, second in (((older, plain), (newer, stamped)), ((older, stamped), (newer, plain))):
+        root = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
+        build = KernelCache(root / "build", shipped_dir=False)
+        build.put(make_key(1, versions=first[0]), first[1])
+        build.put(make_key(1, versions=second[0]), second[1])
+        shipped = root / "kernels_cache"
+        assert build.export_shipped(shipped) == 1
+        got = KernelCache(root / "user", shipped_dir=shipped).get(make_key(1))
+        assert got.origin == "shipped" and got.meta["verified"] is True
+
+
 def test_shipped_layer_serves_text_only_and_user_layer_wins(tmp_path):
     build = KernelCache(tmp_path / "build", shipped_dir=False)
     build.put(make_key(1), make_entry(1))
