@@ -8,7 +8,6 @@ custom op through ``triton_op``, which keeps the kernels opaque-but-traceable un
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import importlib.util
 import os
@@ -21,17 +20,7 @@ from typing import Callable
 import torch
 
 from ..codegen.triton import KernelSpec, TritonModule
-from .fast_launch import launch_wrapper
-
-try:  # torch's switch for wrap_triton; private, so a release without it just keeps the slow path
-    from torch._library.triton import set_wrap_triton_enabled as _set_wrap_triton
-except ImportError:  # pragma: no cover
-    _set_wrap_triton = None
-
-
-def _direct_triton():
-    """Context in which ``wrap_triton(kernel)`` is the kernel itself (no higher-order op)."""
-    return _set_wrap_triton(False) if _set_wrap_triton is not None else contextlib.nullcontext()
+from .fast_launch import direct_launches, launch_wrapper
 
 _MODULES: dict[str, ModuleType] = {}
 _OPS: dict[str, Callable] = {}
@@ -100,7 +89,7 @@ class KernelOp:
     def __call__(self, *args):
         if torch.compiler.is_compiling():
             return self.op(*args)
-        with _direct_triton():
+        with direct_launches():
             return self.launch(*args)
 
 

@@ -13,16 +13,27 @@ Used only for direct (eager) launches: while ``torch.compile`` traces, a launche
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any
 
 from torch.library import wrap_triton
 
 try:  # torch's switch for wrap_triton (private: without it, eager launches keep torch's wrapper)
-    from torch._library.triton import is_wrap_triton_enabled
+    from torch._library.triton import is_wrap_triton_enabled, set_wrap_triton_enabled
 except ImportError:  # pragma: no cover
+    set_wrap_triton_enabled = None
+
     def is_wrap_triton_enabled() -> bool:
         return True
+
+
+def direct_launches():
+    """Context for a direct (eager) launch: ``wrap_triton(kernel)`` in a launcher resolves to a
+    ``FastLaunch``, as ``triton_op`` turns the wrapper off for its own eager calls."""
+    if set_wrap_triton_enabled is None:
+        return contextlib.nullcontext()
+    return set_wrap_triton_enabled(False)
 
 _SLOW = object()  # a key whose launch returned no reusable CompiledKernel: always Triton's path
 
