@@ -71,7 +71,11 @@ class PatchReport:
         lines += [f"μGraph source {n}" for n in notes]
         profiled = {k: p for s in self.sites for k, p in s.profile.items()}
         lines += [f"profiled {k}: {p}" for k, p in sorted(profiled.items())]
-        lines.append(f"{len(self.patched)}/{len(self.sites)} sites patched; {self.programs} distinct "
-                     f"programs; {self.searches} searches, {self.reinstantiated} re-instantiated, "
-                     f"{self.compiles} compiles, {self.cache_hits} cache hits; {self.seconds:.1f} s")
+        lines.append(self.counts())
         return "\n".join(lines)
+
+    def counts(self) -> str:
+        """One line: sites patched, programs, and where they came from (search, cache, compile)."""
+        return (f"{len(self.patched)}/{len(self.sites)} sites patched; {self.programs} distinct "
+                f"programs; {self.searches} searches, {self.reinstantiated} re-instantiated, "
+                f"{self.compiles} compiles, {self.cache_hits} cache hits; {self.seconds:.1f} s")

@@ -36,9 +36,15 @@ class WarmResult:
     report: Any                    # the PatchReport patch() returned
 
     def summary(self) -> str:
-        return (f"warmed {self.model} ({self.dtype}, batch {','.join(map(str, self.batch_sizes))}) "
+        text = (f"warmed {self.model} ({self.dtype}, batch {','.join(map(str, self.batch_sizes))}) "
                 f"in {self.seconds:.1f} s: {self.entries_after - self.entries_before} new entries, "
                 f"{self.entries_after} in {self.cache_dir}")
+        if not hasattr(self.report, "counts"):  # no PatchReport (a stand-in patch)
+            return text
+        # programs shared with a model warmed before are cache hits, not new entries: say so
+        text += f"\n  {self.report.counts()}"
+        return text + "".join(f"\n  not patched: layer {s.layer} {s.site}: {s.reason}"
+                              for s in self.report.sites if not s.patched)
 
 
 def resolve_config(model_name_or_config) -> tuple[str, Any]:

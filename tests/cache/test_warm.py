@@ -108,3 +108,18 @@ def test_warm_with_the_real_patch_fills_the_cache_then_hits(tmp_path):
                         backend=backend, num_layers=1)
     assert second.entries_after == first.entries_after
     assert second.report.searches == 0 and second.report.cache_hits == first.report.searches
+    # the summary says where the programs came from (hits are not new entries) and what stayed original
+    assert "0 new entries" in second.summary() and second.report.counts() in second.summary()
+    assert "not patched" not in second.summary()
+
+
+def test_warm_summary_names_sites_left_original(tmp_path):
+    from mirage_serve.cache.warm import WarmResult
+    from mirage_serve.report import PatchReport, SiteReport
+
+    report = PatchReport("llama", "triton", "cuda:0", "bfloat16", (1, 8), searches=3, cache_hits=2, programs=5,
+                         sites=[SiteReport(0, "attn_in", ("input_layernorm",), patched=True),
+                                SiteReport(0, "mlp_in", ("mlp",), reason="extraction failed: slice")])
+    text = WarmResult("m", "bf16", (1, 8), tmp_path, 1.0, 4, 7, report).summary()
+    assert "3 new entries" in text and "1/2 sites patched" in text and "3 searches" in text
+    assert "not patched: layer 0 mlp_in: extraction failed: slice" in text
