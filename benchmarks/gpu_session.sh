@@ -8,7 +8,7 @@
 # so searched μGraphs found on the GPU can be brought back (for kernels_cache/); a cache.tar in the
 # working directory is restored first. To run exactly a commit while others edit the tree, archive it
 # into an ignored folder and carry that: `git archive HEAD | tar -x -C .clean`, then `cd .clean && ...`
-# (the device's copy of .git can be stale, so do not rely on git there).
+# (the device's copy of .git can be stale, so do not rely on git there). Logs come back packed in $OUT/logs.tar.
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:?set OUT}
@@ -29,7 +29,7 @@ step() {  # step NAME TIMEOUT CMD...
 
 while [ $# -gt 0 ]; do
   case $1 in
-    tests) step tests 180 python -m pytest -q -m gpu tests/patches tests/decode tests/cache -p no:cacheprovider \
+    tests) step tests 300 python -m pytest -q -m gpu tests/patches tests/decode tests/cache -p no:cacheprovider \
              -k "not registry" tests/codegen/test_triton_gpu.py ;;
     decode-qwen) step decode_qwen 240 python benchmarks/bench_decode.py --models Qwen2.5-0.5B --batch 1,8 \
                     --new-tokens "${NEW_TOKENS:-64}" --repeats 2 --baselines "${BASELINES:-eager}" \
@@ -54,4 +54,8 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-tar -C / -cf "$OUT/cache.tar" "${MIRAGE_SERVE_CACHE_DIR#/}" 2>/dev/null; ls -la "$OUT"
+tar -C / -cf "$OUT/cache.tar" "${MIRAGE_SERVE_CACHE_DIR#/}" 2>/dev/null
+# The device tool brings back at most 8 files from $OUT: everything but the tars goes into logs.tar.
+(cd "$OUT" && find . -maxdepth 1 -type f ! -name '*.tar' -printf '%f\n' | tar -cf logs.tar -T - \
+  && find . -maxdepth 1 -type f ! -name '*.tar' -delete)
+ls -la "$OUT"
