@@ -15,6 +15,7 @@ import torch
 
 from superopt.ir import digest
 from superopt.lax.extract import ExtractError, Extracted, extract
+from superopt.lax.rows import RowsError, with_rows
 
 from . import backends, optimize
 from .report import PatchReport, SiteReport
@@ -184,13 +185,14 @@ class Preparer:
                 ) -> BucketKernel:
         t0 = time.perf_counter()
         key = (name, sig, m)
-        ex = self._extracted.get(key)
+        ex = self._extracted.get(key) or self._at_rows(name, sig, m)
         if ex is None:
             x = torch.randn(m, dim, generator=self._rng).to(device, self.dtype)
             try:
                 ex = extract(wrapper, (x,), f"{name}_m{m}")
             except ExtractError as e:
                 raise SiteError(f"extraction failed: {e}") from None
+        if key not in self._extracted:
             for o in ex.graph.output_types:
                 if len(o.shape) != 2 or o.shape[0] != m:
                     raise SiteError(f"extracted output {list(o.shape)} is not row-wise [{m}, N]")
@@ -233,6 +235,18 @@ class Preparer:
             feeds.append(None if src[0] == "arg" else
                          (wrapper.get_parameter(src[1]) if src[0] == "parameter" else wrapper.get_buffer(src[1])))
         return BucketKernel(executor, tuple(feeds), m)
+
+    def _at_rows(self, name: str, sig, m: int) -> Extracted | None:
+        """The program ``name`` already extracted at another bucket, re-typed for ``m`` rows
+        (``superopt.lax.rows``: tracing again costs ~0.1 s a program); None if it cannot be."""
+        done = next((ex for (n, sg, _), ex in self._extracted.items() if n == name and sg == sig), None)
+        if done is None:
+            return None
+        rows_input = next(v.name for v, src in zip(done.graph.inputs, done.sources) if src[0] == "arg")
+        try:
+            return Extracted(with_rows(done.graph, rows_input, m, f"{name}_m{m}"), done.sources)
+        except RowsError:
+            return None
 
     def _build(self, program, dg: str, site_name: str, m: int, device, seed, plain: bool) -> tuple:
         arch = backends.arch_of(device)

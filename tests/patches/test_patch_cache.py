@@ -167,3 +167,28 @@ def test_search_that_ranks_nothing_falls_back(monkeypatch):
     assert not report.unpatched
     assert all(s.source == "fallback" and s.source_note == "search found no μGraph" for s in report.sites)
     mirage_serve.unpatch(model)
+
+
+def test_each_program_is_traced_once_for_all_buckets(monkeypatch):
+    """The other buckets' programs are re-typed from the first trace (superopt.lax.rows), not traced."""
+    from mirage_serve import patch_prepare
+
+    traced = []
+    real = patch_prepare.extract
+    monkeypatch.setattr(patch_prepare, "extract", lambda mod, args, name: traced.append(name) or real(mod, args, name))
+    cfg = LlamaConfig(vocab_size=61, hidden_size=30, intermediate_size=41, num_hidden_layers=2,
+                      num_attention_heads=3, num_key_value_heads=1, head_dim=8)
+    model = build(cfg)
+    ids = torch.tensor([[7, 3, 5]])
+    with torch.no_grad():
+        ref = model(ids).logits
+    report = mirage_serve.patch(model, backend="torch", search_budget=0, batch_sizes=(1, 2, 3))
+    assert not report.unpatched, str(report)
+    # one trace per program part of the first layer's sites, at the largest bucket (the norm once per
+    # norm site: two modules, one program)
+    assert sorted(traced) == sorted(f"{n}_m3" for n in ("attn_in", "attn_in_1", "attn_out", "mlp_in", "mlp_out",
+                                                          "norm", "norm")), traced
+    assert report.programs == 6 * 3
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, ref, rtol=1e-4, atol=1e-5)  # 3 rows: bucket 3
+        torch.testing.assert_close(model(ids[:, :1]).logits, ref[:, :1], rtol=1e-4, atol=1e-5)  # bucket 1

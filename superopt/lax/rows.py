@@ -1,0 +1,60 @@
+"""A row-wise Lax program at another number of rows, without tracing the model again.
+
+patch() extracts each site's program once per batch bucket; ``torch.export`` costs ~0.1 s a
+program, most of a warm patch's time. A site program maps ``x: [M, D]`` row by row, so the program
+for ``m`` rows is the same nodes with every type inferred again from ``x: [m, D]``. Where the rows
+count could hide in an attribute (a reshape's target shape, a slice or concat along the rows), or
+an inferred type does not come out with ``m`` rows, ``with_rows`` refuses and the caller traces.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..ir import KernelGraph, Node, TensorType, Value, check, infer_type
+
+_SHAPE_ATTR_OPS = frozenset({"reshape"})            # attributes that may spell the rows count
+_DIM_ATTR_OPS = frozenset({"slice", "concat", "split"})
+
+
+class RowsError(ValueError):
+    """The program cannot be re-typed for another rows count by inference alone."""
+
+
+def with_rows(program: KernelGraph, rows_input: str, m: int, name: str) -> KernelGraph:
+    """``program`` for ``m`` rows of input ``rows_input`` (its dim 0), renamed ``name``."""
+    types = {v.name: v.type for v in program.inputs}
+    if rows_input not in types:
+        raise RowsError(f"{program.name}: no input %{rows_input}")
+    old_rows = types[rows_input].shape[0]
+    rows_values = {rows_input}  # values whose dim 0 is the rows dim
+    inputs = tuple(Value(v.name, TensorType((m,) + v.type.shape[1:], v.type.dtype)) if v.name == rows_input
+                   else v for v in program.inputs)
+    types = {v.name: v.type for v in inputs}
+    nodes = []
+    for n in program.nodes:
+        if n.op == "customized" or len(n.outs) != 1:
+            raise RowsError(f"{program.name}: {n.op} node (not a single-output library op)")
+        reads_rows = any(a in rows_values for a in n.args)
+        if reads_rows and _may_spell_rows(n, len(types[n.args[0]].shape)):
+            raise RowsError(f"{program.name}: {n.op} with attributes that may depend on the rows")
+        t = infer_type(n.op, [types[a] for a in n.args], n.attrs)
+        if reads_rows:
+            old = n.out.type.shape
+            if not (t.shape and old and old[0] == old_rows and t.shape[0] == m and t.shape[1:] == old[1:]):
+                raise RowsError(f"{program.name}: %{n.out.name} does not keep the rows as dim 0")
+            rows_values.add(n.out.name)
+        elif t != n.out.type:
+            raise RowsError(f"{program.name}: %{n.out.name} changed type without reading the rows")
+        types[n.out.name] = t
+        nodes.append(replace(n, outs=(Value(n.out.name, t),)))
+    for o in program.outputs:
+        if o not in rows_values:
+            raise RowsError(f"{program.name}: output %{o} is not row-wise")
+    return check(KernelGraph(inputs, tuple(nodes), program.outputs, name))
+
+
+def _may_spell_rows(n: Node, rank: int) -> bool:
+    return n.op in _SHAPE_ATTR_OPS or (n.op in _DIM_ATTR_OPS and n.attr("dim") in (0, -rank))
+
+
+__all__ = ["RowsError", "with_rows"]
