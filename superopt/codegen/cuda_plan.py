@@ -15,6 +15,8 @@ The plan for one block graph decides, before any text is written:
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 
 from ..ir import BlockGraph, Node, Variance, block_variance
@@ -84,13 +86,6 @@ class BlockPlan:
 
     def consumers(self, name: str) -> list[Node]:
         return [n for n in self.block.nodes if name in n.args]
-
-
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 def _align16(n: int) -> int:
@@ -193,18 +188,18 @@ def _layout(plan: BlockPlan) -> None:
         off = 0
         for p in plan.inputs.values():
             if p.staged:
-                off += _align16(_numel(p.tile) * DTYPE_BYTES[p.dtype]) * (2 if p.double else 1)
+                off += _align16(math.prod(p.tile) * DTYPE_BYTES[p.dtype]) * (2 if p.double else 1)
         for name in _smem_values(plan):
-            off += _align16(_numel(plan.shape(name)) * 4)
+            off += _align16(math.prod(plan.shape(name)) * 4)
         for m in _rescaled_maxes(plan):
-            off += _align16(_numel(plan.shape(m)) * 4)
+            off += _align16(math.prod(plan.shape(m)) * 4)
         return off
 
-    for p in sorted(plan.inputs.values(), key=lambda p: -_numel(p.tile)):
+    for p in sorted(plan.inputs.values(), key=lambda p: -math.prod(p.tile)):
         if total() <= SMEM_LIMIT:
             break
         p.double = False
-    for p in sorted(plan.inputs.values(), key=lambda p: -_numel(p.tile)):
+    for p in sorted(plan.inputs.values(), key=lambda p: -math.prod(p.tile)):
         if total() <= SMEM_LIMIT:
             break
         if not any(o.value == p.name for o in plan.block.outputs):
@@ -216,13 +211,13 @@ def _layout(plan: BlockPlan) -> None:
     for p in plan.inputs.values():
         if p.staged:
             p.smem_off = off
-            off += _align16(_numel(p.tile) * DTYPE_BYTES[p.dtype]) * (2 if p.double else 1)
+            off += _align16(math.prod(p.tile) * DTYPE_BYTES[p.dtype]) * (2 if p.double else 1)
     for name in _smem_values(plan):
         plan.smem_off[name] = off
-        off += _align16(_numel(plan.shape(name)) * 4)
+        off += _align16(math.prod(plan.shape(name)) * 4)
     for m in _rescaled_maxes(plan):
         plan.prev_max[m] = off
-        off += _align16(_numel(plan.shape(m)) * 4)
+        off += _align16(math.prod(plan.shape(m)) * 4)
     plan.smem_bytes = off
 
 

@@ -25,6 +25,8 @@ without any dot is counted as if its loads were pipelined too (newer Triton may 
 """
 from __future__ import annotations
 
+import math
+
 from .graph import BlockGraph
 from .ops import DTYPE_BYTES, Category, op_info
 from .padding import fma_matmul, padded_shapes
@@ -33,13 +35,6 @@ from .padding import fma_matmul, padded_shapes
 # Triton reports on H100/H200 is 232448).
 SMEM_BUDGET = {"sm_90": 227 * 1024, "sm_89": 99 * 1024, "sm_80": 163 * 1024}
 STAGE_CHOICES = (3, 2, 1)  # the renderer's default num_stages, most pipelined first
-
-
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 def dot_dtype(b: BlockGraph) -> str:
@@ -84,7 +79,7 @@ def triton_smem_bytes(b: BlockGraph, num_warps: int | None = None, num_stages: i
                     pipelined |= ancestors(a) & loop_inputs.keys()
         else:
             pipelined = set(loop_inputs)
-    staged = (num_stages - 1) * sum(_numel(pad[v]) * DTYPE_BYTES[dtype[v]] for v in pipelined)
+    staged = (num_stages - 1) * sum(math.prod(pad[v]) * DTYPE_BYTES[dtype[v]] for v in pipelined)
 
     op_bytes = DTYPE_BYTES[dot_dtype(b)]
     accums = {n.out.name for n in b.nodes if op_info(n.op).category is Category.ACCUM}
@@ -107,16 +102,16 @@ def triton_smem_bytes(b: BlockGraph, num_warps: int | None = None, num_stages: i
                 if src in pipelined and direct:
                     continue
                 if in_loop and a in invariant:  # converted once before the loop, live all of it
-                    persistent += _numel(pad[a]) * op_bytes
+                    persistent += math.prod(pad[a]) * op_bytes
                 else:
-                    need += _numel(pad[a]) * op_bytes
+                    need += math.prod(pad[a]) * op_bytes
             transient = max(transient, need)
         elif cat is Category.REDUCE:
             src, dim = n.args[0], n.attr("dim")
-            transient = max(transient, _numel(pad[n.out.name]) * min(num_warps, pad[src][dim]) * 4)
+            transient = max(transient, math.prod(pad[n.out.name]) * min(num_warps, pad[src][dim]) * 4)
         elif n.op == "transpose":
             po = pad[n.out.name]
-            full = _numel(po) * 4
+            full = math.prod(po) * 4
             # a transpose with an extent-1 side only relabels: converted in chunks of ~1 KB a warp
             transient = max(transient, full if min(po[-2:]) > 1 else min(full, 2048 * num_warps))
     return staged + persistent + transient
