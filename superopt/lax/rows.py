@@ -22,29 +22,29 @@ class RowsError(ValueError):
 
 def with_rows(program: KernelGraph, rows_input: str, m: int, name: str) -> KernelGraph:
     """``program`` for ``m`` rows of input ``rows_input`` (its dim 0), renamed ``name``."""
-    types = {v.name: v.type for v in program.inputs}
-    if rows_input not in types:
+    given = next((v for v in program.inputs if v.name == rows_input), None)
+    if given is None:
         raise RowsError(f"{program.name}: no input %{rows_input}")
-    old_rows = types[rows_input].shape[0]
+    old_rows = given.type.shape[0]
     rows_values = {rows_input}  # values whose dim 0 is the rows dim
-    inputs = tuple(Value(v.name, TensorType((m,) + v.type.shape[1:], v.type.dtype)) if v.name == rows_input
-                   else v for v in program.inputs)
+    inputs = tuple(Value(v.name, TensorType((m,) + v.type.shape[1:], v.type.dtype)) if v is given else v
+                   for v in program.inputs)
     types = {v.name: v.type for v in inputs}
     nodes = []
     for n in program.nodes:
         if n.op == "customized" or len(n.outs) != 1:
             raise RowsError(f"{program.name}: {n.op} node (not a single-output library op)")
-        reads_rows = any(a in rows_values for a in n.args)
-        if reads_rows and _may_spell_rows(n, len(types[n.args[0]].shape)):
+        if not any(a in rows_values for a in n.args):  # its operands did not change, nor does it
+            types[n.out.name] = n.out.type
+            nodes.append(n)
+            continue
+        if _may_spell_rows(n, len(types[n.args[0]].shape)):
             raise RowsError(f"{program.name}: {n.op} with attributes that may depend on the rows")
         t = infer_type(n.op, [types[a] for a in n.args], n.attrs)
-        if reads_rows:
-            old = n.out.type.shape
-            if not (t.shape and old and old[0] == old_rows and t.shape[0] == m and t.shape[1:] == old[1:]):
-                raise RowsError(f"{program.name}: %{n.out.name} does not keep the rows as dim 0")
-            rows_values.add(n.out.name)
-        elif t != n.out.type:
-            raise RowsError(f"{program.name}: %{n.out.name} changed type without reading the rows")
+        old = n.out.type.shape
+        if not (t.shape and old and old[0] == old_rows and t.shape[0] == m and t.shape[1:] == old[1:]):
+            raise RowsError(f"{program.name}: %{n.out.name} does not keep the rows as dim 0")
+        rows_values.add(n.out.name)
         types[n.out.name] = t
         nodes.append(replace(n, outs=(Value(n.out.name, t),)))
     for o in program.outputs:
