@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One device call: the integrated GPU checks, each step time-boxed, logs under $OUT.
 #   bash benchmarks/gpu_session.sh STEP [STEP ...]      (steps below; $OUT must be set)
-# Steps: tests | decode-qwen | decode-llama | decode-qwen3 | profile-qwen | profile-llama | cuda | blocks | warm
+# Steps: tests | registry | warm-patch | decode-qwen | decode-llama | decode-qwen3 | profile-qwen | profile-llama | cuda |
+# blocks | warm. Every step's limit is cut to what is left before DEADLINE (default 560 s: a device command may run 600 s,
+# and the tars at the end need a few seconds); a step with under 20 s left is skipped.
 # (environment: NEW_TOKENS, LLAMA_BATCH, BASELINES; warm: WARM_MODELS, WARM_BATCH; it leaves $OUT/shipped.tar,
 # entries in kernels_cache/ form to untar into the repo's kernels_cache/). The kernel cache is $MIRAGE_SERVE_CACHE_DIR
 # (default /tmp/ms_cache) while running and is tarred to $OUT/cache.tar at the end,
@@ -18,9 +20,12 @@ python -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 python -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
 
+DEADLINE=${DEADLINE:-560}
 step() {  # step NAME TIMEOUT CMD...
   local name=$1 limit=$2; shift 2
-  local t0=$SECONDS
+  local t0=$SECONDS left=$((DEADLINE - SECONDS))
+  [ "$left" -lt 20 ] && { echo "=== $name skipped: ${left}s left before the ${DEADLINE}s deadline"; return 1; }
+  [ "$limit" -gt "$left" ] && limit=$left
   echo "=== $name (limit ${limit}s)"
   timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
   local rc=$?
@@ -31,6 +36,10 @@ while [ $# -gt 0 ]; do
   case $1 in
     tests) step tests 300 python -m pytest -q -m gpu tests/patches tests/decode tests/cache -p no:cacheprovider \
              -k "not registry" tests/codegen/test_triton_gpu.py ;;
+    registry) step registry 240 python -m pytest -q -m gpu -p no:cacheprovider -rf --tb=short \
+                "tests/patches/test_patch_gpu.py::test_registry_model_decode" ;;
+    warm-patch) step warm_llama_1_8 200 mirage-serve warm Llama-3.1-8B --layers 2 --batch 1,8  # fills the user cache
+                for i in 1 2; do step "warm_patch_$i" 120 python benchmarks/warm_patch.py Llama-3.1-8B --batch 1,8; done ;;
     decode-qwen) step decode_qwen 240 python benchmarks/bench_decode.py --models Qwen2.5-0.5B --batch 1,8 \
                     --new-tokens "${NEW_TOKENS:-64}" --repeats 2 --baselines "${BASELINES:-eager}" \
                     --markdown "$OUT/decode.md" --json-dir "$OUT" ;;
