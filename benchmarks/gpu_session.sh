@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: the integrated GPU checks, each step time-boxed, logs under $OUT.
 #   bash benchmarks/gpu_session.sh STEP [STEP ...]      (steps below; $OUT must be set)
-# Steps: tests | registry | warm-patch | decode-qwen | decode-llama | decode-qwen3 | profile-qwen | profile-llama | cuda |
+# Steps: tests | registry | warm-patch | overhead | alone | decode-qwen | decode-llama | decode-qwen3 | profile-qwen | profile-llama | cuda |
 # blocks | warm. Every step's limit is cut to what is left before DEADLINE (default 560 s: a device command may run 600 s,
 # and the tars at the end need a few seconds); a step with under 20 s left is skipped.
 # (environment: NEW_TOKENS, LLAMA_BATCH, BASELINES; warm: WARM_MODELS, WARM_BATCH; it leaves $OUT/shipped.tar,
@@ -40,6 +40,14 @@ while [ $# -gt 0 ]; do
                 "tests/patches/test_patch_gpu.py::test_registry_model_decode" ;;
     warm-patch) step warm_llama_1_8 200 mirage-serve warm Llama-3.1-8B --layers 2 --batch 1,8  # fills the user cache
                 for i in 1 2; do step "warm_patch_$i" 120 python benchmarks/warm_patch.py Llama-3.1-8B --batch 1,8; done ;;
+    overhead) for mb in Qwen2.5-0.5B:1 Qwen2.5-0.5B:8 Llama-3.1-8B:1; do  # host cost per site, kernels alone
+                step "overhead_${mb%%:*}_b${mb##*:}" 150 python benchmarks/site_overhead.py "${mb%%:*}" --layers 4 \
+                  --batch "${mb##*:}"
+              done ;;
+    alone) for m in Qwen2.5-0.5B Llama-3.1-8B; do  # issue 5: kernels alone (no CUDA graphs) vs eager
+             step "alone_$m" 200 mirage-serve bench "$m" --no-graphs --batch 1,8 --new-tokens 32 --repeats 2 \
+               --baselines eager --markdown "$OUT/alone.md"
+           done ;;
     decode-qwen) step decode_qwen 240 python benchmarks/bench_decode.py --models Qwen2.5-0.5B --batch 1,8 \
                     --new-tokens "${NEW_TOKENS:-64}" --repeats 2 --baselines "${BASELINES:-eager}" \
                     --markdown "$OUT/decode.md" --json-dir "$OUT" ;;

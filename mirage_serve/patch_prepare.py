@@ -49,6 +49,10 @@ class SiteRuntime:
         self.kernels = dict(sorted(kernels.items()))
         self.max_rows = max(self.kernels)
         self.differentiable = all(k.executor.differentiable for k in self.kernels.values())
+        # per number of rows m (1..max_rows): (bucket rows, call taking the [rows, D] activations)
+        calls = {b: _bound(k) for b, k in self.kernels.items()}
+        self._by_rows = [None] + [next((b, calls[b]) for b in self.kernels if b >= m)
+                                  for m in range(1, self.max_rows + 1)]
 
     def eligible(self, module: torch.nn.Module, x) -> bool:
         if module.training or not isinstance(x, torch.Tensor) or x.dim() < 1:
@@ -62,12 +66,22 @@ class SiteRuntime:
     def run(self, x: torch.Tensor) -> list[torch.Tensor]:
         lead = x.shape[:-1]
         m = x.numel() // self.dim
-        k = next(k for b, k in self.kernels.items() if b >= m)
+        rows, call = self._by_rows[m]
         x2 = x.reshape(m, self.dim)  # x2: [M, D], padded with zero rows up to the bucket
-        if k.rows > m:
-            x2 = torch.cat([x2, x2.new_zeros(k.rows - m, self.dim)])
-        outs = k.executor.run(*[x2 if f is None else f for f in k.feeds])
-        return [o[:m].reshape(*lead, o.shape[-1]) for o in outs]
+        if rows > m:
+            x2 = torch.cat([x2, x2.new_zeros(rows - m, self.dim)])
+            return [o[:m].reshape(*lead, o.shape[-1]) for o in call(x2)]
+        return [o.reshape(*lead, o.shape[-1]) for o in call(x2)]
+
+
+def _bound(k: BucketKernel):
+    """``k``'s executor as a call on the activations alone (its weights bound once, where the
+    executor can: ``CompiledGraph.bind``)."""
+    bind = getattr(k.executor.run, "bind", None)
+    if bind is not None:
+        return bind(k.feeds)
+    feeds, run = k.feeds, k.executor.run
+    return lambda x2: run(*[x2 if f is None else f for f in feeds])
 
 
 class PartsRuntime:

@@ -14,8 +14,9 @@ later build takes back (``binaries=``) to compile nothing (``superopt.runtime.bi
 from __future__ import annotations
 
 import dataclasses
+import functools
 import warnings
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -23,6 +24,7 @@ from ..codegen.triton import render_triton
 from ..ir import KernelGraph, check
 from . import binaries as _binaries
 from .build import interpreting, kernel_op, load_module
+from .fast_launch import direct_launches
 from .library import run_library, view
 
 TORCH_DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16,
@@ -104,17 +106,20 @@ class CompiledGraph:
         buf.copy_(t)
         return buf
 
-    def __call__(self, *inputs: torch.Tensor, out: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
+    def _check_inputs(self, inputs: Sequence[torch.Tensor | None]) -> None:
         g = self.graph
         if len(inputs) != len(g.inputs):
             raise TypeError(f"{g.name}: expected {len(g.inputs)} inputs ({', '.join(v.name for v in g.inputs)}), "
                             f"got {len(inputs)}")
-        env: dict[str, torch.Tensor] = {}
         for v, t in zip(g.inputs, inputs):
-            if tuple(t.shape) != v.type.shape or t.dtype != TORCH_DTYPES[v.type.dtype]:
+            if t is not None and (tuple(t.shape) != v.type.shape or t.dtype != TORCH_DTYPES[v.type.dtype]):
                 raise ValueError(f"{g.name}: input %{v.name} is {t.dtype}{list(t.shape)}, expected "
                                  f"{v.type.dtype}{list(v.type.shape)}")
-            env[v.name] = t
+
+    def __call__(self, *inputs: torch.Tensor, out: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
+        g = self.graph
+        self._check_inputs(inputs)
+        env: dict[str, torch.Tensor] = dict(zip((v.name for v in g.inputs), inputs))
         targets = dict(self.pool)
         direct = {}
         if out is not None:
@@ -142,6 +147,99 @@ class CompiledGraph:
             t.copy_(env[name])
             env[name] = t
         return [env[o] for o in g.outputs]
+
+
+    def bind(self, fixed: Sequence[torch.Tensor | None]) -> Callable[..., list[torch.Tensor]]:
+        """A thinner call for a caller that passes the same tensors for some inputs on every call
+        (a layer's weights): ``fixed[i]`` is input i's tensor, or None for an input given per call;
+        the result takes the per-call inputs, in order, and returns what ``__call__`` returns.
+
+        Without CUDA graphs a decode step pays this call's host time once per site per layer, so
+        the work that does not change between calls is done here, once: shapes and dtypes of the
+        fixed inputs are checked, every value gets a slot in a flat list whose fixed entries
+        (fixed inputs, pool buffers and views of them) are filled now, and each node becomes one
+        step over that list. The per-call inputs are not checked: the caller guarantees their
+        shapes and dtypes (``__call__`` checks them). Kernels are launched directly (one switch of
+        ``wrap_triton`` per call, not per kernel); while ``torch.compile`` traces, the call goes
+        through ``__call__`` and the kernels' custom ops instead.
+        """
+        self._check_inputs(fixed)
+        g = self.graph
+        plan = _Plan()
+        given = [plan.add(v.name, t) for v, t in zip(g.inputs, fixed) if t is None]
+        for v, t in zip(g.inputs, fixed):
+            if t is not None:
+                plan.add(v.name, t)
+        for idx, n in enumerate(g.nodes):
+            if n.op in _VIEWS:
+                src = plan.fixed_value(n.args[0])
+                if src is not None:   # a view of a fixed input or a pool buffer: taken once
+                    plan.add(n.out.name, view(n, src))
+                else:
+                    plan.steps.append(functools.partial(_view_step, n, plan.slot[n.args[0]], plan.add(n.out.name)))
+            elif n.op == "const":
+                plan.add(n.out.name, self.pool[n.out.name])
+            elif n.op == "customized":
+                op, spec, nw, ns = self.kernels[idx]
+                for v in n.outs:
+                    plan.add(v.name, self.pool[v.name])
+                tail = [self.pool[v.name] for v in n.outs] + [self.workspace[(idx, j)] for j in spec.workspaces]
+                args = [plan.slot[a] for a in n.args]
+                staged = [functools.partial(self._arg, idx, j) for j in range(len(n.args))]
+                plan.steps.append(functools.partial(_kernel_step, op.launch, args, staged, tail, nw, ns))
+            else:
+                plan.add(n.out.name, self.pool[n.out.name])
+                plan.steps.append(functools.partial(_library_step, n, [plan.slot[a] for a in n.args],
+                                                    self.pool[n.out.name]))
+        outputs = [plan.slot[o] for o in g.outputs]
+        start, steps = plan.values, plan.steps
+        merged = list(fixed)
+        holes = [i for i, t in enumerate(fixed) if t is None]
+
+        def call(*xs: torch.Tensor) -> list[torch.Tensor]:
+            if torch.compiler.is_compiling():
+                for i, x in zip(holes, xs):
+                    merged[i] = x
+                return self(*merged)
+            env = start.copy()
+            for i, x in zip(given, xs):
+                env[i] = x
+            with direct_launches():
+                for step in steps:
+                    step(env)
+            return [env[i] for i in outputs]
+        return call
+
+
+class _Plan:
+    """Slots of a bound call: value name -> index into a flat list (``CompiledGraph.bind``)."""
+
+    def __init__(self):
+        self.slot: dict[str, int] = {}
+        self.values: list = []   # per slot: the tensor when it is the same on every call, else None
+        self.steps: list[Callable[[list], None]] = []
+
+    def add(self, name: str, fixed: torch.Tensor | None = None) -> int:
+        self.slot[name] = len(self.values)
+        self.values.append(fixed)
+        return self.slot[name]
+
+    def fixed_value(self, name: str) -> torch.Tensor | None:
+        return self.values[self.slot[name]]
+
+
+def _view_step(n, src: int, dst: int, env: list) -> None:
+    env[dst] = view(n, env[src])
+
+
+def _kernel_step(launch, args: list[int], staged: list, tail: list, nw: int, ns: int, env: list) -> None:
+    # a strided argument (a view of a per-call input) is copied to a contiguous staging buffer
+    launch(*[t if t.is_contiguous() else stage(t) for t, stage in zip([env[i] for i in args], staged)],
+           *tail, nw, ns)
+
+
+def _library_step(n, args: list[int], out: torch.Tensor, env: list) -> None:
+    run_library(n, [env[i] for i in args], out)
 
 
 def compile_graph(ugraph: KernelGraph, backend: str = "triton", device: str | torch.device = "cuda",

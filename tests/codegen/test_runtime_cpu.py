@@ -28,6 +28,37 @@ def test_lax_program_runs_as_library_ops_into_the_pool(name):
     assert all(a.data_ptr() == b.data_ptr() for a, b in zip(outs, again))  # same pool, no new buffers
 
 
+@pytest.mark.parametrize("name", sorted(FIXTURES))
+@pytest.mark.parametrize("given", ["first", "last", "all"])
+def test_bound_call_gives_the_plain_calls_outputs(name, given):
+    # bind() fixes some inputs once (a site's weights) and plans the rest; same values as a call
+    fx = FIXTURES[name]()
+    xs = [torch.from_numpy(x).float() for x in random_inputs(fx, np.random.default_rng(4))]
+    cg = compile_graph(fx.program, device="cpu")
+    want = [o.clone() for o in cg(*xs)]
+    per_call = {"first": [0], "last": [len(xs) - 1], "all": range(len(xs))}[given]
+    call = cg.bind([None if i in per_call else x for i, x in enumerate(xs)])
+    for buf in cg.pool.values():
+        if buf.dim():
+            buf.fill_(float("nan"))
+    got = call(*[xs[i] for i in per_call])
+    assert len(got) == len(want) and all(torch.equal(g, w) for g, w in zip(got, want))
+    fresh = [torch.randn_like(xs[i]) for i in per_call]  # a second call reads the new inputs
+    merged = list(xs)
+    for i, x in zip(per_call, fresh):
+        merged[i] = x
+    again = [o.clone() for o in call(*fresh)]
+    assert all(torch.equal(g, w) for g, w in zip(again, cg(*merged)))
+
+
+def test_bind_checks_the_fixed_inputs():
+    fx = FIXTURES["lora"]()
+    cg = compile_graph(fx.program, device="cpu")
+    good = [torch.randn(v.type.shape) for v in fx.program.inputs]
+    with pytest.raises(ValueError, match="expected float32"):
+        cg.bind([None, good[1].double(), *good[2:]])
+
+
 def test_out_argument_receives_library_outputs():
     fx = FIXTURES["ntrans"]()
     xs = [torch.from_numpy(x).float() for x in random_inputs(fx, np.random.default_rng(2))]

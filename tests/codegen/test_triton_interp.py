@@ -32,3 +32,10 @@ def test_interpreted_kernel_matches_float64(interp_errors, case, dtype):
     err = interp_errors[f"{case}/{dtype}"]
     assert not isinstance(err, str), err
     assert math.isfinite(err) and err <= TOL[dtype], f"{case} {dtype}: relative error {err:.3e}"
+
+
+@pytest.mark.parametrize("case", [c[0] for c in CASES])
+def test_bound_call_gives_the_plain_calls_outputs(interp_errors, case):
+    # CompiledGraph.bind (the patched sites' per-call path) with half the inputs fixed
+    for dtype in INTERP_DTYPES:
+        assert interp_errors[f"{case}/{dtype}/bound"] is True, interp_errors[f"{case}/{dtype}/bound"]

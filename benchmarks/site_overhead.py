@@ -1,0 +1,164 @@
+"""Host (CPU) cost of a patched decode step without CUDA graphs, and where it goes.
+
+    python benchmarks/site_overhead.py Qwen2.5-0.5B --layers 4 [--batch 1] [--profile 30]
+
+Kernels alone (patch(cuda_graphs=False)) are launched by Python on every step, so at decode sizes a
+site's cost is its host path, not its kernel: this prints, per distinct site program, the host µs of
+one call of our site runtime next to the host µs of the eager modules it replaces (the norm and its
+consumers, or the projection), then the host ms of whole decode steps (eager vs ours) and, with
+--profile N, the top of a cProfile of N patched steps. Host time = wall time of many calls queued
+without a sync (the GPU, idle at these sizes, keeps up), divided by the number of calls.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import time
+
+import torch
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _host_us(fn, calls: int = 300) -> float:
+    for _ in range(20):
+        fn()
+    _sync()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t = time.perf_counter() - t0
+    _sync()
+    return t / calls * 1e6
+
+
+def _eager_site(layer, site):
+    """The eager work a site replaces, on the layer's original modules (patched forwards bypassed)."""
+    from mirage_serve.sites import NormSite
+
+    def call(mod, x):
+        return type(mod).forward(mod, x)
+
+    if isinstance(site, NormSite):
+        norm = layer.get_submodule(site.norm)
+        consumers = [(layer.get_submodule(c.path), c.tail) for c in site.consumers]
+
+        def run(x):
+            n = call(norm, x)
+            for mod, tail in consumers:
+                if tail:  # the site computes the consumer without its tail (a separate site)
+                    mod_tail = mod.get_submodule(tail)
+                    y = _without_tail(mod, mod_tail, n)
+                else:
+                    y = call(mod, n)
+            return y
+        return run
+    proj = layer.get_submodule(site.proj)
+    return lambda x: call(proj, x)
+
+
+def _without_tail(mod, tail, n):
+    """An MLP's gate/up/act part: its forward with the tail (down_proj) replaced by identity."""
+    saved = tail.forward
+    tail.forward = lambda y: y
+    try:
+        return type(mod).forward(mod, n)
+    finally:
+        tail.forward = saved
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model")
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--profile", type=int, default=30, help="patched decode steps to cProfile (0: none)")
+    ap.add_argument("--device", default="cuda", help="cpu: a smoke run of this script (torch backend)")
+    args = ap.parse_args(argv)
+
+    import mirage_serve
+    from mirage_serve import patch_api, patch_wiring
+    from mirage_serve.bench_load import load
+
+    lm = load(args.model, dtype="bf16" if args.device == "cuda" else "fp32", device=args.device, layers=args.layers)
+    model = lm.model
+    installed = []
+    original_install = patch_wiring.install
+
+    def recording_install(layer, site, runtime, records):
+        installed.append((layer, site, runtime))
+        original_install(layer, site, runtime, records)
+
+    patch_api.install = recording_install
+    try:
+        report = mirage_serve.patch(model, cuda_graphs=False, batch_sizes=(args.batch,),
+                                    search_budget=None if args.device == "cuda" else 0)
+    finally:
+        patch_api.install = original_install
+    print(str(report).splitlines()[-1])
+
+    hidden = model.config.hidden_size
+    x = torch.randn(args.batch, 1, hidden, device=args.device, dtype=model.dtype)
+    print(f"\n{lm.name}, batch {args.batch}: host µs per call (one layer's sites)")
+    print(f"{'site':12} {'ours':>8} {'eager':>8}  program kernels / library ops")
+    layer0 = installed[0][0]
+    with torch.inference_mode():
+        for layer, site, runtime in installed:
+            if layer is not layer0:
+                continue
+            xs = x if getattr(runtime, "dim", hidden) == hidden else torch.randn(
+                args.batch, 1, runtime.dim, device=args.device, dtype=model.dtype)
+            ours = _host_us(lambda: runtime.run(xs))
+            eager = _host_us(lambda: _eager_site(layer, site)(xs))
+            print(f"{site.name:12} {ours:8.1f} {eager:8.1f}  {_shape_of(runtime)}")
+
+        ids = torch.randint(1, lm.facts["vocab_size"], (args.batch, 32), device=args.device)
+        steps = {}
+        for label in ("ours", "eager"):
+            out = model(ids, use_cache=True)
+            past, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
+
+            def step():
+                nonlocal past
+                past = model(tok, past_key_values=past, use_cache=True).past_key_values
+            steps[label] = _host_us(step, calls=60) / 1e3
+            if label == "ours":
+                if args.profile:
+                    prof = cProfile.Profile()
+                    prof.enable()
+                    for _ in range(args.profile):
+                        step()
+                    prof.disable()
+                    _sync()
+                mirage_serve.unpatch(model)
+        print(f"\ndecode step host ms ({args.layers} layers): ours {steps['ours']:.3f}, eager {steps['eager']:.3f}, "
+              f"ours/eager {steps['ours'] / steps['eager']:.2f}; per layer ours "
+              f"{steps['ours'] / args.layers * 1e3:.0f} µs, eager {steps['eager'] / args.layers * 1e3:.0f} µs")
+    if args.profile:
+        s = io.StringIO()
+        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(35)
+        print(s.getvalue())
+
+
+def _shape_of(runtime) -> str:
+    parts = getattr(runtime, "parts", None) or [(runtime, ())]
+    out = []
+    for rt, _ in parts:
+        for bk in rt.kernels.values():
+            g = getattr(bk.executor.run, "graph", None)
+            if g is None:
+                out.append("?")
+                continue
+            kernels = sum(n.op == "customized" for n in g.nodes)
+            lib = sum(n.op not in ("customized", "reshape", "transpose", "slice", "const") for n in g.nodes)
+            out.append(f"{kernels}k/{lib}lib")
+    return " + ".join(out)
+
+
+if __name__ == "__main__":
+    main()
