@@ -201,11 +201,7 @@ class Preparer:
         key = (name, sig, m)
         ex = self._extracted.get(key) or self._at_rows(name, sig, m)
         if ex is None:
-            x = torch.randn(m, dim, generator=self._rng).to(device, self.dtype)
-            try:
-                ex = extract(wrapper, (x,), f"{name}_m{m}")
-            except ExtractError as e:
-                raise SiteError(f"extraction failed: {e}") from None
+            ex = self._trace(wrapper, name, dim, m, device)
         if key not in self._extracted:
             for o in ex.graph.output_types:
                 if len(o.shape) != 2 or o.shape[0] != m:
@@ -249,6 +245,23 @@ class Preparer:
             feeds.append(None if src[0] == "arg" else
                          (wrapper.get_parameter(src[1]) if src[0] == "parameter" else wrapper.get_buffer(src[1])))
         return BucketKernel(executor, tuple(feeds), m)
+
+    def _trace(self, wrapper, name: str, dim: int, m: int, device) -> Extracted:
+        """The site's program at ``m`` rows: from the program memo of the cache (a warm patch
+        traces nothing), else by ``torch.export`` of the site's modules, then remembered."""
+        from .cache.programs import ProgramMemo, fingerprint
+
+        memo = ProgramMemo(self.cache)
+        fp = fingerprint(wrapper, name, m, self.dtype)
+        ex = memo.get(fp)
+        if ex is None:
+            x = torch.randn(m, dim, generator=self._rng).to(device, self.dtype)
+            try:
+                ex = extract(wrapper, (x,), f"{name}_m{m}")
+            except ExtractError as e:
+                raise SiteError(f"extraction failed: {e}") from None
+            memo.put(fp, ex)
+        return ex
 
     def _at_rows(self, name: str, sig, m: int) -> Extracted | None:
         """The program ``name`` already extracted at another bucket, re-typed for ``m`` rows
