@@ -35,7 +35,7 @@ from superopt.lax.extract import Extracted
 
 from ..sites import signature
 from .key import versions_now
-from .store import CacheWarning, KernelCache
+from .store import PROGRAMS_DIR, CacheWarning, KernelCache
 
 FORMAT = 1
 
@@ -79,7 +79,7 @@ class ProgramMemo:
     """``get(fp)`` / ``put(fp, extracted)`` over ``cache``'s user directory (or nowhere)."""
 
     def __init__(self, cache: KernelCache | None):
-        self.folder = None if cache is None or cache.read_only else cache.root / "programs"
+        self.folder = None if cache is None or cache.read_only else cache.root / PROGRAMS_DIR
 
     def get(self, fp: str) -> Extracted | None:
         if self.folder is None:

@@ -36,6 +36,9 @@ ENTRY_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*-[0-9a-f]{8}$")
 _CACHEDIR_TAG = "Signature: 8a477f597d28d172789f06886806bc55\n# mirage_serve kernel cache\n"
 
 
+PROGRAMS_DIR = "programs"   # extracted programs of patch() sites (mirage_serve.cache.programs)
+
+
 class CacheWarning(UserWarning):
     """A cache entry was rejected, or a result could not be saved."""
 
@@ -309,13 +312,14 @@ class KernelCache:
         return out
 
     def clear(self) -> int:
-        """Delete every user-cache entry (and stale temp directories); returns how many entries.
+        """Delete every user-cache entry (and stale temp directories and the extracted programs of
+        ``programs.py``); returns how many entries.
         The shipped cache is never touched. Only directories named like entries are removed."""
         self._require_writable("clear")
         entries = self._entry_dirs("user")
         for p in entries:
             discard_entry(self.root, p)
-        for private in (".tmp", ".trash"):
+        for private in (".tmp", ".trash", PROGRAMS_DIR):
             shutil.rmtree(self.root / private, ignore_errors=True)
         self._memory.clear()
         return len(entries)

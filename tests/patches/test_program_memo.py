@@ -95,3 +95,12 @@ def test_a_read_only_cache_stores_no_record(monkeypatch, tmp_path):
         warnings.simplefilter("ignore")
         _patch(model, tmp_path)
     assert traced and not (tmp_path / "programs").exists()
+
+
+def test_cache_clear_removes_the_records(tmp_path):
+    from mirage_serve.cache import KernelCache
+
+    _patch(build(LlamaConfig(**CFG)), tmp_path)
+    assert any((tmp_path / "programs").iterdir())
+    KernelCache(tmp_path, shipped_dir=False).clear()
+    assert not (tmp_path / "programs").exists()
