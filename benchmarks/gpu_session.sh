@@ -4,7 +4,7 @@
 # Steps: tests | registry | warm-patch | overhead | alone | decode-qwen | decode-llama | decode-qwen3 | profile-qwen | profile-llama | cuda |
 # blocks | warm. Every step's limit is cut to what is left before DEADLINE (default 560 s: a device command may run 600 s,
 # and the tars at the end need a few seconds); a step with under 20 s left is skipped.
-# (environment: NEW_TOKENS, LLAMA_BATCH, BASELINES; warm: WARM_MODELS, WARM_BATCH; it leaves $OUT/shipped.tar,
+# (environment: NEW_TOKENS, LLAMA_BATCH, BASELINES; overhead: OVERHEAD (MODEL:BATCH ...); warm: WARM_MODELS, WARM_BATCH; it leaves $OUT/shipped.tar,
 # entries in kernels_cache/ form to untar into the repo's kernels_cache/). The kernel cache is $MIRAGE_SERVE_CACHE_DIR
 # (default /tmp/ms_cache) while running and is tarred to $OUT/cache.tar at the end,
 # so searched μGraphs found on the GPU can be brought back (for kernels_cache/); a cache.tar in the
@@ -40,7 +40,7 @@ while [ $# -gt 0 ]; do
                 "tests/patches/test_patch_gpu.py::test_registry_model_decode" ;;
     warm-patch) step warm_llama_1_8 200 mirage-serve warm Llama-3.1-8B --layers 2 --batch 1,8  # fills the user cache
                 for i in 1 2; do step "warm_patch_$i" 120 python benchmarks/warm_patch.py Llama-3.1-8B --batch 1,8; done ;;
-    overhead) for mb in Qwen2.5-0.5B:1 Qwen2.5-0.5B:8 Llama-3.1-8B:1; do  # host cost per site, kernels alone
+    overhead) for mb in ${OVERHEAD:-Qwen2.5-0.5B:1 Qwen2.5-0.5B:8 Llama-3.1-8B:1}; do  # host µs per site, kernels alone
                 step "overhead_${mb%%:*}_b${mb##*:}" 150 python benchmarks/site_overhead.py "${mb%%:*}" --layers 4 \
                   --batch "${mb##*:}"
               done ;;
