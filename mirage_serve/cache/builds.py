@@ -48,7 +48,11 @@ class Build:
 
 
 def build_of(entry: CacheEntry, key: CacheKey) -> Build:
-    """The build stored in `entry` (an entry `cache.get(key)` returned)."""
+    """The build stored in `entry` (an entry `cache.get(key)` returned). Its source comes only with
+    its binaries (what they were built from): without binaries (a shipped entry) the μGraph is
+    rendered by the current code generator, not compiled from an older one's stored text."""
+    if not entry.binaries:
+        return Build(None, {})
     return Build(entry.sources.get(source_name(key)), dict(entry.binaries))
 
 

@@ -454,20 +454,21 @@ def _deferred_sums(b: BlockGraph, var: dict[str, str], fma: set[str]) -> dict[st
 
 
 def _launcher(spec: KernelSpec, node: Node, atomic: list[bool]) -> str:
-    """The python function the runtime registers as a torch custom op (``triton_op``)."""
+    """The python function the runtime registers as a torch custom op (``triton_op``).
+
+    An output that blocks add into (``reduce sum`` across the grid) starts from zero: a float32
+    output is zeroed here; any other is summed in its float32 workspace ``w{j}``, which the
+    *caller* zeroes before and casts into ``o{j}`` after the launch (``superopt.runtime.compiled``
+    keeps a kernel's workspaces in one buffer, so that is one zero and one copy, not one each)."""
     ins = [f"a{j}" for j in range(len(spec.args))]
     outs = [f"o{j}" for j in range(len(spec.outs))]
     wss = [f"w{j}" for j in spec.workspaces]
     sig = ", ".join(f"{p}: torch.Tensor" for p in ins + outs + wss)
     lines = [f"def {spec.launcher}({sig}, num_warps: int, num_stages: int) -> None:"]
-    targets = list(outs)
+    targets = [f"w{j}" if j in spec.workspaces else o for j, o in enumerate(outs)]
     for j, a in enumerate(atomic):
-        if a:  # blocks add their partial tiles: start from zero, in float32
-            if j in spec.workspaces:
-                targets[j] = f"w{j}"
+        if a and j not in spec.workspaces:
             lines.append(f"    {targets[j]}.zero_()")
     lines.append(f"    wrap_triton({spec.name})[{spec.grid}]({', '.join(ins + targets)}, "
                  f"num_warps=num_warps, num_stages=num_stages)")
-    for j in spec.workspaces:
-        lines.append(f"    o{j}.copy_(w{j})")
     return "\n".join(lines) + "\n"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import warnings
 from typing import Callable, Sequence
 
@@ -62,6 +63,7 @@ class CompiledGraph:
         self.pool: dict[str, torch.Tensor] = {}
         self.workspace: dict[tuple[int, int], torch.Tensor] = {}
         self.staging: dict[tuple[int, int], torch.Tensor] = {}  # contiguous copies of strided kernel args
+        self.sums: dict[int, _Summed] = {}  # per customized node with cross-block sums in workspaces
         for idx, n in enumerate(ugraph.nodes):
             if n.op in _VIEWS:
                 continue
@@ -71,10 +73,26 @@ class CompiledGraph:
                 continue
             for v in n.outs:
                 self.pool[v.name] = torch.empty(v.type.shape, dtype=TORCH_DTYPES[v.type.dtype], device=self.device)
-            if n.op == "customized":
-                for j in self.kernels[idx][1].workspaces:
-                    self.workspace[(idx, j)] = torch.empty(n.outs[j].type.shape, dtype=torch.float32,
-                                                           device=self.device)
+            if n.op == "customized" and self.kernels[idx][1].workspaces:
+                self.sums[idx] = self._summed(idx, n)
+
+    def _summed(self, idx: int, n) -> "_Summed":
+        """Float32 workspaces of node ``idx``'s cross-block sums, as views of one buffer (one zero
+        per call); where their outputs share a dtype, the outputs too (one cast per call)."""
+        js = self.kernels[idx][1].workspaces
+        sizes = [math.prod(n.outs[j].type.shape) for j in js]
+        ws = torch.empty(sum(sizes), dtype=torch.float32, device=self.device)
+        dtypes = {n.outs[j].type.dtype for j in js}
+        outs = torch.empty(sum(sizes), dtype=TORCH_DTYPES[dtypes.pop()], device=self.device) \
+            if len(dtypes) == 1 else None
+        at = 0
+        for j, size in zip(js, sizes):
+            shape = n.outs[j].type.shape
+            self.workspace[(idx, j)] = ws[at:at + size].view(shape)
+            if outs is not None:
+                self.pool[n.outs[j].name] = outs[at:at + size].view(shape)
+            at += size
+        return _Summed(ws, outs, [(self.workspace[(idx, j)], n.outs[j].name) for j in js], self.pool)
 
     def _warm(self, cache_dir, files: dict[str, bytes] | None) -> None:
         """Compile or load every kernel now (no launch), after seeding Triton's cache with ``files``."""
@@ -138,7 +156,12 @@ class CompiledGraph:
                 args = [self._arg(idx, j, env[a]) for j, a in enumerate(n.args)]
                 outs = [targets[v.name] for v in n.outs]
                 wss = [self.workspace[(idx, j)] for j in spec.workspaces]
+                summed = self.sums.get(idx)
+                if summed is not None:
+                    summed.ws.zero_()
                 op(*args, *outs, *wss, nw, ns)
+                if summed is not None:
+                    summed.cast(targets)
                 env.update((v.name, t) for v, t in zip(n.outs, outs))
             else:
                 run_library(n, [env[a] for a in n.args], targets[n.out.name])
@@ -186,7 +209,12 @@ class CompiledGraph:
                 tail = [self.pool[v.name] for v in n.outs] + [self.workspace[(idx, j)] for j in spec.workspaces]
                 args = [plan.slot[a] for a in n.args]
                 staged = [functools.partial(self._arg, idx, j) for j in range(len(n.args))]
+                summed = self.sums.get(idx)
+                if summed is not None:
+                    plan.steps.append(functools.partial(_zero_step, summed.ws))
                 plan.steps.append(functools.partial(_kernel_step, op.launch, args, staged, tail, nw, ns))
+                if summed is not None:
+                    plan.steps.append(functools.partial(_cast_step, summed, self.pool))
             else:
                 plan.add(n.out.name, self.pool[n.out.name])
                 plan.steps.append(functools.partial(_library_step, n, [plan.slot[a] for a in n.args],
@@ -209,6 +237,24 @@ class CompiledGraph:
                     step(env)
             return [env[i] for i in outputs]
         return call
+
+
+class _Summed:
+    """A kernel's float32 workspaces (views of ``ws``) and the outputs they are cast into after the
+    launch; when those outputs are views of ``outs``, laid out as ``ws`` is, that is one copy."""
+
+    def __init__(self, ws: torch.Tensor, outs: torch.Tensor | None, pairs: list[tuple[torch.Tensor, str]],
+                 pool: dict[str, torch.Tensor]):
+        self.ws, self.outs, self.pairs = ws, outs, pairs
+        self.views = [pool[name] for _, name in pairs]
+
+    def cast(self, targets: dict[str, torch.Tensor]) -> None:
+        """Write each sum into ``targets[name]`` (the pool's buffers, or a caller's ``out=``)."""
+        if self.outs is not None and all(targets[name] is v for (_, name), v in zip(self.pairs, self.views)):
+            self.outs.copy_(self.ws)
+            return
+        for w, name in self.pairs:
+            targets[name].copy_(w)
 
 
 class _Plan:
@@ -236,6 +282,14 @@ def _kernel_step(launch, args: list[int], staged: list, tail: list, nw: int, ns:
     # a strided argument (a view of a per-call input) is copied to a contiguous staging buffer
     launch(*[t if t.is_contiguous() else stage(t) for t, stage in zip([env[i] for i in args], staged)],
            *tail, nw, ns)
+
+
+def _zero_step(ws: torch.Tensor, env: list) -> None:
+    ws.zero_()
+
+
+def _cast_step(summed: _Summed, pool: dict, env: list) -> None:
+    summed.cast(pool)
 
 
 def _library_step(n, args: list[int], out: torch.Tensor, env: list) -> None:

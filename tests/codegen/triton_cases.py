@@ -31,7 +31,14 @@ output %y
 # 90: K tiles of 30, padded to 32
 TEXT_CASES = {"gemv_nk": dict(k=96), "gemv_nk_odd": dict(k=90), "gemv_nk_cols": dict(k=90, cols=True)}
 
-CASES = [(name, name, {}) for name in FIXTURES] + ODD + [(c, c, {}) for c in TEXT_CASES]
+# μGraphs the search found on the GPU (tests/codegen/ugraphs), their own float64 evaluation the
+# reference (case id -> file). qwen05b_attn_in_1_m1: RMSNorm + k/v GEMVs split over K (112 blocks
+# adding into three outputs: float32 workspaces the runtime zeroes and casts, one op each), then a
+# one-block kernel.
+FOUND_CASES = {"found_kv_split_k": "qwen05b_attn_in_1_m1"}
+
+CASES = [(name, name, {}) for name in FIXTURES] + ODD + [(c, c, {}) for c in TEXT_CASES] + \
+    [(c, c, {}) for c in FOUND_CASES]
 INTERP_DTYPES = ("float32", "float16")  # bf16 arithmetic is broken in the interpreter (DESIGN.md)
 
 
@@ -48,7 +55,20 @@ def _gemv_nk(dtype: str, k: int, cols: bool = False):
     return Fixture("gemv_nk", p.build(), ugraph, lambda xs: [xs[1] @ xs[0].T])
 
 
+def _found(case_id: str, dtype: str):
+    from pathlib import Path
+
+    from superopt.ir import check, from_text
+    from tests.fixtures.build import Fixture
+
+    text = (Path(__file__).resolve().parent / "ugraphs" / f"{FOUND_CASES[case_id]}.txt").read_text()
+    ugraph = check(from_text(text.replace("bfloat16", dtype)))
+    return Fixture(case_id, ugraph, ugraph, None)
+
+
 def build(case_id: str, dtype: str):
+    if case_id in FOUND_CASES:
+        return _found(case_id, dtype)
     if case_id in TEXT_CASES:
         return _gemv_nk(dtype, **TEXT_CASES[case_id])
     for cid, name, kw in CASES:
