@@ -1,0 +1,80 @@
+"""Which registry models the shipped kernels_cache/ covers: per model, the site programs of one
+decoder layer at each batch bucket, and whether a shipped entry holds each (sm90, bf16, triton).
+
+    python benchmarks/shipped_coverage.py [MODEL ...] [--batch 1,2,4,8,16]
+
+Runs on the CPU in a minute or two: each model is built with one decoder layer and a small
+vocabulary (bf16), its site programs are extracted as patch() extracts them, and their shipped
+cache keys are looked up. A miss means a user of that model pays a search on first patch();
+`mirage-serve warm MODEL` on the GPU machine, exported into kernels_cache/, fills it.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+
+def programs(name: str, buckets: tuple[int, ...]):
+    """(site program label, bucket, program digest) of one layer of registry model ``name``."""
+    from transformers import AutoModelForCausalLM
+
+    from mirage_serve import registry
+    from mirage_serve.patch_api import _adapters
+    from mirage_serve.patch_prepare import _dim
+    from mirage_serve.sites import find_layers, site_module, site_parts
+    from superopt.ir import digest
+    from superopt.lax.extract import extract
+    from superopt.lax.rows import with_rows
+
+    facts = dict(registry.get(name).config, num_hidden_layers=1)
+    facts["vocab_size"] = max(128, (facts.get("pad_token_id") or 0) + 1)  # small, but holding the pad id
+    if facts.get("layer_types"):
+        facts["layer_types"] = facts["layer_types"][:1]
+    cfg = registry.hf_config(facts)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
+    family = _adapters()[0](cfg.model_type)
+    _, layers = find_layers(model, family)
+    top = max(buckets)
+    for site in family.sites:
+        wrapper = site_module(layers[0], site)
+        for label, part, _ in site_parts(site.name, wrapper):
+            dim = _dim(part.head)
+            ex = extract(part, (torch.randn(top, dim, dtype=torch.bfloat16),), f"{label}_m{top}")
+            rows_input = next(v.name for v, src in zip(ex.graph.inputs, ex.sources) if src[0] == "arg")
+            for m in buckets:
+                g = ex.graph if m == top else with_rows(ex.graph, rows_input, m, f"{label}_m{m}")
+                yield label, m, digest(g)
+
+
+def main(argv=None) -> None:
+    from mirage_serve import registry
+    from mirage_serve.cache import CacheKey, KernelCache, versions_now
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("models", nargs="*", help="registry names (default: all)")
+    ap.add_argument("--batch", default="1,2,4,8,16")
+    ap.add_argument("--shipped", default=str(Path(__file__).resolve().parents[1] / "kernels_cache"),
+                    help="the shipped cache to check (default: this checkout's kernels_cache/)")
+    args = ap.parse_args(argv)
+    buckets = tuple(int(b) for b in args.batch.split(","))
+    cache = KernelCache(cache_dir=Path(args.shipped) / ".no-user-layer", shipped_dir=args.shipped, read_only=True)
+    missing_any = False
+    for name in args.models or registry.names():
+        seen, missing = set(), []
+        for label, m, dg in programs(name, buckets):
+            if (label, m, dg) in seen:
+                continue
+            seen.add((label, m, dg))
+            key = CacheKey(dg, f"b{m}", "bf16", "sm90", "triton", versions_now(), f"{label}-m{m}")
+            if cache.get(key) is None:
+                missing.append(f"{label}@b{m}")
+        missing_any |= bool(missing)
+        print(f"{name:18} {len(seen) - len(missing):3}/{len(seen):3} programs shipped"
+              + (f"; missing: {', '.join(missing)}" if missing else ""))
+    raise SystemExit(1 if missing_any else 0)
+
+
+if __name__ == "__main__":
+    main()
