@@ -26,7 +26,7 @@ from ..ir import KernelGraph, check
 from . import binaries as _binaries
 from .build import interpreting, kernel_op, load_module
 from .fast_launch import direct_launches
-from .library import run_library, view
+from .library import library_fn, run_library, view
 
 TORCH_DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16,
                 "bfloat16": torch.bfloat16}
@@ -217,8 +217,8 @@ class CompiledGraph:
                     plan.steps.append(functools.partial(_cast_step, summed, self.pool))
             else:
                 plan.add(n.out.name, self.pool[n.out.name])
-                plan.steps.append(functools.partial(_library_step, n, [plan.slot[a] for a in n.args],
-                                                    self.pool[n.out.name]))
+                plan.steps.append(functools.partial(_library_step, library_fn(n, self.pool[n.out.name]),
+                                                    [plan.slot[a] for a in n.args]))
         outputs = [plan.slot[o] for o in g.outputs]
         start, steps = plan.values, plan.steps
         merged = list(fixed)
@@ -292,8 +292,8 @@ def _cast_step(summed: _Summed, pool: dict, env: list) -> None:
     summed.cast(pool)
 
 
-def _library_step(n, args: list[int], out: torch.Tensor, env: list) -> None:
-    run_library(n, [env[i] for i in args], out)
+def _library_step(fn, args: list[int], env: list) -> None:
+    fn(*[env[i] for i in args])
 
 
 def compile_graph(ugraph: KernelGraph, backend: str = "triton", device: str | torch.device = "cuda",

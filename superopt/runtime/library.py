@@ -5,6 +5,9 @@ buffer the runtime's pool gives it, so a compiled graph allocates nothing per ca
 """
 from __future__ import annotations
 
+import functools
+from typing import Callable
+
 import torch
 
 from ..ir import Node, op_info
@@ -27,30 +30,32 @@ def view(n: Node, x: torch.Tensor) -> torch.Tensor:
     raise ValueError(f"{n.op} is not a view")
 
 
-def run_library(n: Node, args: list[torch.Tensor], out: torch.Tensor) -> None:
-    """Compute library node ``n`` on ``args`` into ``out``."""
+def library_fn(n: Node, out: torch.Tensor) -> Callable[..., None]:
+    """``fn(*args)`` computes library node ``n`` into ``out``: the op is resolved once, not per call."""
     cat = op_info(n.op).category
     if cat is Category.UNARY:
-        (x,) = args
         if n.op == "square":
-            torch.mul(x, x, out=out)
-        elif n.op == "silu":
-            torch.ops.aten.silu.out(x, out=out)
-        elif n.op == "gelu_tanh":
-            torch.ops.aten.gelu.out(x, approximate="tanh", out=out)
-        else:
-            _UNARY[n.op](x, out=out)
-    elif cat is Category.BINARY:
-        _BINARY[n.op](args[0], args[1], out=out)
-    elif n.op == "reduce_sum":
-        torch.sum(args[0], n.attr("dim"), bool(n.attr("keepdim")), out=out)
-    elif n.op == "reduce_max":
-        torch.amax(args[0], n.attr("dim"), bool(n.attr("keepdim")), out=out)
-    elif n.op == "matmul":
-        torch.matmul(args[0], args[1], out=out)
-    elif n.op == "cast":
-        out.copy_(args[0])
-    elif n.op == "concat":
-        torch.cat(args, n.attr("dim"), out=out)
-    else:
-        raise NotImplementedError(f"runtime: no torch form for library op {n.op!r}")
+            return lambda x: torch.mul(x, x, out=out)
+        if n.op == "silu":
+            return lambda x: torch.ops.aten.silu.out(x, out=out)
+        if n.op == "gelu_tanh":
+            return lambda x: torch.ops.aten.gelu.out(x, approximate="tanh", out=out)
+        return functools.partial(_UNARY[n.op], out=out)
+    if cat is Category.BINARY:
+        return functools.partial(_BINARY[n.op], out=out)
+    if n.op in ("reduce_sum", "reduce_max"):
+        reduce, dim, keep = (torch.sum if n.op == "reduce_sum" else torch.amax), n.attr("dim"), bool(n.attr("keepdim"))
+        return lambda x: reduce(x, dim, keep, out=out)
+    if n.op == "matmul":
+        return functools.partial(torch.matmul, out=out)
+    if n.op == "cast":
+        return out.copy_
+    if n.op == "concat":
+        dim = n.attr("dim")
+        return lambda *xs: torch.cat(xs, dim, out=out)
+    raise NotImplementedError(f"runtime: no torch form for library op {n.op!r}")
+
+
+def run_library(n: Node, args: list[torch.Tensor], out: torch.Tensor) -> None:
+    """Compute library node ``n`` on ``args`` into ``out``."""
+    library_fn(n, out)(*args)
