@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: the integrated GPU checks, each step time-boxed, logs under $OUT.
 #   bash benchmarks/gpu_session.sh STEP [STEP ...]      (steps below; $OUT must be set)
-# Steps: tests | registry | warm-patch | overhead | alone | decode-qwen | decode-llama | decode-qwen3 | profile-qwen | profile-llama | cuda |
+# Steps: tests | registry | warm-patch | cold | overhead | alone | decode-qwen | decode-llama | decode-qwen3 | profile-qwen | profile-llama | cuda |
 # blocks | warm. Every step's limit is cut to what is left before DEADLINE (default 560 s: a device command may run 600 s,
 # and the tars at the end need a few seconds); a step with under 20 s left is skipped.
 # (environment: NEW_TOKENS, LLAMA_BATCH, BASELINES; overhead: OVERHEAD (MODEL:BATCH ...); warm: WARM_MODELS, WARM_BATCH; it leaves $OUT/shipped.tar,
@@ -40,6 +40,7 @@ while [ $# -gt 0 ]; do
                 "tests/patches/test_patch_gpu.py::test_registry_model_decode" ;;
     warm-patch) step warm_llama_1_8 200 mirage-serve warm Llama-3.1-8B --layers 2 --batch 1,8  # fills the user cache
                 for i in 1 2; do step "warm_patch_$i" 120 python benchmarks/warm_patch.py Llama-3.1-8B --batch 1,8; done ;;
+    cold) step cold_llama_b1 300 python benchmarks/warm_patch.py Llama-3.1-8B --batch 1 --cold ;;  # issue 7: cold cost per site
     overhead) for mb in ${OVERHEAD:-Qwen2.5-0.5B:1 Qwen2.5-0.5B:8 Llama-3.1-8B:1}; do  # host µs per site, kernels alone
                 step "overhead_${mb%%:*}_b${mb##*:}" 150 python benchmarks/site_overhead.py "${mb%%:*}" --layers 4 \
                   --batch "${mb##*:}"
