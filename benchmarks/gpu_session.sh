@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: the integrated GPU checks, each step time-boxed, logs under $OUT.
 #   bash benchmarks/gpu_session.sh STEP [STEP ...]      (steps below; $OUT must be set)
-# Steps: tests | registry | warm-patch | cold | overhead | alone | decode-qwen | decode-llama | decode-qwen3 | profile-qwen | profile-llama | cuda |
+# Steps: tests | registry | warm-patch | cold | overhead | alone-rounds | alone | decode-qwen | decode-llama | decode-qwen3 | profile-qwen | profile-llama | cuda |
 # blocks | warm. Every step's limit is cut to what is left before DEADLINE (default 560 s: a device command may run 600 s,
 # and the tars at the end need a few seconds); a step with under 20 s left is skipped.
 # (environment: NEW_TOKENS, LLAMA_BATCH, BASELINES; overhead: OVERHEAD (MODEL:BATCH ...); warm: WARM_MODELS, WARM_BATCH; it leaves $OUT/shipped.tar,
@@ -45,6 +45,10 @@ while [ $# -gt 0 ]; do
                 step "overhead_${mb%%:*}_b${mb##*:}" 150 python benchmarks/site_overhead.py "${mb%%:*}" --layers 4 \
                   --batch "${mb##*:}"
               done ;;
+    alone-rounds) for mb in Qwen2.5-0.5B:1 Qwen2.5-0.5B:8 Llama-3.1-8B:1 Llama-3.1-8B:8; do  # issue 5, alternating
+                    step "rounds_${mb%%:*}_b${mb##*:}" 120 python benchmarks/site_overhead.py "${mb%%:*}" --layers 0 \
+                      --no-sites --profile 0 --rounds 3 --batch "${mb##*:}"
+                  done ;;
     alone) for m in Qwen2.5-0.5B Llama-3.1-8B; do  # issue 5: kernels alone (no CUDA graphs) vs eager
              step "alone_$m" 200 mirage-serve bench "$m" --no-graphs --batch 1,8 --new-tokens 32 --repeats 2 \
                --baselines eager --markdown "$OUT/alone.md"

@@ -5,7 +5,8 @@
 Kernels alone (patch(cuda_graphs=False)) are launched by Python on every step, so at decode sizes a
 site's cost is its host path, not its kernel: this prints, per distinct site program, the host µs of
 one call of our site runtime next to the host µs of the eager modules it replaces (the norm and its
-consumers, or the projection), then the host ms of whole decode steps (eager vs ours) and, with
+consumers, or the projection), then the ms of whole decode steps (ours and eager alternating for
+--rounds rounds; with all layers, --layers 0, that is the model's decode step) and, with
 --profile N, the top of a cProfile of N patched steps. Host time = wall time of many calls queued
 without a sync (the GPU, idle at these sizes, keeps up), divided by the number of calls.
 """
@@ -15,6 +16,7 @@ import argparse
 import cProfile
 import io
 import pstats
+import statistics
 import time
 
 import torch
@@ -75,9 +77,12 @@ def _without_tail(mod, tail, n):
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model")
-    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--layers", type=int, default=4, help="decoder layers to build (0: all)")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--profile", type=int, default=30, help="patched decode steps to cProfile (0: none)")
+    ap.add_argument("--rounds", type=int, default=1, help="alternating ours / eager decode timings")
+    ap.add_argument("--sites", action=argparse.BooleanOptionalAction, default=True,
+                    help="time each site of one layer (--no-sites: the decode steps only)")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of this script (torch backend)")
     args = ap.parse_args(argv)
 
@@ -85,7 +90,9 @@ def main(argv=None) -> None:
     from mirage_serve import patch_api, patch_wiring
     from mirage_serve.bench_load import load
 
-    lm = load(args.model, dtype="bf16" if args.device == "cuda" else "fp32", device=args.device, layers=args.layers)
+    lm = load(args.model, dtype="bf16" if args.device == "cuda" else "fp32", device=args.device,
+              layers=args.layers or None)
+    args.layers = lm.model.config.num_hidden_layers
     model = lm.model
     installed = []
     original_install = patch_wiring.install
@@ -104,12 +111,13 @@ def main(argv=None) -> None:
 
     hidden = model.config.hidden_size
     x = torch.randn(args.batch, 1, hidden, device=args.device, dtype=model.dtype)
-    print(f"\n{lm.name}, batch {args.batch}: host µs per call (one layer's sites)")
-    print(f"{'site':12} {'ours':>8} {'eager':>8}  program kernels / library ops")
+    if args.sites:
+        print(f"\n{lm.name}, batch {args.batch}: host µs per call (one layer's sites)")
+        print(f"{'site':12} {'ours':>8} {'eager':>8}  program kernels / library ops")
     layer0 = installed[0][0]
     with torch.inference_mode():
         for layer, site, runtime in installed:
-            if layer is not layer0:
+            if layer is not layer0 or not args.sites:
                 continue
             xs = x if getattr(runtime, "dim", hidden) == hidden else torch.randn(
                 args.batch, 1, runtime.dim, device=args.device, dtype=model.dtype)
@@ -120,34 +128,41 @@ def main(argv=None) -> None:
         ids = torch.randint(1, lm.facts["vocab_size"], (args.batch, 32), device=args.device)
 
         def decode(n: int) -> float:
-            """Host ms per step of n decode steps after a fresh prefill (lengths 33..32+n)."""
+            """ms per step of n decode steps after a fresh prefill (lengths 33..32+n), wall time
+            with one sync at the end: host time where the host is the bottleneck, else GPU time."""
             out = model(ids, use_cache=True)
             past, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
             _sync()
             t0 = time.perf_counter()
             for _ in range(n):
                 past = model(tok, past_key_values=past, use_cache=True).past_key_values
-            t = time.perf_counter() - t0
             _sync()
-            return t / n * 1e3
+            return (time.perf_counter() - t0) / n * 1e3
 
-        # Each run twice over the same cache lengths, the second timed: SDPA's first call at a new
-        # KV length can cost ms of host time (kernel plans), which only the first run pays.
-        steps = {}
-        for label in ("ours", "eager"):
-            decode(60)
-            steps[label] = decode(60)
-            if label == "ours":
-                if args.profile:
-                    prof = cProfile.Profile()
-                    prof.enable()
-                    decode(args.profile)
-                    prof.disable()
-                mirage_serve.unpatch(model)
-        print(f"\ndecode step host ms ({args.layers} layers): ours {steps['ours']:.3f}, eager {steps['eager']:.3f}, "
-              f"ours/eager {steps['ours'] / steps['eager']:.2f}; per layer ours "
-              f"{steps['ours'] / args.layers * 1e3:.0f} µs, eager {steps['eager'] / args.layers * 1e3:.0f} µs")
-    if args.profile:
+        # Each timed run follows an untimed one over the same cache lengths: SDPA's first call at a
+        # new KV length can cost ms of host time (kernel plans). Ours and eager alternate for
+        # --rounds rounds (patch() and unpatch() in between), so a drifting machine hits both.
+        steps: dict[str, list[float]] = {"ours": [], "eager": []}
+        prof = None
+        for r in range(args.rounds):
+            if r:
+                mirage_serve.patch(model, cuda_graphs=False, batch_sizes=(args.batch,))
+            for label in ("ours", "eager"):
+                decode(60)
+                steps[label].append(decode(60))
+                if label == "ours":
+                    if args.profile and prof is None:
+                        prof = cProfile.Profile()
+                        prof.enable()
+                        decode(args.profile)
+                        prof.disable()
+                    mirage_serve.unpatch(model)
+        ours, eager = statistics.median(steps["ours"]), statistics.median(steps["eager"])
+        print(f"\ndecode step ms ({args.layers} layers, median of {args.rounds} alternating rounds; each round: "
+              f"ours {' '.join(f'{t:.2f}' for t in steps['ours'])}, eager {' '.join(f'{t:.2f}' for t in steps['eager'])}): "
+              f"ours {ours:.3f}, eager {eager:.3f}, ours/eager {ours / eager:.2f} (eager/ours {eager / ours:.2f}x); "
+              f"per layer ours {ours / args.layers * 1e3:.0f} µs, eager {eager / args.layers * 1e3:.0f} µs")
+    if prof is not None:
         s = io.StringIO()
         pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(35)
         print(s.getvalue())
