@@ -81,17 +81,18 @@ class CompiledGraph:
         per call); where their outputs share a dtype, the outputs too (one cast per call)."""
         js = self.kernels[idx][1].workspaces
         sizes = [math.prod(n.outs[j].type.shape) for j in js]
-        ws = torch.empty(sum(sizes), dtype=torch.float32, device=self.device)
+        # every view starts 16-byte aligned (offsets in multiples of 8 elements), as Triton's
+        # stored kernels were specialised for: a misaligned pointer would need another compile
+        starts = [sum(-(-size // 8) * 8 for size in sizes[:i]) for i in range(len(sizes))]
+        total = starts[-1] + sizes[-1]
+        ws = torch.empty(total, dtype=torch.float32, device=self.device)
         dtypes = {n.outs[j].type.dtype for j in js}
-        outs = torch.empty(sum(sizes), dtype=TORCH_DTYPES[dtypes.pop()], device=self.device) \
-            if len(dtypes) == 1 else None
-        at = 0
-        for j, size in zip(js, sizes):
+        outs = torch.empty(total, dtype=TORCH_DTYPES[dtypes.pop()], device=self.device) if len(dtypes) == 1 else None
+        for j, at, size in zip(js, starts, sizes):
             shape = n.outs[j].type.shape
             self.workspace[(idx, j)] = ws[at:at + size].view(shape)
             if outs is not None:
                 self.pool[n.outs[j].name] = outs[at:at + size].view(shape)
-            at += size
         return _Summed(ws, outs, [(self.workspace[(idx, j)], n.outs[j].name) for j in js], self.pool)
 
     def _warm(self, cache_dir, files: dict[str, bytes] | None) -> None:
@@ -170,7 +171,6 @@ class CompiledGraph:
             t.copy_(env[name])
             env[name] = t
         return [env[o] for o in g.outputs]
-
 
     def bind(self, fixed: Sequence[torch.Tensor | None]) -> Callable[..., list[torch.Tensor]]:
         """A thinner call for a caller that passes the same tensors for some inputs on every call
