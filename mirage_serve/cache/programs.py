@@ -42,17 +42,26 @@ FORMAT = 1
 
 @functools.lru_cache(maxsize=None)
 def _code_of(cls: type) -> str:
+    return _source(cls.forward, f"{cls.__module__}.{cls.__qualname__}.forward")
+
+
+def _source(fn, fallback: str) -> str:
     try:
-        return inspect.getsource(cls.forward)
+        return inspect.getsource(fn)
     except (OSError, TypeError):   # no source (builtins, compiled): the qualified name stands for it
-        return f"{cls.__module__}.{cls.__qualname__}.forward"
+        return fallback
 
 
 def _callables(module: torch.nn.Module) -> list[str]:
-    """Non-module callables a module holds (``act_fn = ACT2FN[...]``): their class and code."""
+    """Non-module callables a module holds — ``act_fn = ACT2FN[...]``, or a ``forward`` set on the
+    instance — each with its code, since each can change what the module computes."""
     out = []
     for k, v in sorted(vars(module).items()):
         if k.startswith("_") or isinstance(v, (torch.nn.Module, torch.Tensor)) or not callable(v):
+            continue
+        if inspect.isfunction(v) or inspect.ismethod(v):
+            fn = getattr(v, "__func__", v)
+            out.append(f"{k}={fn.__module__}.{fn.__qualname__}:{_source(fn, '')}")
             continue
         cls = v if isinstance(v, type) else type(v)
         out.append(f"{k}={cls.__module__}.{cls.__qualname__}:{_code_of(cls) if hasattr(cls, 'forward') else ''}")

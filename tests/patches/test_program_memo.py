@@ -58,7 +58,7 @@ def test_a_damaged_record_is_ignored_and_traced_again(monkeypatch, tmp_path):
     records = sorted((tmp_path / "programs").glob("*.json"))
     records[0].write_text(records[0].read_text()[:-20])             # truncated
     rec = json.loads(records[1].read_text())
-    rec["body"]["text"] = rec["body"]["text"].replace("1e-06", "1e-05")  # edited: hash no longer matches
+    rec["body"]["text"] = rec["body"]["text"].replace("graph ", "graph edited_", 1)  # edited: hash mismatch
     records[1].write_text(json.dumps(rec))
     traced.clear()
     with pytest.warns(CacheWarning, match="ignoring program record"):
@@ -85,6 +85,23 @@ def test_the_fingerprint_follows_code_structure_and_shape():
     other = EditedNorm(CFG["hidden_size"])
     other.variance_epsilon = norm.variance_epsilon = 1e-6
     assert fingerprint(other, "norm", 4, torch.float32) != fingerprint(norm, "norm", 4, torch.float32)
+
+
+def test_a_forward_set_on_the_instance_changes_the_fingerprint():
+    model = build(LlamaConfig(**CFG))
+    norm = model.model.layers[0].input_layernorm
+    base = fingerprint(norm, "norm", 4, torch.float32)
+
+    def doubled(x):
+        return type(norm).forward(norm, x) * 2
+
+    def halved(x):
+        return type(norm).forward(norm, x) / 2
+
+    norm.forward = doubled
+    with_doubled = fingerprint(norm, "norm", 4, torch.float32)
+    norm.forward = halved
+    assert len({base, with_doubled, fingerprint(norm, "norm", 4, torch.float32)}) == 3
 
 
 def test_a_read_only_cache_stores_no_record(monkeypatch, tmp_path):
