@@ -10,7 +10,7 @@ code and structure, so it is stored under a fingerprint of exactly that:
 * the source of every module class's ``forward`` in the site (an edited or upgraded model code
   gives another fingerprint), and of the callables they hold as attributes (the activation),
 * the versions of superopt (with its source digest: extraction code), torch and transformers,
-* the program name, its rows bucket and dtype.
+* the program name, its rows bucket, dtype and device type.
 
 A record is a small JSON file in ``<user cache>/programs/`` holding the program's μGraph text and
 where each input comes from, with a sha256 of its contents; a record that is malformed, fails
@@ -71,7 +71,8 @@ def _callables(module: torch.nn.Module) -> list[str]:
 def fingerprint(module: torch.nn.Module, name: str, rows: int, dtype: torch.dtype) -> str:
     """sha256 of what ``extract(module, (x: [rows, D] dtype,), name)`` depends on."""
     h = hashlib.sha256()
-    parts = [repr(signature(module)), name, str(rows), str(dtype), repr(versions_now())]
+    device = next((t.device.type for t in module.parameters()), "none")   # aten decompositions may differ
+    parts = [repr(signature(module)), name, str(rows), str(dtype), device, repr(versions_now())]
     try:
         parts.append(metadata.version("transformers"))
     except metadata.PackageNotFoundError:
