@@ -12,6 +12,10 @@ code and structure, so it is stored under a fingerprint of exactly that:
 * the versions of superopt (with its source digest: extraction code), torch and transformers,
 * the program name, its rows bucket, dtype and device type.
 
+Not covered: the code of helpers a ``forward`` calls (module-level functions, other methods) —
+for Hugging Face models the transformers version stands for them; whoever edits such a helper in
+a model of their own clears the records (``mirage-serve cache clear``).
+
 A record is a small JSON file in ``<user cache>/programs/`` holding the program's μGraph text and
 where each input comes from, with a sha256 of its contents; a record that is malformed, fails
 its hash, or parses to a program of another digest is ignored (warned) and the site is traced
