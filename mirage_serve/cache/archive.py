@@ -1,9 +1,10 @@
 """Moving cache entries between machines: tar export/import, and the binary-free shipped form.
 
-Import never calls ``tarfile.extract``: each member is checked (a regular file at
-``<entry>/<file>`` or an entry directory; no absolute paths, no ``..``, no links or devices, sizes
-bounded), its bytes are written by us into a private staging directory, every staged entry is
-fully verified, and only then renamed into the cache. One unsafe member rejects the whole archive
+An archive holds the user cache's entries and its traced site programs (``programs/``, see
+``programs.py``). Import never calls ``tarfile.extract``: each member is checked (a regular file at
+``<entry>/<file>`` or ``programs/<fingerprint>.json``, or such a directory; no absolute paths, no
+``..``, no links or devices, sizes bounded), its bytes are written by us into a private staging
+directory, every staged entry and record is fully verified, and only then renamed into the cache. One unsafe member rejects the whole archive
 before anything is installed.
 """
 from __future__ import annotations
@@ -20,7 +21,8 @@ from typing import TYPE_CHECKING, Iterator
 
 from .entry import FILE_NAME, META, BadEntry, CacheEntry, read_entry, write_entry
 from .key import CacheKey
-from .store import ENTRY_NAME, CacheWarning, install_entry
+from . import records
+from .store import ENTRY_NAME, PROGRAMS_DIR, CacheWarning, install_entry
 
 if TYPE_CHECKING:
     from .store import KernelCache
@@ -64,10 +66,27 @@ def export_cache(cache: "KernelCache", path: Path) -> int:
                     for f in sorted(d.iterdir()):
                         _add_bytes(tar, f"{d.name}/{f.name}", f.read_bytes())
                 n += 1
+            for name, data in _good_records(cache):
+                _add_bytes(tar, f"{PROGRAMS_DIR}/{name}", data)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
     return n
+
+
+def _good_records(cache: "KernelCache") -> Iterator[tuple[str, bytes]]:
+    """The user cache's traced site programs (``programs.py``) that decode, by file name."""
+    folder = cache.root / PROGRAMS_DIR
+    for f in sorted(folder.iterdir()) if folder.is_dir() else ():
+        if not records.NAME.match(f.name):
+            continue
+        try:
+            data = f.read_bytes()
+            records.decode(data)
+        except (ValueError, OSError) as e:
+            warnings.warn(f"mirage_serve cache: skipping program record {f}: {e}", CacheWarning, stacklevel=3)
+            continue
+        yield f.name, data
 
 
 def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
@@ -87,6 +106,14 @@ def _member_path(m: tarfile.TarInfo) -> tuple[str, str | None]:
         raise ValueError(f"unsafe archive member {name!r}: '..' in path")
     if not (m.isreg() or m.isdir()):
         raise ValueError(f"unsafe archive member {name!r}: not a regular file or directory")
+    if parts and parts[0] == PROGRAMS_DIR:   # traced site programs: programs/<fingerprint>.json
+        if m.isdir() and len(parts) == 1:
+            return parts[0], None
+        if m.isdir() or len(parts) != 2 or not records.NAME.match(parts[1]):
+            raise ValueError(f"archive member {name!r}: not {PROGRAMS_DIR}/<fingerprint>.json")
+        if m.size > records.MAX_BYTES:
+            raise ValueError(f"archive member {name!r} is too large ({m.size} bytes)")
+        return parts[0], parts[1]
     if not parts or not ENTRY_NAME.match(parts[0]):
         raise ValueError(f"archive member {name!r} is not inside a cache entry directory")
     if m.isdir():
@@ -126,7 +153,10 @@ def import_cache(cache: "KernelCache", path: Path) -> int:
     installed = 0
     try:
         _stage(path, staging)
+        _install_records(cache, staging / PROGRAMS_DIR)
         for d in sorted(staging.iterdir()):
+            if d.name == PROGRAMS_DIR:
+                continue
             try:
                 key, _ = read_entry(d)
             except (BadEntry, OSError) as e:
@@ -138,6 +168,23 @@ def import_cache(cache: "KernelCache", path: Path) -> int:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return installed
+
+
+def _install_records(cache: "KernelCache", staged: Path) -> None:
+    """Move the archive's program records that decode into the cache (kept: ones already there)."""
+    if not staged.is_dir():
+        return
+    folder = cache.root / PROGRAMS_DIR
+    folder.mkdir(exist_ok=True)
+    for f in sorted(staged.iterdir()):
+        try:
+            records.decode(f.read_bytes())
+        except ValueError as e:
+            warnings.warn(f"mirage_serve cache: archive program record {f.name} rejected: {e}", CacheWarning,
+                          stacklevel=3)
+            continue
+        if not (folder / f.name).exists():
+            os.replace(f, folder / f.name)
 
 
 def export_shipped(cache: "KernelCache", dest: Path) -> int:

@@ -19,14 +19,14 @@ a model of their own clears the records (``mirage-serve cache clear``).
 A record is a small JSON file in ``<user cache>/programs/`` holding the program's μGraph text and
 where each input comes from, with a sha256 of its contents; a record that is malformed, fails
 its hash, or parses to a program of another digest is ignored (warned) and the site is traced
-again. Records are written atomically (temp file + ``os.replace``); a read-only cache stores none.
+again. Records are written atomically (temp file + ``os.replace``); a read-only cache (a deployment
+image's) is read but stores none.
 """
 from __future__ import annotations
 
 import functools
 import hashlib
 import inspect
-import json
 import os
 import tempfile
 import warnings
@@ -38,10 +38,9 @@ from superopt.ir import digest, from_text, to_text
 from superopt.lax.extract import Extracted
 
 from ..sites import signature
+from . import records
 from .key import versions_now
 from .store import PROGRAMS_DIR, CacheWarning, KernelCache
-
-FORMAT = 1
 
 
 @functools.lru_cache(maxsize=None)
@@ -93,7 +92,8 @@ class ProgramMemo:
     """``get(fp)`` / ``put(fp, extracted)`` over ``cache``'s user directory (or nowhere)."""
 
     def __init__(self, cache: KernelCache | None):
-        self.folder = None if cache is None or cache.read_only else cache.root / PROGRAMS_DIR
+        self.folder = None if cache is None else cache.root / PROGRAMS_DIR
+        self.writable = cache is not None and not cache.read_only   # a read-only cache is still read
 
     def get(self, fp: str) -> Extracted | None:
         if self.folder is None:
@@ -104,14 +104,11 @@ class ProgramMemo:
         except OSError:
             return None
         try:
-            rec = json.loads(raw)
-            body = json.dumps(rec["body"], sort_keys=True).encode()
-            if rec.get("format") != FORMAT or hashlib.sha256(body).hexdigest() != rec["sha256"]:
-                raise ValueError("format or content hash does not match")
-            graph = from_text(rec["body"]["text"])
-            if digest(graph) != rec["body"]["digest"]:
+            body = records.decode(raw)
+            graph = from_text(body["text"])
+            if digest(graph) != body["digest"]:
                 raise ValueError("the program text does not parse to its recorded digest")
-            sources = tuple((kind, ref) for kind, ref in rec["body"]["sources"])
+            sources = tuple((kind, ref) for kind, ref in body["sources"])
         except (ValueError, KeyError, TypeError) as e:
             warnings.warn(f"mirage_serve cache: ignoring program record {path}: {e}; the site is traced again",
                           CacheWarning, stacklevel=3)
@@ -119,16 +116,14 @@ class ProgramMemo:
         return Extracted(graph, sources)
 
     def put(self, fp: str, ex: Extracted) -> None:
-        if self.folder is None:
+        if self.folder is None or not self.writable:
             return
         body = {"text": to_text(ex.graph), "digest": digest(ex.graph), "sources": [list(s) for s in ex.sources]}
-        rec = {"format": FORMAT, "sha256": hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest(),
-               "body": body}
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.folder, suffix=".tmp")
-            with os.fdopen(fd, "w") as f:
-                json.dump(rec, f)
+            with os.fdopen(fd, "wb") as f:
+                f.write(records.encode(body))
             os.replace(tmp, self.folder / f"{fp}.json")
         except OSError as e:   # a full or vanished disk costs a trace next time, nothing more
             warnings.warn(f"mirage_serve cache: program record not stored ({e})", CacheWarning, stacklevel=3)

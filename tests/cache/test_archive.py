@@ -6,7 +6,7 @@ import tarfile
 
 import pytest
 
-from mirage_serve.cache import CacheWarning, KernelCache
+from mirage_serve.cache import CacheWarning, KernelCache, records
 
 from ._helpers import make_entry, make_key
 
@@ -80,6 +80,9 @@ UNSAFE = {
     "not an entry dir": _member("somedir/x.py"),
     "nested": _member(f"{ENTRY}/sub/x.py"),
     "duplicate member": _member(f"{ENTRY}/kernel.py"),
+    "program record name": _member("programs/notafingerprint.json"),
+    "program record nested": _member(f"programs/sub/{'a' * 64}.json"),
+    "program record dotdot": _member(f"programs/../{'a' * 64}.json"),
 }
 
 
@@ -107,3 +110,45 @@ def test_tampered_entry_in_archive_is_skipped(tmp_path):
     with pytest.warns(CacheWarning, match="rejected: kernel.cubin content hash mismatch"):
         assert dst.import_(out) == 1
     assert dst.get(make_key(0)) == make_entry(0) and dst.get(make_key(1)) is None
+
+
+def _record(i: int) -> tuple[str, bytes]:
+    body = {"text": f"graph g{i}\n", "digest": f"{i:016x}", "sources": [["arg", 0]]}
+    return f"{i:064x}.json", records.encode(body)
+
+
+def test_program_records_travel_with_the_archive(tmp_path):
+    src = _filled(tmp_path / "src", 1)
+    folder = src.root / "programs"
+    folder.mkdir()
+    for i in (1, 2):
+        name, data = _record(i)
+        (folder / name).write_bytes(data)
+    (folder / f"{3:064x}.json").write_bytes(b"{not json")      # damaged: warned about, not exported
+    archive = tmp_path / "cache.tar"
+    with pytest.warns(CacheWarning, match="skipping program record"):
+        assert src.export(archive) == 1
+    dst = KernelCache(tmp_path / "dst", shipped_dir=False)
+    assert dst.import_(archive) == 1
+    assert sorted(p.name for p in (dst.root / "programs").iterdir()) == [_record(1)[0], _record(2)[0]]
+    assert (dst.root / "programs" / _record(1)[0]).read_bytes() == _record(1)[1]
+
+
+def test_tampered_program_record_in_archive_is_skipped(tmp_path):
+    src = _filled(tmp_path / "src", 1)
+    (src.root / "programs").mkdir()
+    for i in (1, 2):
+        name, data = _record(i)
+        (src.root / "programs" / name).write_bytes(data)
+    good, out = tmp_path / "good.tar", tmp_path / "tampered.tar"
+    src.export(good)
+    with tarfile.open(good) as a, tarfile.open(out, "w") as tar:
+        for m in a.getmembers():
+            data = a.extractfile(m).read()
+            if m.name == f"programs/{_record(2)[0]}":
+                data = data.replace(b"g2", b"g9")
+            tar.addfile(m, io.BytesIO(data))
+    dst = KernelCache(tmp_path / "dst", shipped_dir=False)
+    with pytest.warns(CacheWarning, match="program record .* rejected"):
+        assert dst.import_(out) == 1
+    assert [p.name for p in (dst.root / "programs").iterdir()] == [_record(1)[0]]

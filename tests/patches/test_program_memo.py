@@ -114,6 +114,18 @@ def test_a_read_only_cache_stores_no_record(monkeypatch, tmp_path):
     assert traced and not (tmp_path / "programs").exists()
 
 
+def test_a_read_only_cache_still_serves_its_records(monkeypatch, tmp_path):
+    traced = _counting_extract(monkeypatch)
+    model = build(LlamaConfig(**CFG))
+    first = _patch(model, tmp_path)   # writable: traces and stores
+    traced.clear()
+    monkeypatch.setenv("MIRAGE_SERVE_CACHE_READ_ONLY", "1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert _patch(model, tmp_path) == first
+    assert traced == []
+
+
 def test_cache_clear_removes_the_records(tmp_path):
     from mirage_serve.cache import KernelCache
 
