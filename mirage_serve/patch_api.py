@@ -14,6 +14,7 @@ original; an error while swapping undoes every swap, so the model is never left 
 """
 from __future__ import annotations
 
+import os
 import time
 import weakref
 from typing import Sequence
@@ -109,7 +110,7 @@ def _open_cache(cache_dir, report: PatchReport):
 
 def patch(model: torch.nn.Module, *, backend: str = "auto", cache_dir=None, search_budget=None,
           batch_sizes: Sequence[int] = (1, 2, 4, 8, 16), strict: bool = False,
-          cuda_graphs: bool | None = None) -> PatchReport:
+          cuda_graphs: bool | None = None, decode_attention: bool | None = None) -> PatchReport:
     """Patch ``model`` in place for decoding; returns a report of every site.
 
     ``batch_sizes``: the decode buckets (tokens per forward call, batch × new tokens); inputs with
@@ -118,6 +119,8 @@ def patch(model: torch.nn.Module, *, backend: str = "auto", cache_dir=None, sear
     reporting when the model's family is not supported. ``cuda_graphs`` (default: on for CUDA
     models): generate() decodes on an owned static KV cache with each step replayed from a CUDA
     graph (``mirage_serve.decode``); HF's auto-compile is turned off for the patched model.
+    ``decode_attention`` (default: on for CUDA models): decode steps on a static KV cache run
+    RoPE, the cache write and attention as three kernels (``mirage_serve.decode.attention_fast``).
     """
     t0 = time.perf_counter()
     device, dtype = _check_model(model)
@@ -173,6 +176,10 @@ def patch(model: torch.nn.Module, *, backend: str = "auto", cache_dir=None, sear
         for *_, sr in plans:
             sr.patched = False
         raise
+    if decode_attention is None:
+        decode_attention = device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+    if decode_attention and family.attention:
+        _install_attention(model, layers, family.attention, records, report)
     if cuda_graphs:
         from .decode import install_decode_graphs
 
@@ -189,6 +196,22 @@ def patch(model: torch.nn.Module, *, backend: str = "auto", cache_dir=None, sear
         _PATCHED[model] = records
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _install_attention(model, layers, attn_name: str, records: list[Record], report: PatchReport) -> None:
+    from .decode.attention_fast import install_fast_attention
+
+    try:
+        fast = install_fast_attention(layers, attn_name, model.config, records)
+    except BaseException:
+        restore(records)
+        for s in report.sites:
+            s.patched = False
+        raise
+    note = (f"decode attention: {len(fast)}/{len(layers)} layers run RoPE + cache write + "
+            f"flash-decoding kernels on static KV caches (hand-written, not searched; each checked "
+            f"against its module's own forward on first use); other calls stay original")
+    report.note = "; ".join(x for x in (report.note, note) if x)
 
 
 def unpatch(model: torch.nn.Module) -> bool:

@@ -46,7 +46,7 @@ class _Handoff:
         return y
 
 
-def _set_forward(module: torch.nn.Module, fn, records: list[Record]) -> None:
+def set_forward(module: torch.nn.Module, fn, records: list[Record]) -> None:
     records.append(Record(module, module.__dict__.get("forward", _MISSING)))
     module.forward = fn
 
@@ -98,12 +98,12 @@ def install(layer: torch.nn.Module, site: NormSite | ProjSite, runtime: SiteRunt
     """Swap the forwards of one site's modules in ``layer``; appends what it changed to ``records``."""
     if isinstance(site, ProjSite):
         proj = layer.get_submodule(site.proj)
-        _set_forward(proj, _proj_forward(proj, runtime), records)
+        set_forward(proj, _proj_forward(proj, runtime), records)
         return
     handoff = _Handoff()
     for i, c in enumerate(site.consumers):
         mod = layer.get_submodule(c.path)
         tail = mod.get_submodule(c.tail) if c.tail else None
-        _set_forward(mod, _consumer_forward(mod, i, tail, handoff), records)
+        set_forward(mod, _consumer_forward(mod, i, tail, handoff), records)
     norm = layer.get_submodule(site.norm)
-    _set_forward(norm, _norm_forward(norm, runtime, handoff), records)
+    set_forward(norm, _norm_forward(norm, runtime, handoff), records)

@@ -1,0 +1,198 @@
+"""Decode attention on a static KV cache through our kernels, per attention module instance.
+
+``install_fast_attention(layers, config, records)`` sets an instance ``forward`` on each decoder
+layer's attention module. A call that is one decode step (one new token per row) on an
+initialised ``StaticLayer`` of an HF cache runs: the q/k/v projections (the patched fused
+kernels), the module's own q/k norms if it has them, then ``attention_launch.decode_attention``
+(RoPE + cache write + flash-decoding, three launches), then ``o_proj``. Every other call — prefill,
+dynamic or sliding caches, training, ``torch.compile`` tracing, a mask we cannot read — runs the
+module's original forward.
+
+This path is hand-written (RoPE in HF's rotate-half form, softmax attention with the module's
+``scaling``), not extracted from the model's code, so it is never trusted blindly: the first
+eligible call of each module runs both paths on the same step and compares the attention output,
+the written cache slot and the cache's length (``TOLERANCE`` of the dtype). A module that
+disagrees keeps its original forward for good, and the verdict is kept in ``verdicts`` for the
+report. The check needs a host sync, so it never runs during CUDA-graph capture: the decode runner
+always runs a step eagerly before it captures one.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+from ..patch_prepare import TF32_TOLERANCE, TOLERANCE
+from ..patch_wiring import Record, set_forward
+from .attention_launch import decode_attention
+
+log = logging.getLogger("mirage_serve")
+
+
+def unsupported(module: torch.nn.Module, config) -> str | None:
+    """Why ``module`` (an HF attention module) cannot take the fast path, or None."""
+    has_qkv = all(hasattr(module, p) for p in ("q_proj", "k_proj", "v_proj")) or hasattr(module, "qkv_proj")
+    if not (has_qkv and hasattr(module, "o_proj")):
+        return "no q/k/v (or qkv) and o projections"
+    for attr in ("head_dim", "scaling", "layer_idx"):
+        if getattr(module, attr, None) is None:
+            return f"attention module has no {attr}"
+    if getattr(config, "attn_logit_softcapping", None) is not None:
+        return "attention logit softcapping"
+    if getattr(module, "sliding_window", None) is not None:
+        return "sliding-window attention layer"
+    hq, hkv = getattr(config, "num_attention_heads", None), getattr(config, "num_key_value_heads", None)
+    hkv = hkv or hq
+    if not hq or hq % hkv:
+        return f"{hq} query heads are not a multiple of {hkv} kv heads"
+    if module.head_dim % 2 or module.head_dim > 256:
+        return f"head dim {module.head_dim} (even and at most 256 supported)"
+    return None
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+class FastAttention:
+    """The fast path of one attention module and its first-use verdict."""
+
+    def __init__(self, module, config, original):
+        self.module = module
+        self.original = original
+        self.hq = config.num_attention_heads
+        self.hkv = getattr(config, "num_key_value_heads", None) or self.hq
+        self.verdict: str | None = None  # None: not checked yet; "ok" or why not
+
+    # -------------------------------------------------------------- eligibility
+    def _step_inputs(self, args, kwargs):
+        """(x, cos, sin, cache layer, mask, pos, advance) of a decode step we can run, or None."""
+        x = kwargs.get("hidden_states", args[0] if args else None)
+        if len(args) > 1 or not isinstance(x, torch.Tensor) or x.ndim != 3 or x.shape[1] != 1:
+            return None
+        if kwargs.get("output_attentions") or self.module.training or torch.is_grad_enabled():
+            return None
+        if torch.compiler.is_compiling() or not (x.is_cuda or _interpreting()):
+            return None
+        cache = kwargs.get("past_key_values")
+        layers = getattr(cache, "layers", None)
+        idx = self.module.layer_idx
+        if layers is None or idx >= len(layers):
+            return None
+        layer = layers[idx]
+        if type(layer).__name__ != "StaticLayer" or not getattr(layer, "is_initialized", False):
+            return None
+        keys, values = layer.keys, layer.values
+        b, d = x.shape[0], self.module.head_dim
+        if keys.shape[0] != b or keys.shape[1] != self.hkv or keys.shape[3] != d or keys.dtype != x.dtype:
+            return None
+        pe = kwargs.get("position_embeddings")
+        if not (isinstance(pe, tuple) and len(pe) == 2 and pe[0].shape[-1] == d and pe[0].dtype == x.dtype):
+            return None
+        cos, sin = (t.reshape(t.shape[0], d) for t in pe)
+        if cos.shape[0] not in (1, b) or cos.stride(-1) != 1 or sin.stride() != cos.stride():
+            return None
+        mask = kwargs.get("attention_mask")
+        if mask is not None:
+            if not isinstance(mask, torch.Tensor) or mask.ndim != 4 or mask.shape[1:3] != (1, 1) \
+                    or mask.shape[0] not in (1, b) or mask.shape[3] != keys.shape[2]:
+                return None
+            mask = mask[:, 0, 0, :]
+        counter = getattr(layer, "cumulative_length", None)
+        if isinstance(counter, torch.Tensor) and counter.numel() == 1 and counter.device == x.device:
+            pos, advance = counter, counter
+        else:  # transformers releases that index the cache by cache_position
+            pos, advance = kwargs.get("cache_position"), None
+            if not isinstance(pos, torch.Tensor) or pos.numel() != 1:
+                return None
+        return x, cos, sin, layer, mask, pos, advance
+
+    # -------------------------------------------------------------- the step
+    def _projections(self, x):
+        m, b, d = self.module, x.shape[0], self.module.head_dim
+        if hasattr(m, "qkv_proj"):
+            qkv = m.qkv_proj(x)
+            q, k, v = qkv.split((self.hq * d, self.hkv * d, self.hkv * d), dim=-1)
+        else:
+            q, k, v = m.q_proj(x), m.k_proj(x), m.v_proj(x)
+        if hasattr(m, "q_norm"):
+            q = m.q_norm(q.view(b, 1, self.hq, d))
+        if hasattr(m, "k_norm"):
+            k = m.k_norm(k.view(b, 1, self.hkv, d))
+        return (t.reshape(b, -1) for t in (q, k, v))
+
+    def fast(self, step) -> torch.Tensor:
+        x, cos, sin, layer, mask, pos, advance = step
+        q, k, v = self._projections(x)
+        out = decode_attention(q, k, v, cos, sin, layer.keys, layer.values, pos, mask,
+                               self.module.scaling, advance)
+        return self.module.o_proj(out.view(x.shape[0], 1, -1))
+
+    def __call__(self, *args, **kwargs):
+        step = self._step_inputs(args, kwargs) if self.verdict in (None, "ok") else None
+        if step is None:
+            return self.original(*args, **kwargs)
+        if self.verdict is None:
+            if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+                return self.original(*args, **kwargs)
+            return self._checked(step, args, kwargs)
+        return self.fast(step), None
+
+    def _checked(self, step, args, kwargs):
+        """Run the original forward and the fast path on the same step; keep the original's
+        effects (output, cache slot, length) and decide whether the fast path may run from now."""
+        x, _, _, layer, _, pos, advance = step
+        slot = int(pos)
+        before = (layer.keys[:, :, slot].clone(), layer.values[:, :, slot].clone(),
+                  None if advance is None else advance.clone())
+        ref = self.original(*args, **kwargs)
+        after = (layer.keys[:, :, slot].clone(), layer.values[:, :, slot].clone(),
+                 None if advance is None else advance.clone())
+        layer.keys[:, :, slot], layer.values[:, :, slot] = before[0], before[1]
+        if advance is not None:
+            advance.copy_(before[2])
+        got = self.fast(step)
+        self.verdict = self._compare(ref[0], got, layer, slot, after, advance)
+        if self.verdict != "ok":
+            log.warning("mirage_serve: decode attention of layer %d keeps the original forward: %s",
+                        self.module.layer_idx, self.verdict)
+        # the original's results stand for this step, whatever the verdict
+        layer.keys[:, :, slot], layer.values[:, :, slot] = after[0], after[1]
+        if advance is not None:
+            advance.copy_(after[2])
+        return ref
+
+    def _compare(self, ref, got, layer, slot, after, advance) -> str:
+        tol = TOLERANCE.get(ref.dtype, 1e-2)
+        if ref.dtype == torch.float32 and ref.is_cuda:
+            tol = TF32_TOLERANCE
+        checks = (("output", ref, got), ("cached key", after[0], layer.keys[:, :, slot]),
+                  ("cached value", after[1], layer.values[:, :, slot]))
+        for what, a, b in checks:
+            a, b = a.double(), b.double()
+            err = float((a - b).norm() / a.norm().clamp_min(1e-30))
+            if not err <= tol:
+                return f"{what} differs from the original forward (relative error {err:.2e} > {tol:.0e})"
+        if advance is not None and not torch.equal(advance, after[2]):
+            return "cache length counter differs from the original forward"
+        return "ok"
+
+
+def install_fast_attention(layers, attn_name: str, config, records: list[Record]) -> dict[int, FastAttention]:
+    """Set the fast forward on every supported ``layers[i].<attn_name>``; returns them by layer."""
+    out = {}
+    for i, layer in enumerate(layers):
+        module = getattr(layer, attn_name, None)
+        if module is None or unsupported(module, config) is not None:
+            continue
+        fast = FastAttention(module, config, module.forward)
+        set_forward(module, fast, records)
+        out[i] = fast
+    return out
+
+
+def attention_verdicts(model: torch.nn.Module) -> dict[str, str]:
+    """Module path -> first-use verdict ("ok", "not checked yet", or why it kept the original)."""
+    return {name: fast.verdict or "not checked yet" for name, m in model.named_modules()
+            if isinstance(fast := m.__dict__.get("forward"), FastAttention)}

@@ -1,0 +1,83 @@
+"""Launch the three decode-attention kernels (``attention_kernels``) for one layer and one step.
+
+Shapes (b rows, Hq query heads, Hkv kv heads, d head dim, L cache capacity):
+q, k, v: [b, Hq·d], [b, Hkv·d], [b, Hkv·d] (row stride free, unit stride inside a row);
+cos, sin: [b or 1, d]; keys, values: the cache layer's [b, Hkv, L, d]; pos: int64 device scalar
+(the slot the new token is written to); mask: None or [b or 1, L] (bool: True attends; float:
+added to the scores). Returns the attention output [b, Hq·d] in q's dtype.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from .attention_kernels import BLOCK_N, _attend_split, _combine, _rope_write
+
+_WAVES = 2  # split the cache until programs fill this many waves of the GPU's SMs
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 8  # Triton's CPU interpreter: a few splits still exercise the combine
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def split_plan(rows: int, kv_heads: int, capacity: int, sms: int) -> tuple[int, int]:
+    """(splits, positions per split): enough programs to fill the GPU, each split a whole number
+    of BLOCK_N tiles; depends on the capacity, not the current length (graph-stable)."""
+    tiles = -(-capacity // BLOCK_N)
+    want = max(1, -(-_WAVES * sms // (rows * kv_heads)))
+    per = -(-tiles // min(want, tiles))
+    chunk = per * BLOCK_N
+    return -(-capacity // chunk), chunk
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def decode_attention(q, k, v, cos, sin, keys, values, pos, mask, scale: float,
+                     advance: torch.Tensor | None = None) -> torch.Tensor:
+    """One decode step: RoPE, cache write at ``pos``, attention over slots ``0..pos``.
+
+    ``advance``: a device counter incremented by one after the step (the cache's own length), or
+    None when the caller's cache keeps its length elsewhere."""
+    b, hkv, cap, d = keys.shape
+    hq = q.shape[1] // d
+    group = hq // hkv
+    dev = q.device
+    q_rot = torch.empty(b, hq * d, dtype=q.dtype, device=dev)
+    _rope_write[(b, hq + hkv)](
+        q, k, v, cos, sin, q_rot, keys, values, pos,
+        q.stride(0), k.stride(0), v.stride(0), cos.stride(0) if cos.shape[0] > 1 else 0, q_rot.stride(0),
+        keys.stride(0), keys.stride(1), keys.stride(2),
+        HQ=hq, HALF=d // 2, BLOCK_H=_pow2(d // 2), num_warps=1)
+
+    splits, chunk = split_plan(b, hkv, cap, _sm_count(dev))
+    o_part = torch.empty(b, hq, splits, d, dtype=torch.float32, device=dev)
+    m_part = torch.empty(b, hq, splits, dtype=torch.float32, device=dev)
+    l_part = torch.empty_like(m_part)
+    if mask is None:
+        kind, mask_t, mk_sb, mk_sn = 0, pos, 0, 0
+    else:
+        kind = 1 if mask.dtype == torch.bool else 2
+        mask_t, mk_sb, mk_sn = mask, (mask.stride(0) if mask.shape[0] > 1 else 0), mask.stride(1)
+    block_d = _pow2(d)
+    _attend_split[(b * hkv, splits)](
+        q_rot, keys, values, pos, mask_t, o_part, m_part, l_part,
+        q_rot.stride(0), keys.stride(0), keys.stride(1), keys.stride(2), mk_sb, mk_sn,
+        o_part.stride(0), o_part.stride(1), o_part.stride(2), m_part.stride(0), m_part.stride(1),
+        float(scale), chunk,
+        HKV=hkv, GROUP=group, D=d, BLOCK_G=max(16, _pow2(group)), BLOCK_D=block_d, BLOCK_N=BLOCK_N,
+        MASK_KIND=kind, num_warps=4)
+
+    out = torch.empty(b, hq * d, dtype=q.dtype, device=dev)
+    _combine[(b * hq,)](
+        o_part, m_part, l_part, out, pos if advance is None else advance,
+        o_part.stride(0), o_part.stride(1), o_part.stride(2), m_part.stride(0), m_part.stride(1),
+        out.stride(0),
+        HQ=hq, D=d, SPLITS=splits, BLOCK_S=_pow2(splits), BLOCK_D=block_d, ADVANCE=advance is not None,
+        num_warps=1)
+    return out
