@@ -64,7 +64,7 @@ def decode_attention(q, k, v, cos, sin, keys, values, pos, mask, scale: float,
     else:
         kind = 1 if mask.dtype == torch.bool else 2
         mask_t, mk_sb, mk_sn = mask, (mask.stride(0) if mask.shape[0] > 1 else 0), mask.stride(1)
-    block_d = _pow2(d)
+    block_d = max(16, _pow2(d))  # tl.dot needs K ≥ 16
     _attend_split[(b * hkv, splits)](
         q_rot, keys, values, pos, mask_t, o_part, m_part, l_part,
         q_rot.stride(0), keys.stride(0), keys.stride(1), keys.stride(2), mk_sb, mk_sn,
