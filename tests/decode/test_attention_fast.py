@@ -15,7 +15,7 @@ from transformers import Gemma2Config, LlamaConfig
 from mirage_serve.decode.attention_fast import unsupported
 from mirage_serve.decode.attention_launch import BLOCK_N, split_plan
 
-from .attention_interp_run import FAMILIES, KERNEL_CASES
+from .attention_cases import FAMILIES, KERNEL_CASES
 
 ROOT = Path(__file__).resolve().parents[2]
 TOL = {"float32": 1e-5, "float16": 2e-3}  # CONVENTIONS.md tolerance table

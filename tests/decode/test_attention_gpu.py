@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from .attention_interp_run import KERNEL_CASES, kernel_case
+from .attention_cases import KERNEL_CASES, kernel_case
 
 TOL = {"bfloat16": 1e-2, "float16": 2e-3}  # CONVENTIONS.md tolerance table
 

@@ -1,0 +1,129 @@
+"""Cases of the decode-attention fast path, shared by the interpreter run and the GPU tests.
+
+Importing this module sets nothing: Triton (and the kernels) are imported inside the functions,
+so ``attention_interp_run`` can set TRITON_INTERPRET first.
+"""
+from __future__ import annotations
+
+import torch
+from transformers import Gemma3TextConfig, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config, Qwen3Config
+
+# (rows, q heads, kv heads, head dim, capacity, slot, mask kind)
+KERNEL_CASES = {
+    "mha_first_slot": (1, 4, 4, 32, 64, 0, "none"),
+    "gqa7_bool_padded": (3, 14, 2, 64, 200, 131, "bool"),
+    "d96_additive_last_slot": (2, 6, 2, 96, 130, 129, "additive"),
+    "many_splits_broadcast_mask": (2, 3, 1, 16, 1000, 517, "bool1"),
+}
+
+
+def _rope(x, cos, sin):  # x: [b, H, d]; cos, sin: [b, d] — HF's rotate-half convention
+    half = x.shape[-1] // 2
+    rot = torch.cat((-x[..., half:], x[..., :half]), -1)
+    return x * cos[:, None] + rot * sin[:, None]
+
+
+def kernel_case(rows, hq, hkv, d, cap, slot, kind, dtype, device="cpu", seed=0):
+    g = torch.Generator().manual_seed(seed)
+    rnd = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    q, k, v = rnd(rows, hq * d), rnd(rows, hkv * d), rnd(rows, hkv * d)
+    ang = rnd(rows, d // 2).repeat(1, 2) * 3
+    cos, sin = ang.cos(), ang.sin()
+    keys, values = rnd(rows, hkv, cap, d), rnd(rows, hkv, cap, d)
+    valid = torch.ones(rows, cap, dtype=torch.bool)
+    valid[:, slot + 1:] = False
+    if kind in ("bool", "additive"):
+        for r in range(rows):
+            valid[r, : min(r * 3, slot)] = False  # left padding, row r: 3r slots
+    mask = {"none": None, "bool": valid, "bool1": valid[:1],
+            "additive": torch.where(valid, 0.0, -1e30)}[kind]
+    if kind == "bool1":
+        valid = valid[:1].expand(rows, cap)
+    from mirage_serve.decode.attention_launch import decode_attention
+
+    t = getattr(torch, dtype)
+    args = [x.to(t).to(device) for x in (q, k, v, cos, sin, keys, values)]
+    q, k, v, cos, sin, keys, values = (x.double().cpu() for x in args)  # the reference sees the rounded inputs
+    kc, vc = args[5].clone(), args[6].clone()
+    counter = torch.tensor(slot, dtype=torch.int64, device=device)
+    m4 = None if mask is None else (mask.to(t) if kind == "additive" else mask).to(device)
+    out = decode_attention(*args[:5], kc, vc, counter, m4, d ** -0.5, advance=counter).cpu()
+    kc, vc, args = kc.cpu(), vc.cpu(), [x.cpu() for x in args]
+
+    qr = _rope(q.view(rows, hq, d), cos, sin)
+    kr = _rope(k.view(rows, hkv, d), cos, sin)
+    keys[:, :, slot], values[:, :, slot] = kr, v.view(rows, hkv, d)
+    kx = keys.repeat_interleave(hq // hkv, 1)
+    vx = values.repeat_interleave(hq // hkv, 1)
+    s = torch.einsum("bhd,bhnd->bhn", qr, kx) * d ** -0.5
+    s = s.masked_fill(~valid[:, None], float("-inf"))
+    ref = torch.einsum("bhn,bhnd->bhd", s.softmax(-1), vx).reshape(rows, hq * d)
+
+    def rel(a, b):
+        return float((a.double() - b).norm() / b.norm())
+    others = torch.ones(cap, dtype=torch.bool)
+    others[slot] = False
+    return {"out": rel(out, ref), "key_slot": rel(kc[:, :, slot], kr), "value_slot": rel(vc[:, :, slot], v.view(rows, hkv, d)),
+            "others_untouched": bool(torch.equal(kc[:, :, others], args[5][:, :, others])
+                                     and torch.equal(vc[:, :, others], args[6][:, :, others])),
+            "advanced": int(counter) == slot + 1}
+
+
+FAMILIES = {
+    "llama": LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16),
+    "qwen2_eager_mask": Qwen2Config(vocab_size=97, hidden_size=56, intermediate_size=80, num_hidden_layers=2,
+                                    num_attention_heads=7, num_key_value_heads=1, head_dim=8),
+    "qwen3": Qwen3Config(vocab_size=97, hidden_size=45, intermediate_size=67, num_hidden_layers=2,
+                         num_attention_heads=3, num_key_value_heads=1, head_dim=8),
+    "phi3": Phi3Config(vocab_size=97, hidden_size=48, intermediate_size=64, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=4, pad_token_id=0),
+    "gemma3": Gemma3TextConfig(vocab_size=97, hidden_size=45, intermediate_size=67, num_hidden_layers=3,
+                               num_attention_heads=5, num_key_value_heads=1, head_dim=8, sliding_window=6,
+                               query_pre_attn_scalar=8, sliding_window_pattern=2),
+    "mistral": MistralConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=1, head_dim=16, sliding_window=None),
+}
+
+
+def _decode(model, ids, mask):
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=16, min_new_tokens=16, do_sample=False,
+                         pad_token_id=0, cache_implementation="static", return_dict_in_generate=True,
+                         output_logits=True)
+    return out.sequences, torch.stack(out.logits, 1)
+
+
+def family_case(name, config, how="install"):
+    import mirage_serve
+    from mirage_serve.decode import attention_fast
+    from mirage_serve.decode.attention_fast import attention_verdicts, install_fast_attention
+    from tests.patches.parity import build, prompts
+
+    if name.startswith("qwen2_eager"):
+        config._attn_implementation = "eager"  # an additive float mask instead of SDPA's boolean one
+    model = build(config)
+    _, ids, mask = prompts(config.vocab_size, pad=0)
+    with torch.no_grad():
+        ref_seq, ref_logits = _decode(model, ids, mask)
+        if how == "patch":
+            report = mirage_serve.patch(model, backend="torch", search_budget=0, batch_sizes=(4,))
+            assert report.patched, str(report)
+        else:
+            layers = model.model.layers
+            install_fast_attention(layers, "self_attn", model.config, [])
+        calls = []
+        real = attention_fast.decode_attention
+
+        def counted(*a, **kw):
+            if how == "mutant":  # a wrong kernel: the softmax scale off by 10%
+                a = a[:9] + (a[9] * 1.1,) + a[10:]
+            calls.append(1)
+            return real(*a, **kw)
+        attention_fast.decode_attention = counted
+        try:
+            seq, logits = _decode(model, ids, mask)
+        finally:
+            attention_fast.decode_attention = real
+    return {"tokens_equal": bool(torch.equal(seq, ref_seq)),
+            "logits_err": float((logits - ref_logits).norm() / ref_logits.norm()),
+            "fast_calls": len(calls), "verdicts": attention_verdicts(model)}
