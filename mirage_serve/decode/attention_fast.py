@@ -4,7 +4,7 @@
 layer's attention module. A call that is one decode step (one new token per row) on an
 initialised ``StaticLayer`` of an HF cache runs: the q/k/v projections (the patched fused
 kernels), the module's own q/k norms if it has them, then ``attention_launch.decode_attention``
-(RoPE + cache write + flash-decoding, three launches), then ``o_proj``. Every other call — prefill,
+(RoPE + cache write + flash-decoding, two launches), then ``o_proj``. Every other call — prefill,
 dynamic or sliding caches, training, ``torch.compile`` tracing, a mask we cannot read — runs the
 module's original forward.
 

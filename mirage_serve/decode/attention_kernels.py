@@ -1,15 +1,17 @@
 """Triton kernels of one decode-attention step over a static KV cache (one new token per row).
 
-Three launches per layer replace HF's ~25 (RoPE as five elementwise ops each for q and k, the
+Two launches per layer replace HF's ~25 (RoPE as five elementwise ops each for q and k, the
 cache's index_copy, a mask, repeat_kv copies on older transformers, SDPA, a transpose copy):
 
-1. ``_rope_write``: RoPE (HF's rotate-half convention, each product rounded to the model dtype as
-   HF's eager ops round it) on q into a scratch buffer, and on k into the cache; v copied into the
-   cache. The slot is read from device memory (``pos_ptr``), so no step needs a host sync.
-2. ``_attend_split``: flash-decoding. Program (row, kv head, split) runs the whole GQA group of
-   that kv head against one slice of the cache — K and V are read in place, once per group — with
-   an online softmax; splits past the current length return at once. Partial outputs in float32.
-3. ``_combine``: the splits' partial softmaxes merged into the attention output, in the layout
+1. ``_attend_split``: flash-decoding. Program (row, kv head, split) runs the whole GQA group of
+   that kv head against one slice of the cache — K and V read in place, once per group — with an
+   online softmax. RoPE (HF's rotate-half convention, each product rounded to the model dtype as
+   HF's eager ops round it) is applied to q in registers by every program; the program whose
+   slice holds the new token's slot rotates k, writes k and v to the cache and adds the token to
+   its softmax from registers (nothing reads that slot before the write). The slot is read from
+   device memory (``pos_ptr``), so no step needs a host sync; splits past it return at once.
+   Partial outputs in float32.
+2. ``_combine``: the splits' partial softmaxes merged into the attention output, in the layout
    o_proj reads; its first program also advances the cache's device-side length, if it has one.
 
 The number of splits depends only on the cache's capacity and the launch shape, never on the
@@ -24,46 +26,20 @@ BLOCK_N = 64  # cache positions per loop iteration
 
 
 @triton.jit
-def _rope_write(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, qo_ptr, kc_ptr, vc_ptr, pos_ptr,
-                q_sb, k_sb, v_sb, cs_sb, qo_sb,
-                c_sb, c_sh, c_sn,
-                HQ: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr):
-    row = tl.program_id(0)
-    head = tl.program_id(1)          # 0..HQ-1: q heads; HQ..: kv heads
-    i = tl.arange(0, BLOCK_H)
-    ok = i < HALF
-    c1 = tl.load(cos_ptr + row * cs_sb + i, mask=ok, other=0.0)
-    c2 = tl.load(cos_ptr + row * cs_sb + HALF + i, mask=ok, other=0.0)
-    s1 = tl.load(sin_ptr + row * cs_sb + i, mask=ok, other=0.0)
-    s2 = tl.load(sin_ptr + row * cs_sb + HALF + i, mask=ok, other=0.0)
-    dt = qo_ptr.dtype.element_ty
-    if head < HQ:
-        src = q_ptr + row * q_sb + head * 2 * HALF
-        dst = qo_ptr + row * qo_sb + head * 2 * HALF
-    else:
-        kv = head - HQ
-        pos = tl.load(pos_ptr)
-        src = k_ptr + row * k_sb + kv * 2 * HALF
-        dst = kc_ptr + row * c_sb + kv * c_sh + pos * c_sn
-        vsrc = v_ptr + row * v_sb + kv * 2 * HALF
-        vdst = vc_ptr + row * c_sb + kv * c_sh + pos * c_sn
-        tl.store(vdst + i, tl.load(vsrc + i, mask=ok), mask=ok)
-        tl.store(vdst + HALF + i, tl.load(vsrc + HALF + i, mask=ok), mask=ok)
-    x1 = tl.load(src + i, mask=ok, other=0.0)
-    x2 = tl.load(src + HALF + i, mask=ok, other=0.0)
-    # x·cos + rotate_half(x)·sin with rotate_half(x) = (-x2, x1); every product and the sum
-    # rounded to the model dtype, as HF's bf16/fp16 elementwise ops round them
-    a1 = (x1.to(tl.float32) * c1.to(tl.float32)).to(dt)
-    a2 = (x2.to(tl.float32) * c2.to(tl.float32)).to(dt)
-    b1 = (-x2.to(tl.float32) * s1.to(tl.float32)).to(dt)
-    b2 = (x1.to(tl.float32) * s2.to(tl.float32)).to(dt)
-    tl.store(dst + i, (a1.to(tl.float32) + b1.to(tl.float32)).to(dt), mask=ok)
-    tl.store(dst + HALF + i, (a2.to(tl.float32) + b2.to(tl.float32)).to(dt), mask=ok)
+def _rope(ptr, d, partner, sign, ok, cos, sin, dt):
+    """x·cos + rotate_half(x)·sin for the vector at ``ptr`` ([..., D] indexed by ``d``), with
+    rotate_half(x)[i] = -x[i + D/2] (i < D/2) or x[i - D/2]; products and sum rounded to ``dt``."""
+    x = tl.load(ptr + d, mask=ok, other=0.0).to(tl.float32)
+    xp = tl.load(ptr + partner, mask=ok, other=0.0).to(tl.float32)
+    a = (x * cos).to(dt).to(tl.float32)
+    b = (sign * xp * sin).to(dt).to(tl.float32)
+    return (a + b).to(dt)
 
 
 @triton.jit
-def _attend_split(q_ptr, kc_ptr, vc_ptr, pos_ptr, mask_ptr, o_ptr, m_ptr, l_ptr,
-                  q_sb, c_sb, c_sh, c_sn, mk_sb, mk_sn, o_sb, o_sh, o_ss, ml_sb, ml_sh,
+def _attend_split(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr, mask_ptr,
+                  o_ptr, m_ptr, l_ptr,
+                  q_sb, k_sb, v_sb, cs_sb, c_sb, c_sh, c_sn, mk_sb, mk_sn, o_sb, o_sh, o_ss, ml_sb, ml_sh,
                   scale, chunk,
                   HKV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr,
                   BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -73,17 +49,24 @@ def _attend_split(q_ptr, kc_ptr, vc_ptr, pos_ptr, mask_ptr, o_ptr, m_ptr, l_ptr,
     split = tl.program_id(1)
     row = pid // HKV
     kv = pid % HKV
-    length = tl.load(pos_ptr) + 1          # slots written, the new token included
+    pos = tl.load(pos_ptr)                 # the new token's slot; slots < pos are in the cache
     start = split * chunk
-    end = tl.minimum(start + chunk, length)
+    end = tl.minimum(start + chunk, pos)
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_D)
     n = tl.arange(0, BLOCK_N)
     g_ok = g < GROUP
     d_ok = d < D
+    dt = kc_ptr.dtype.element_ty
+    half = D // 2
+    partner = tl.where(d < half, d + half, d - half)
+    sign = tl.where(d < half, -1.0, 1.0)
+    cos = tl.load(cos_ptr + row * cs_sb + d, mask=d_ok, other=0.0).to(tl.float32)
+    sin = tl.load(sin_ptr + row * cs_sb + d, mask=d_ok, other=0.0).to(tl.float32)
     heads = kv * GROUP + g
-    q = tl.load(q_ptr + row * q_sb + heads[:, None] * D + d[None, :],
-                mask=g_ok[:, None] & d_ok[None, :], other=0.0)
+    qd_ok = g_ok[:, None] & d_ok[None, :]
+    q = _rope(q_ptr + row * q_sb + heads[:, None] * D, d[None, :], partner[None, :], sign[None, :], qd_ok,
+              cos[None, :], sin[None, :], dt)                                  # [BLOCK_G, BLOCK_D]
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
@@ -108,6 +91,25 @@ def _attend_split(q_ptr, kc_ptr, vc_ptr, pos_ptr, mask_ptr, o_ptr, m_ptr, l_ptr,
         v = tl.load(vc_ptr + base + cols[:, None] * c_sn + d[None, :],
                     mask=ok[:, None] & d_ok[None, :], other=0.0)            # [BLOCK_N, BLOCK_D]
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        m_i = m_new
+    if (pos >= start) & (pos < start + chunk):  # this slice holds the new token
+        k_new = _rope(k_ptr + row * k_sb + kv * D, d, partner, sign, d_ok, cos, sin, dt)   # [BLOCK_D]
+        v_new = tl.load(v_ptr + row * v_sb + kv * D + d, mask=d_ok, other=0.0)
+        tl.store(kc_ptr + base + pos * c_sn + d, k_new, mask=d_ok)
+        tl.store(vc_ptr + base + pos * c_sn + d, v_new, mask=d_ok)
+        s_new = tl.sum(q.to(tl.float32) * k_new.to(tl.float32)[None, :], 1) * scale   # [BLOCK_G]
+        if MASK_KIND == 1:
+            keep_new = tl.load(mask_ptr + row * mk_sb + pos * mk_sn) != 0
+            s_new = tl.where(keep_new, s_new, float("-inf"))
+        if MASK_KIND == 2:
+            s_new += tl.load(mask_ptr + row * mk_sb + pos * mk_sn).to(tl.float32)
+        m_new = tl.maximum(m_i, s_new)
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p_new = tl.exp(s_new - m_use)
+        alpha = tl.exp(m_i - m_use)
+        l_i = l_i * alpha + p_new
+        p_v = p_new.to(dt).to(tl.float32)  # as the tiles' p·V rounds p to the model dtype
+        acc = acc * alpha[:, None] + p_v[:, None] * v_new.to(tl.float32)[None, :]
         m_i = m_new
     o_off = row * o_sb + heads[:, None] * o_sh + split * o_ss + d[None, :]
     tl.store(o_ptr + o_off, acc, mask=g_ok[:, None] & d_ok[None, :])

@@ -1,4 +1,4 @@
-"""Launch the three decode-attention kernels (``attention_kernels``) for one layer and one step.
+"""Launch the two decode-attention kernels (``attention_kernels``) for one layer and one step.
 
 Shapes (b rows, Hq query heads, Hkv kv heads, d head dim, L cache capacity):
 q, k, v: [b, Hq·d], [b, Hkv·d], [b, Hkv·d] (row stride free, unit stride inside a row);
@@ -12,7 +12,7 @@ import functools
 
 import torch
 
-from .attention_kernels import BLOCK_N, _attend_split, _combine, _rope_write
+from .attention_kernels import BLOCK_N, _attend_split, _combine
 
 _WAVES = 2  # split the cache until programs fill this many waves of the GPU's SMs
 
@@ -48,13 +48,6 @@ def decode_attention(q, k, v, cos, sin, keys, values, pos, mask, scale: float,
     hq = q.shape[1] // d
     group = hq // hkv
     dev = q.device
-    q_rot = torch.empty(b, hq * d, dtype=q.dtype, device=dev)
-    _rope_write[(b, hq + hkv)](
-        q, k, v, cos, sin, q_rot, keys, values, pos,
-        q.stride(0), k.stride(0), v.stride(0), cos.stride(0) if cos.shape[0] > 1 else 0, q_rot.stride(0),
-        keys.stride(0), keys.stride(1), keys.stride(2),
-        HQ=hq, HALF=d // 2, BLOCK_H=_pow2(d // 2), num_warps=1)
-
     splits, chunk = split_plan(b, hkv, cap, _sm_count(dev))
     o_part = torch.empty(b, hq, splits, d, dtype=torch.float32, device=dev)
     m_part = torch.empty(b, hq, splits, dtype=torch.float32, device=dev)
@@ -66,8 +59,9 @@ def decode_attention(q, k, v, cos, sin, keys, values, pos, mask, scale: float,
         mask_t, mk_sb, mk_sn = mask, (mask.stride(0) if mask.shape[0] > 1 else 0), mask.stride(1)
     block_d = max(16, _pow2(d))  # tl.dot needs K ≥ 16
     _attend_split[(b * hkv, splits)](
-        q_rot, keys, values, pos, mask_t, o_part, m_part, l_part,
-        q_rot.stride(0), keys.stride(0), keys.stride(1), keys.stride(2), mk_sb, mk_sn,
+        q, k, v, cos, sin, keys, values, pos, mask_t, o_part, m_part, l_part,
+        q.stride(0), k.stride(0), v.stride(0), cos.stride(0) if cos.shape[0] > 1 else 0,
+        keys.stride(0), keys.stride(1), keys.stride(2), mk_sb, mk_sn,
         o_part.stride(0), o_part.stride(1), o_part.stride(2), m_part.stride(0), m_part.stride(1),
         float(scale), chunk,
         HKV=hkv, GROUP=group, D=d, BLOCK_G=max(16, _pow2(group)), BLOCK_D=block_d, BLOCK_N=BLOCK_N,
