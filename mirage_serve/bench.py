@@ -204,7 +204,9 @@ def _patch_and_measure(lm: LoadedModel, opts: BenchOptions, measured: dict, prog
         return {"available": True, "seconds": None, "report": None, "error": f"{type(err).__name__}: {err}"}
     seconds = time.perf_counter() - t0
     try:
-        measured["ours"] = _measure(lm, opts, "default", prog)
+        # kernels alone: HF's loop on a static cache (where the decode-attention kernels run), with
+        # HF's auto-compile off (it would trace around them)
+        measured["ours"] = _measure(lm, opts, "default" if opts.graphs else "static-eager", prog)
         paths = _decode_paths(lm.model)
     finally:
         unpatch(lm.model)

@@ -68,14 +68,19 @@ def copy_bandwidth(device: str, nbytes: int = 1 << 30, iters: int = 20) -> float
 
 
 def generate(model, ids, new_tokens: int, cache: str):
-    """Greedy generate of exactly `new_tokens` tokens; returns only the new ids [B, new_tokens]."""
+    """Greedy generate of exactly `new_tokens` tokens; returns only the new ids [B, new_tokens].
+
+    ``cache``: "dynamic" / "default" (HF's choice), "static" (HF's static cache, auto-compiled),
+    "static-eager" (the static cache with HF's auto-compile off)."""
     import torch
 
     kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
                   attention_mask=torch.ones_like(ids), pad_token_id=0,
                   temperature=None, top_p=None, top_k=None)
-    if cache == "static":
+    if cache in ("static", "static-eager"):
         kwargs["cache_implementation"] = "static"
+    if cache == "static-eager":
+        kwargs["disable_compile"] = True
     with torch.inference_mode():
         out = model.generate(ids, **kwargs)
     return out[:, ids.shape[1]:]
@@ -96,7 +101,7 @@ def decode_step_time(model, ids, new_tokens: int, cache: str, device: str, repea
     Warm-up (and compile) at both lengths on GPU and for the static cache; CPU eager has nothing to
     warm, and skipping it halves the default CPU run.
     """
-    if device.startswith("cuda") or cache == "static":
+    if device.startswith("cuda") or cache.startswith("static"):
         _timed(model, ids, new_tokens, cache, device)
         _timed(model, ids, 1, cache, device)
         if progress:
