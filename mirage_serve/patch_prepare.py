@@ -183,11 +183,14 @@ class Preparer:
 
     def _prepare(self, wrapper, site, sig, dim: int, device, sr: SiteReport, plain: bool):
         runtimes, kernels, launches = [], 0, 0
+        seen: list[str] = []
         for name, part, outputs in site_parts(site.name, wrapper):
             sr.kernels = sr.launches = 0
+            twin = seen.count(name)  # k after... v: the same program, run into buffers of its own
+            seen.append(name)
             per_bucket: dict[int, BucketKernel] = {}
             for m in sorted(self.buckets, reverse=True):  # search the largest bucket, re-instantiate the rest
-                per_bucket[m] = self._kernel(part, name, sig, dim, m, device, sr, plain)
+                per_bucket[m] = self._kernel(part, name, sig, dim, m, device, sr, plain, twin)
             runtimes.append((SiteRuntime(dim, self.dtype, device, per_bucket), outputs))
             kernels, launches = kernels + sr.kernels, launches + sr.launches
         sr.kernels, sr.launches, sr.parts = kernels, launches, len(runtimes)
@@ -195,8 +198,11 @@ class Preparer:
             return runtimes[0][0]
         return PartsRuntime(runtimes)
 
-    def _kernel(self, wrapper, name: str, sig, dim: int, m: int, device, sr: SiteReport, plain: bool
-                ) -> BucketKernel:
+    def _kernel(self, wrapper, name: str, sig, dim: int, m: int, device, sr: SiteReport, plain: bool,
+                twin: int = 0) -> BucketKernel:
+        """The site part's kernel at ``m`` rows. ``twin`` > 0: another part of the same site runs the
+        same program (k and v); it gets an executor of its own, as an executor's outputs are
+        buffers it reuses on every call, and both parts' outputs are alive at once."""
         t0 = time.perf_counter()
         key = (name, sig, m)
         ex = self._extracted.get(key) or self._at_rows(name, sig, m)
@@ -215,6 +221,8 @@ class Preparer:
         built = self._built.get(bkey)
         if isinstance(built, SiteError):  # this program already failed for an earlier layer
             raise built
+        if twin and built is not None:
+            built = self._twin(built, bkey + (twin,), device)
         if built is None:  # first site with this program: its report carries the shared times
             try:
                 built = self._build(program, dg, name, m, device, self._searched.get((name, sig)), plain)
@@ -274,6 +282,15 @@ class Preparer:
             return Extracted(with_rows(done.graph, rows_input, m, f"{name}_m{m}"), done.sources)
         except RowsError:
             return None
+
+    def _twin(self, built: tuple, key: tuple, device) -> tuple:
+        """A second executor of a built program (the same source and binaries: nothing compiles)."""
+        if key not in self._built:
+            choice, ver, executor = built
+            twin = backends.build(choice.graph, self.backend, device, choice.launch,
+                                  *((executor.source, executor.binaries) if executor.source else ()))
+            self._built[key] = (choice, ver, twin)
+        return self._built[key]
 
     def _build(self, program, dg: str, site_name: str, m: int, device, seed, plain: bool) -> tuple:
         arch = backends.arch_of(device)

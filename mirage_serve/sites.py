@@ -109,24 +109,21 @@ def site_parts(name: str, wrapper: SiteModule) -> list[tuple[str, SiteModule, tu
     """The programs site ``name`` is optimized as: (program name, module, which of the site's
     outputs it computes), in the order they are prepared; together they compute every output.
 
-    A norm site splits: the norm alone (``x -> n``), and its consumers grouped by output width
-    (``x -> consumer outputs``: q / k+v, or gate+up). A memory-bound decode GEMV needs its grid over
-    output columns, and one grid cannot tile outputs of different widths, nor the norm's output,
-    which is indexed by the hidden dim only. Each group is one fused norm+GEMV kernel; the norm alone
-    is one small row-wise kernel. Norms of one shape are one program ("norm"), searched and built
-    once for both norm sites of a layer.
+    A norm site splits: each consumer alone (``x -> consumer(norm(x))``: q, k, v; or the gated
+    MLP), and the norm alone (``x -> n``). A memory-bound decode GEMV wants its grid over output
+    columns, and one grid can only tile one weight's columns: consumers grouped into one program
+    (k and v) leave the search nothing but split-K, which reads narrow strips of every weight row
+    and sums with atomics (25% of bandwidth on Llama-3-8B's k/v). The norm alone is one small
+    row-wise kernel. Consumers with equal structure (k and v) get one program name, so they are
+    one program, searched and built once; norms of one shape are one program ("norm").
     """
     if not len(wrapper.consumers):
         return [(name, wrapper, (0,))]
-    groups: dict = {}
-    for i, c in enumerate(wrapper.consumers):
-        width = c.out_features if isinstance(c, nn.Linear) else ("module", i)
-        groups.setdefault(width, []).append(i)
+    labels: dict[tuple, str] = {}
     parts = []
-    for j, idx in enumerate(groups.values()):
-        cons = [wrapper.consumers[i] for i in idx]
-        parts.append((name if j == 0 else f"{name}_{j}", SiteModule(wrapper.head, cons, norm_output=False),
-                      tuple(1 + i for i in idx)))
+    for i, c in enumerate(wrapper.consumers):
+        label = labels.setdefault(signature(c), name if not labels else f"{name}_{len(labels)}")
+        parts.append((label, SiteModule(wrapper.head, [c], norm_output=False), (1 + i,)))
     return parts + [("norm", SiteModule(wrapper.head, []), (0,))]
 
 

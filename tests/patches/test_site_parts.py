@@ -8,13 +8,15 @@ from mirage_serve.patch_prepare import PartsRuntime
 from mirage_serve.sites import SiteModule, site_parts
 
 
-def test_consumers_grouped_by_width_and_outputs_reassembled_in_order():
+def test_one_part_per_consumer_equal_ones_share_a_name_and_outputs_reassembled_in_order():
     torch.manual_seed(0)
     norm = nn.LayerNorm(12)
     cons = [nn.Linear(12, 4), nn.Linear(12, 6), nn.Linear(12, 4), nn.Linear(12, 6)]
     site = SiteModule(norm, cons)
     parts = site_parts("attn_in", site)
-    assert [(n, o) for n, _, o in parts] == [("attn_in", (1, 3)), ("attn_in_1", (2, 4)), ("norm", (0,))]
+    # consumers of equal structure (the two 12->4 and the two 12->6 linears) are one program each
+    assert [(n, o) for n, _, o in parts] == [("attn_in", (1,)), ("attn_in_1", (2,)), ("attn_in", (3,)),
+                                            ("attn_in_1", (4,)), ("norm", (0,))]
 
     class Direct:  # a SiteRuntime stand-in that runs the part's module
         def __init__(self, module):
