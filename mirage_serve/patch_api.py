@@ -14,7 +14,6 @@ original; an error while swapping undoes every swap, so the model is never left 
 """
 from __future__ import annotations
 
-import os
 import time
 import weakref
 from typing import Sequence
@@ -177,7 +176,8 @@ def patch(model: torch.nn.Module, *, backend: str = "auto", cache_dir=None, sear
             sr.patched = False
         raise
     if decode_attention is None:
-        decode_attention = device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+        from superopt.runtime.build import interpreting  # Triton kernels on CPU tensors (tests)
+        decode_attention = device.type == "cuda" or interpreting()
     if decode_attention and family.attention:
         _install_attention(model, layers, family.attention, records, report)
     if cuda_graphs:

@@ -19,9 +19,10 @@ always runs a step eagerly before it captures one.
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
+
+from superopt.runtime.build import interpreting
 
 from ..patch_prepare import TF32_TOLERANCE, TOLERANCE
 from ..patch_wiring import Record, set_forward
@@ -51,10 +52,6 @@ def unsupported(module: torch.nn.Module, config) -> str | None:
     return None
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
 class FastAttention:
     """The fast path of one attention module and its first-use verdict."""
 
@@ -73,7 +70,7 @@ class FastAttention:
             return None
         if kwargs.get("output_attentions") or self.module.training or torch.is_grad_enabled():
             return None
-        if torch.compiler.is_compiling() or not (x.is_cuda or _interpreting()):
+        if torch.compiler.is_compiling() or not (x.is_cuda or interpreting()):
             return None
         cache = kwargs.get("past_key_values")
         layers = getattr(cache, "layers", None)
