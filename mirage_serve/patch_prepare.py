@@ -186,7 +186,7 @@ class Preparer:
         seen: list[str] = []
         for name, part, outputs in site_parts(site.name, wrapper):
             sr.kernels = sr.launches = 0
-            twin = seen.count(name)  # k after... v: the same program, run into buffers of its own
+            twin = seen.count(name)  # > 0: an earlier part runs this program (v after k)
             seen.append(name)
             per_bucket: dict[int, BucketKernel] = {}
             for m in sorted(self.buckets, reverse=True):  # search the largest bucket, re-instantiate the rest
