@@ -208,10 +208,11 @@ def _patch_and_measure(lm: LoadedModel, opts: BenchOptions, measured: dict, prog
         # HF's auto-compile off (it would trace around them)
         measured["ours"] = _measure(lm, opts, "default" if opts.graphs else "static-eager", prog)
         paths = _decode_paths(lm.model)
+        attention = _attention_verdicts(lm.model)
     finally:
         unpatch(lm.model)
     return {"available": True, "seconds": seconds, "report": str(report), "error": None,
-            "counts": _counts(report), "decode_paths": paths, "warm": _warm_repatch(lm, opts, patch, unpatch)}
+            "counts": _counts(report), "decode_paths": paths, "decode_attention": attention, "warm": _warm_repatch(lm, opts, patch, unpatch)}
 
 
 def _graphs(opts: BenchOptions) -> dict:
@@ -220,6 +221,14 @@ def _graphs(opts: BenchOptions) -> dict:
 
 def _counts(report) -> dict:
     return {k: getattr(report, k, None) for k in ("searches", "reinstantiated", "compiles", "cache_hits", "programs")}
+
+
+def _attention_verdicts(model) -> dict:
+    """First-use verdict -> attention modules with it ("ok": they ran our decode-attention kernels)."""
+    from collections import Counter
+
+    from .decode.attention_fast import attention_verdicts
+    return dict(Counter(attention_verdicts(model).values()))
 
 
 def _decode_paths(model) -> dict:

@@ -115,7 +115,9 @@ def decode_step_time(model, ids, new_tokens: int, cache: str, device: str, repea
         if progress:
             progress.step("timed")
     step = (statistics.median(longs) - statistics.median(shorts)) / max(new_tokens - 1, 1)
-    return max(step, 0.0), tokens
+    if step <= 0:  # noise larger than the decode steps (a tiny model, few tokens): prefill included
+        step = statistics.median(longs) / max(new_tokens, 1)
+    return step, tokens
 
 
 def first_divergence(ref, got) -> dict | None:

@@ -110,6 +110,9 @@ def format_result(r: dict) -> str:
                          f"after patch() began")
         if p.get("decode_paths"):
             lines.append("decode loop " + ", ".join(f"{k}: {v}" for k, v in sorted(p["decode_paths"].items())))
+        if p.get("decode_attention"):
+            lines.append("attention   decode-attention kernels, first-use check per layer: "
+                         + ", ".join(f"{v} {k}" for k, v in sorted(p["decode_attention"].items())))
     bases = s["baselines"]
     head = f"{'batch':>5}  {'run':<15} {'ms/step':>9} {'tok/s':>9} {'% floor':>8}" + \
         "".join(f" {'vs ' + b:>18}" for b in bases)

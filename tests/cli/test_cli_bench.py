@@ -26,7 +26,7 @@ def check_schema(doc: dict, batches: list[int], baselines: list[str]) -> None:
     for key in ("python", "torch", "transformers", "device", "device_name", "date"):
         assert doc["environment"][key], key
     ours = doc["patch"]["available"] and not doc["patch"]["error"]
-    extra = {"counts", "decode_paths", "warm"} if ours else set()
+    extra = {"counts", "decode_paths", "decode_attention", "warm"} if ours else set()
     assert set(doc["patch"]) == {"available", "seconds", "report", "error"} | extra
     if ours:
         warm = doc["patch"]["warm"]

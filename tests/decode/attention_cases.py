@@ -124,6 +124,13 @@ def family_case(name, config, how="install"):
             seq, logits = _decode(model, ids, mask)
         finally:
             attention_fast.decode_attention = real
-    return {"tokens_equal": bool(torch.equal(seq, ref_seq)),
-            "logits_err": float((logits - ref_logits).norm() / ref_logits.norm()),
-            "fast_calls": len(calls), "verdicts": attention_verdicts(model)}
+    out = {"tokens_equal": bool(torch.equal(seq, ref_seq)),
+           "logits_err": float((logits - ref_logits).norm() / ref_logits.norm()),
+           "fast_calls": len(calls), "verdicts": attention_verdicts(model)}
+    if how == "patch":  # unpatch takes the attention forwards away with the sites
+        mirage_serve.unpatch(model)
+        with torch.no_grad():
+            again, again_logits = _decode(model, ids, mask)
+        out["unpatched_clean"] = all("forward" not in m.__dict__ for m in model.modules())
+        out["unpatched_identical"] = bool(torch.equal(again, ref_seq) and torch.equal(again_logits, ref_logits))
+    return out

@@ -53,6 +53,12 @@ def test_family_decodes_hf_tokens_through_the_fast_path(interp, name):
     assert r["fast_calls"] == 15 * len(r["verdicts"]), r
 
 
+def test_unpatch_removes_the_attention_path(interp):
+    r = interp["family/llama_patched"]
+    assert r["unpatched_clean"], "a forward patch() set is still on a module after unpatch()"
+    assert r["unpatched_identical"], "after unpatch(), tokens or logits differ from the model before patch()"
+
+
 def test_wrong_kernel_is_refused_at_first_use(interp):
     r = interp["family/llama_mutant"]
     assert not isinstance(r, str), r
