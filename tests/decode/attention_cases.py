@@ -102,7 +102,9 @@ def family_case(name, config, how="install"):
     if name.startswith("qwen2_eager"):
         config._attn_implementation = "eager"  # an additive float mask instead of SDPA's boolean one
     model = build(config)
-    _, ids, mask = prompts(config.vocab_size, pad=0)
+    ids1, ids, mask = prompts(config.vocab_size, pad=0)
+    if how == "unpadded":  # one row, no padding: HF may pass no mask at all
+        ids, mask = ids1, None
     with torch.no_grad():
         ref_seq, ref_logits = _decode(model, ids, mask)
         if how == "patch":
@@ -117,7 +119,7 @@ def family_case(name, config, how="install"):
         def counted(*a, **kw):
             if how == "mutant":  # a wrong kernel: the softmax scale off by 10%
                 a = a[:9] + (a[9] * 1.1,) + a[10:]
-            calls.append(1)
+            calls.append("none" if a[8] is None else str(a[8].dtype).replace("torch.", ""))
             return real(*a, **kw)
         attention_fast.decode_attention = counted
         try:
@@ -126,7 +128,7 @@ def family_case(name, config, how="install"):
             attention_fast.decode_attention = real
     out = {"tokens_equal": bool(torch.equal(seq, ref_seq)),
            "logits_err": float((logits - ref_logits).norm() / ref_logits.norm()),
-           "fast_calls": len(calls), "verdicts": attention_verdicts(model)}
+           "fast_calls": len(calls), "masks": sorted(set(calls)), "verdicts": attention_verdicts(model)}
     if how == "patch":  # unpatch takes the attention forwards away with the sites
         mirage_serve.unpatch(model)
         with torch.no_grad():

@@ -33,7 +33,8 @@ def main() -> None:
             except Exception as e:  # reported per case, so one failure does not hide the others
                 result[f"kernel/{name}/{dtype}"] = f"{type(e).__name__}: {e}"
     cases = [(n, c, "install") for n, c in FAMILIES.items()]
-    cases += [("llama_patched", FAMILIES["llama"], "patch"), ("llama_mutant", FAMILIES["llama"], "mutant")]
+    cases += [("llama_patched", FAMILIES["llama"], "patch"), ("llama_mutant", FAMILIES["llama"], "mutant"),
+              ("llama_unpadded", FAMILIES["llama"], "unpadded")]
     for name, config, how in cases:
         try:
             result[f"family/{name}"] = family_case(name, config, how)

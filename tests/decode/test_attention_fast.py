@@ -42,7 +42,7 @@ def test_kernels_match_float64(interp, case, dtype):
     assert r["advanced"], "the cache's length counter did not advance by one"
 
 
-@pytest.mark.parametrize("name", list(FAMILIES) + ["llama_patched"])
+@pytest.mark.parametrize("name", list(FAMILIES) + ["llama_patched", "llama_unpadded"])
 def test_family_decodes_hf_tokens_through_the_fast_path(interp, name):
     r = interp[f"family/{name}"]
     assert not isinstance(r, str), r
@@ -51,6 +51,8 @@ def test_family_decodes_hf_tokens_through_the_fast_path(interp, name):
     assert r["verdicts"] and all(v == "ok" for v in r["verdicts"].values()), r["verdicts"]
     # 15 decode steps per eligible layer (the first one is the checked step)
     assert r["fast_calls"] == 15 * len(r["verdicts"]), r
+    # SDPA's boolean mask, or eager attention's additive one
+    assert r["masks"] == (["float32"] if name == "qwen2_eager_mask" else ["bool"]), r["masks"]
 
 
 def test_unpatch_removes_the_attention_path(interp):
