@@ -212,7 +212,8 @@ def _patch_and_measure(lm: LoadedModel, opts: BenchOptions, measured: dict, prog
     finally:
         unpatch(lm.model)
     return {"available": True, "seconds": seconds, "report": str(report), "error": None,
-            "counts": _counts(report), "decode_paths": paths, "decode_attention": attention, "warm": _warm_repatch(lm, opts, patch, unpatch)}
+            "counts": _counts(report), "decode_paths": paths, "decode_attention": attention,
+            "warm": _warm_repatch(lm, opts, patch, unpatch)}
 
 
 def _graphs(opts: BenchOptions) -> dict:

@@ -12,8 +12,8 @@ This path is hand-written (RoPE in HF's rotate-half form, softmax attention with
 ``scaling``), not extracted from the model's code, so it is never trusted blindly: the first
 eligible call of each module runs both paths on the same step and compares the attention output,
 the written cache slot and the cache's length (``TOLERANCE`` of the dtype). A module that
-disagrees keeps its original forward for good, and the verdict is kept in ``verdicts`` for the
-report. The check needs a host sync, so it never runs during CUDA-graph capture: the decode runner
+disagrees keeps its original forward for good; ``attention_verdicts(model)`` lists every
+module's verdict. The check needs a host sync, so it never runs during CUDA-graph capture: the decode runner
 always runs a step eagerly before it captures one.
 """
 from __future__ import annotations
