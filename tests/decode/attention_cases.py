@@ -63,7 +63,8 @@ def kernel_case(rows, hq, hkv, d, cap, slot, kind, dtype, device="cpu", seed=0):
         return float((a.double() - b).norm() / b.norm())
     others = torch.ones(cap, dtype=torch.bool)
     others[slot] = False
-    return {"out": rel(out, ref), "key_slot": rel(kc[:, :, slot], kr), "value_slot": rel(vc[:, :, slot], v.view(rows, hkv, d)),
+    return {"out": rel(out, ref), "key_slot": rel(kc[:, :, slot], kr),
+            "value_slot": rel(vc[:, :, slot], v.view(rows, hkv, d)),
             "others_untouched": bool(torch.equal(kc[:, :, others], args[5][:, :, others])
                                      and torch.equal(vc[:, :, others], args[6][:, :, others])),
             "advanced": int(counter) == slot + 1}
