@@ -1,0 +1,46 @@
+"""The decode-attention kernels compile ahead of time for sm_90 (no GPU): every mask kind and the
+head shapes of the registry's models, with tensor-core MMAs in the attention kernel's PTX."""
+from __future__ import annotations
+
+import pytest
+
+from superopt.runtime.build import interpreting
+
+pytestmark = pytest.mark.skipif(interpreting(), reason="kernels are interpreted in this process (TRITON_INTERPRET)")
+
+PTR = {"bfloat16": "*bf16", "float16": "*fp16"}
+
+
+def _compile(fn, types: dict, consts: dict, num_warps: int):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = fn.arg_names
+    sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in names}
+    # pointers 16-byte aligned, as torch's allocations are when the JIT specialises them
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if sig[n].startswith("*")}
+    src = ASTSource(fn, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()}, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+
+
+# (dtype, kv heads, group, head dim, mask kind): Llama-3-8B, Qwen2.5-0.5B, Phi-3 (d 96), Gemma (d 256)
+CASES = [("bfloat16", 8, 4, 128, 1), ("bfloat16", 2, 7, 64, 2), ("float16", 32, 1, 96, 0), ("bfloat16", 1, 8, 256, 1)]
+
+
+@pytest.mark.parametrize("dtype,hkv,group,d,mask", CASES)
+def test_attention_kernels_compile_for_sm90(dtype, hkv, group, d, mask):
+    from mirage_serve.decode.attention_kernels import BLOCK_N, _attend_split, _combine
+    from mirage_serve.decode.attention_launch import _pow2
+
+    t = PTR[dtype]
+    block_d = max(16, _pow2(d))
+    types = {n: t for n in ("q_ptr", "k_ptr", "v_ptr", "cos_ptr", "sin_ptr", "kc_ptr", "vc_ptr")}
+    types.update({"pos_ptr": "*i64", "mask_ptr": {0: "*i64", 1: "*i1", 2: t}[mask],
+                  "o_ptr": "*fp32", "m_ptr": "*fp32", "l_ptr": "*fp32", "scale": "fp32"})
+    k = _compile(_attend_split, types, dict(HKV=hkv, GROUP=group, D=d, BLOCK_G=max(16, _pow2(group)),
+                                            BLOCK_D=block_d, BLOCK_N=BLOCK_N, MASK_KIND=mask), 4)
+    assert k.asm["cubin"] and "mma.sync" in k.asm["ptx"]  # q·Kᵀ and p·V on tensor cores
+    c = _compile(_combine, {"o_ptr": "*fp32", "m_ptr": "*fp32", "l_ptr": "*fp32", "out_ptr": t, "len_ptr": "*i64"},
+                 dict(HQ=hkv * group, D=d, SPLITS=5, BLOCK_S=8, BLOCK_D=block_d, ADVANCE=True), 1)
+    assert c.asm["cubin"]
