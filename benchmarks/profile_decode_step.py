@@ -4,7 +4,8 @@ Patches a registry model (random weights), warms generate() up so the decode gra
 profiles `--steps` decode steps with torch.profiler (CUPTI sees the kernels inside CUDA-graph replays)
 and prints, per kernel name: launches per step, µs per step, share of the step; then GPU-busy µs per
 step, idle gap µs per step (step wall − busy), and weight bytes ÷ busy time as % of the copy bandwidth
-measured in the same run.
+measured in the same run; then, per site program, µs per call and its weights ÷ that time (achieved
+bandwidth per block; library kernels such as cuBLAS GEMVs are not attributed to a site).
 
     python benchmarks/profile_decode_step.py Llama-3.1-8B --batch 1 --steps 32 [--no-patch]
 """
@@ -37,6 +38,38 @@ def summarize(spans: list[KernelSpan], steps: int) -> dict:
     rows = sorted(((n, len(d) / steps, sum(d) / steps) for n, d in per_name.items()), key=lambda r: -r[2])
     return {"rows": rows, "busy_us": busy / steps, "wall_us": wall / steps,
             "gap_us": (wall - busy) / steps, "kernels_per_step": len(spans) / steps}
+
+
+def site_bandwidth(rows: list[tuple[str, float, float]], part_bytes: dict[str, int]) -> list[tuple]:
+    """Per site program (``sites.site_parts`` label): (label, calls/step, µs per call, bytes per call,
+    GB/s). ``rows``: ``summarize``'s (kernel name, launches/step, µs/step); a program's kernels are
+    named ``<label>_m<rows>_fused_k<i>`` and its first kernel (``k0``) counts the calls; bytes per
+    call: the program's parameters (its weights), which a decode GEMV reads once per call."""
+    import re
+
+    out = []
+    for label, nbytes in part_bytes.items():
+        pat = re.compile(rf"^{re.escape(label)}_m\d+_fused_k(\d+)$")
+        hits = [(m.group(1), n, us) for name, n, us in rows if (m := pat.match(name))]
+        calls = sum(n for k, n, _ in hits if k == "0")
+        if calls:
+            us = sum(u for _, _, u in hits) / calls
+            out.append((label, calls, us, nbytes, nbytes / (us * 1e-6) / 1e9))
+    return sorted(out, key=lambda r: -r[1] * r[2])
+
+
+def _part_bytes(model) -> dict[str, int]:
+    """Parameter bytes of each site program of the model's first decoder layer."""
+    from mirage_serve.patch_api import _adapters
+    from mirage_serve.sites import find_layers, site_module, site_parts
+
+    family = _adapters()[0](model.config.model_type)
+    _, layers = find_layers(model, family)
+    out = {}
+    for site in family.sites:
+        for label, part, _ in site_parts(site.name, site_module(layers[0], site)):
+            out[label] = sum(p.numel() * p.element_size() for p in part.parameters())
+    return out
 
 
 def _profile(model, ids, steps: int) -> list[KernelSpan]:
@@ -95,6 +128,10 @@ def main(argv=None) -> None:
     print(f"{'kernel':<70} {'per step':>8} {'µs/step':>9} {'share':>6}")
     for name, n, us in s["rows"][:args.top]:
         print(f"{name[:70]:<70} {n:>8.1f} {us:>9.1f} {100 * us / s['busy_us']:>5.1f}%")
+    if args.patch:
+        print(f"\n{'site program':<14} {'calls/step':>10} {'µs/call':>8} {'MB/call':>8} {'GB/s':>7} {'% copy':>7}")
+        for label, calls, us, nbytes, gbps in site_bandwidth(s["rows"], _part_bytes(lm.model)):
+            print(f"{label:<14} {calls:>10.1f} {us:>8.1f} {nbytes / 1e6:>8.2f} {gbps:>7.0f} {100 * gbps * 1e9 / bw:>6.0f}%")
 
 
 if __name__ == "__main__":

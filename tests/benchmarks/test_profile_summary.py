@@ -31,3 +31,17 @@ def test_summary_counts_overlap_once_and_reports_gaps_per_step():
 def test_summary_of_nothing_is_zero():
     s = prof.summarize([], steps=4)
     assert s["busy_us"] == 0 and s["wall_us"] == 0 and s["rows"] == []
+
+
+def test_site_bandwidth_attributes_a_programs_kernels_to_it():
+    rows = [("attn_in_m1_fused_k0", 32.0, 320.0),       # q: 32 calls of 10 µs
+            ("attn_in_1_m1_fused_k0", 64.0, 320.0),     # k and v: one program, 64 calls of 5 µs
+            ("mlp_in_m1_fused_k0", 32.0, 600.0), ("mlp_in_m1_fused_k1", 32.0, 40.0),  # 2 kernels/call
+            ("nvjet_sm90_tst_64x8", 32.0, 300.0)]        # a library GEMV: no site
+    got = {r[0]: r for r in prof.site_bandwidth(rows, {"attn_in": 1_000_000, "attn_in_1": 250_000,
+                                                        "mlp_in": 4_000_000, "mlp_out": 2_000_000})}
+    assert set(got) == {"attn_in", "attn_in_1", "mlp_in"}  # mlp_out ran as the library kernel
+    assert got["attn_in"][1:4] == (32.0, 10.0, 1_000_000) and got["attn_in"][4] == pytest.approx(100.0)
+    assert got["attn_in_1"][1:3] == (64.0, 5.0) and got["attn_in_1"][4] == pytest.approx(50.0)
+    assert got["mlp_in"][2] == pytest.approx(20.0) and got["mlp_in"][4] == pytest.approx(200.0)
+    assert next(iter(prof.site_bandwidth(rows, {"attn_in": 1, "mlp_in": 1})))  # largest time first
