@@ -119,7 +119,7 @@ def patch(model: torch.nn.Module, *, backend: str = "auto", cache_dir=None, sear
     models): generate() decodes on an owned static KV cache with each step replayed from a CUDA
     graph (``mirage_serve.decode``); HF's auto-compile is turned off for the patched model.
     ``decode_attention`` (default: on for CUDA models): decode steps on a static KV cache run
-    RoPE, the cache write and attention as three kernels (``mirage_serve.decode.attention_fast``).
+    RoPE, the cache write and attention as two kernels (``mirage_serve.decode.attention_fast``).
     """
     t0 = time.perf_counter()
     device, dtype = _check_model(model)
@@ -165,31 +165,26 @@ def patch(model: torch.nn.Module, *, backend: str = "auto", cache_dir=None, sear
     finally:
         prep.close()
 
+    if decode_attention is None:
+        from superopt.runtime.build import interpreting  # Triton kernels on CPU tensors (tests)
+        decode_attention = device.type == "cuda" or interpreting()
     records: list[Record] = []
-    try:
+    try:  # every swap, or none: a failure undoes all of them
         for layer, site, runtime, sr in plans:
             install(layer, site, runtime, records)
             sr.patched = True
+        if decode_attention and family.attention:
+            _install_attention(model, layers, family.attention, records, report)
+        if cuda_graphs:
+            from .decode import install_decode_graphs
+
+            install_decode_graphs(model)
     except BaseException:
         restore(records)
         for *_, sr in plans:
             sr.patched = False
         raise
-    if decode_attention is None:
-        from superopt.runtime.build import interpreting  # Triton kernels on CPU tensors (tests)
-        decode_attention = device.type == "cuda" or interpreting()
-    if decode_attention and family.attention:
-        _install_attention(model, layers, family.attention, records, report)
     if cuda_graphs:
-        from .decode import install_decode_graphs
-
-        try:
-            install_decode_graphs(model)
-        except BaseException:
-            restore(records)
-            for *_, sr in plans:
-                sr.patched = False
-            raise
         report.cuda_graphs = True
         report.note = "; ".join(x for x in (report.note, _GRAPHS_NOTE) if x)
     if records or cuda_graphs:
@@ -201,13 +196,7 @@ def patch(model: torch.nn.Module, *, backend: str = "auto", cache_dir=None, sear
 def _install_attention(model, layers, attn_name: str, records: list[Record], report: PatchReport) -> None:
     from .decode.attention_fast import install_fast_attention
 
-    try:
-        fast = install_fast_attention(layers, attn_name, model.config, records)
-    except BaseException:
-        restore(records)
-        for s in report.sites:
-            s.patched = False
-        raise
+    fast = install_fast_attention(layers, attn_name, model.config, records)
     note = (f"decode attention: {len(fast)}/{len(layers)} layers run RoPE + cache write + "
             f"flash-decoding kernels on static KV caches (hand-written, not searched; each checked "
             f"against its module's own forward on first use); other calls stay original")

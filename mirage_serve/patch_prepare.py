@@ -24,6 +24,11 @@ from .sites import NormSite, ProjSite, signature, site_module, site_parts, unsup
 # CONVENTIONS.md tolerance table: relative Frobenius error against a float64 reference.
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 TF32_TOLERANCE = 5e-4  # fp32 on GPU backends, whose matmuls may use tf32
+
+
+def tolerance(dtype: torch.dtype, on_gpu: bool) -> float | None:
+    """The tolerance table's entry for ``dtype`` (None if it has none); fp32 on a GPU may use tf32."""
+    return TF32_TOLERANCE if dtype == torch.float32 and on_gpu else TOLERANCE.get(dtype)
 _DTYPE_SHORT = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 _TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
@@ -344,11 +349,9 @@ class Preparer:
         """The kernel against the original modules in float64, on random inputs, at every bucket."""
         t0 = time.perf_counter()
         ref_mod = copy.deepcopy(wrapper).to(torch.float64)
-        tol = TOLERANCE.get(self.dtype)
+        tol = tolerance(self.dtype, self.backend != "torch")
         if tol is None:
             raise SiteError(f"no tolerance for dtype {self.dtype}")
-        if self.dtype == torch.float32 and self.backend != "torch":
-            tol = TF32_TOLERANCE
         worst = 0.0
         for m in runtime.kernels:
             x = torch.randn(m, runtime.dim, generator=self._rng).to(self.dtype)

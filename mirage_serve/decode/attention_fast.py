@@ -11,7 +11,7 @@ module's original forward.
 This path is hand-written (RoPE in HF's rotate-half form, softmax attention with the module's
 ``scaling``), not extracted from the model's code, so it is never trusted blindly: the first
 eligible call of each module runs both paths on the same step and compares the attention output,
-the written cache slot and the cache's length (``TOLERANCE`` of the dtype). A module that
+the written cache slot and the cache's length (``patch_prepare.tolerance`` of the dtype). A module that
 disagrees keeps its original forward for good; ``attention_verdicts(model)`` lists every
 module's verdict. The check needs a host sync, so it never runs during CUDA-graph capture: the decode runner
 always runs a step eagerly before it captures one.
@@ -24,7 +24,7 @@ import torch
 
 from superopt.runtime.build import interpreting
 
-from ..patch_prepare import TF32_TOLERANCE, TOLERANCE
+from ..patch_prepare import tolerance
 from ..patch_wiring import Record, set_forward
 from .attention_launch import decode_attention
 
@@ -61,6 +61,7 @@ class FastAttention:
         self.hq = config.num_attention_heads
         self.hkv = getattr(config, "num_key_value_heads", None) or self.hq
         self.verdict: str | None = None  # None: not checked yet; "ok" or why not
+        self.cpu_ok = interpreting()  # Triton's CPU interpreter runs the kernels on CPU tensors (tests)
 
     # -------------------------------------------------------------- eligibility
     def _step_inputs(self, args, kwargs):
@@ -70,7 +71,7 @@ class FastAttention:
             return None
         if kwargs.get("output_attentions") or self.module.training or torch.is_grad_enabled():
             return None
-        if torch.compiler.is_compiling() or not (x.is_cuda or interpreting()):
+        if torch.compiler.is_compiling() or not (x.is_cuda or self.cpu_ok):
             return None
         cache = kwargs.get("past_key_values")
         layers = getattr(cache, "layers", None)
@@ -161,9 +162,7 @@ class FastAttention:
         return ref
 
     def _compare(self, ref, got, layer, slot, after, advance) -> str:
-        tol = TOLERANCE.get(ref.dtype, 1e-2)
-        if ref.dtype == torch.float32 and ref.is_cuda:
-            tol = TF32_TOLERANCE
+        tol = tolerance(ref.dtype, ref.is_cuda) or 1e-2
         checks = (("output", ref, got), ("cached key", after[0], layer.keys[:, :, slot]),
                   ("cached value", after[1], layer.values[:, :, slot]))
         for what, a, b in checks:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 
 import torch
+import triton
 
 from .attention_kernels import BLOCK_N, _attend_split, _combine
 
@@ -34,10 +35,6 @@ def split_plan(rows: int, kv_heads: int, capacity: int, sms: int) -> tuple[int, 
     return -(-capacity // chunk), chunk
 
 
-def _pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
 def decode_attention(q, k, v, cos, sin, keys, values, pos, mask, scale: float,
                      advance: torch.Tensor | None = None) -> torch.Tensor:
     """One decode step: RoPE, cache write at ``pos``, attention over slots ``0..pos``.
@@ -57,21 +54,21 @@ def decode_attention(q, k, v, cos, sin, keys, values, pos, mask, scale: float,
     else:
         kind = 1 if mask.dtype == torch.bool else 2
         mask_t, mk_sb, mk_sn = mask, (mask.stride(0) if mask.shape[0] > 1 else 0), mask.stride(1)
-    block_d = max(16, _pow2(d))  # tl.dot needs K ≥ 16
+    block_d = max(16, triton.next_power_of_2(d))  # tl.dot needs K ≥ 16
     _attend_split[(b * hkv, splits)](
         q, k, v, cos, sin, keys, values, pos, mask_t, o_part, m_part, l_part,
         q.stride(0), k.stride(0), v.stride(0), cos.stride(0) if cos.shape[0] > 1 else 0,
         keys.stride(0), keys.stride(1), keys.stride(2), mk_sb, mk_sn,
         o_part.stride(0), o_part.stride(1), o_part.stride(2), m_part.stride(0), m_part.stride(1),
         float(scale), chunk,
-        HKV=hkv, GROUP=group, D=d, BLOCK_G=max(16, _pow2(group)), BLOCK_D=block_d, BLOCK_N=BLOCK_N,
-        MASK_KIND=kind, num_warps=4)
+        HKV=hkv, GROUP=group, D=d, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d,
+        BLOCK_N=BLOCK_N, MASK_KIND=kind, num_warps=4)
 
     out = torch.empty(b, hq * d, dtype=q.dtype, device=dev)
     _combine[(b * hq,)](
         o_part, m_part, l_part, out, pos if advance is None else advance,
         o_part.stride(0), o_part.stride(1), o_part.stride(2), m_part.stride(0), m_part.stride(1),
         out.stride(0),
-        HQ=hq, D=d, SPLITS=splits, BLOCK_S=_pow2(splits), BLOCK_D=block_d, ADVANCE=advance is not None,
-        num_warps=1)
+        HQ=hq, D=d, SPLITS=splits, BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=block_d,
+        ADVANCE=advance is not None, num_warps=1)
     return out

@@ -31,7 +31,7 @@ CASES = [("bfloat16", 8, 4, 128, 1), ("bfloat16", 2, 7, 64, 2), ("float16", 32, 
 @pytest.mark.parametrize("dtype,hkv,group,d,mask", CASES)
 def test_attention_kernels_compile_for_sm90(dtype, hkv, group, d, mask):
     from mirage_serve.decode.attention_kernels import BLOCK_N, _attend_split, _combine
-    from mirage_serve.decode.attention_launch import _pow2
+    from triton import next_power_of_2 as _pow2
 
     t = PTR[dtype]
     block_d = max(16, _pow2(d))
