@@ -1,16 +1,19 @@
 """Which registry models the shipped kernels_cache/ covers: per model, the site programs of one
 decoder layer at each batch bucket, and whether a shipped entry holds each (sm90, bf16, triton).
 
-    python benchmarks/shipped_coverage.py [MODEL ...] [--batch 1,2,4,8,16]
+    python benchmarks/shipped_coverage.py [MODEL ...] [--batch 1,2,4,8,16] [--remove attn_in,attn_in_1]
 
 Runs on the CPU in a minute or two: each model is built with one decoder layer and a small
 vocabulary (bf16), its site programs are extracted as patch() extracts them, and their shipped
 cache keys are looked up. A miss means a user of that model pays a search on first patch();
 `mirage-serve warm MODEL` on the GPU machine, exported into kernels_cache/, fills it.
+``--remove LABELS`` deletes the listed site programs' shipped entries of the named models, so that
+the next ``warm`` searches them again (after a change to the search or its cost model).
 """
 from __future__ import annotations
 
 import argparse
+import shutil
 from pathlib import Path
 
 import torch
@@ -55,11 +58,16 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("models", nargs="*", help="registry names (default: all)")
     ap.add_argument("--batch", default="1,2,4,8,16")
+    ap.add_argument("--remove", default="", metavar="LABELS",
+                    help="comma-separated site programs (e.g. attn_in,attn_in_1) whose entries to delete")
     ap.add_argument("--shipped", default=str(Path(__file__).resolve().parents[1] / "kernels_cache"),
                     help="the shipped cache to check (default: this checkout's kernels_cache/)")
     args = ap.parse_args(argv)
     buckets = tuple(int(b) for b in args.batch.split(","))
     cache = KernelCache(cache_dir=Path(args.shipped) / ".no-user-layer", shipped_dir=args.shipped, read_only=True)
+    remove = set(filter(None, args.remove.split(",")))
+    if remove and not args.models:
+        ap.error("--remove needs the models whose entries to delete")
     missing_any = False
     for name in args.models or registry.names():
         seen, missing = set(), []
@@ -68,6 +76,9 @@ def main(argv=None) -> None:
                 continue
             seen.add((label, m, dg))
             key = CacheKey(dg, f"b{m}", "bf16", "sm90", "triton", versions_now(), f"{label}-m{m}")
+            if label in remove and (Path(args.shipped) / key.for_shipped().dirname()).is_dir():
+                shutil.rmtree(Path(args.shipped) / key.for_shipped().dirname())
+                print(f"{name}: removed {label}@b{m}")
             if cache.get(key) is None:
                 missing.append(f"{label}@b{m}")
         missing_any |= bool(missing)

@@ -91,7 +91,12 @@ def _bound(k: BucketKernel):
 
 class PartsRuntime:
     """A site run as several programs on the same input (``sites.site_parts``), each computing
-    some of the site's outputs; ``run`` returns them in the site's order."""
+    some of the site's outputs; ``run`` returns them in the site's order.
+
+    When one part computes the norm output alone (site output 0), ``run_consumers`` runs every
+    other part and ``run_norm`` that one, so the caller can defer the norm (patch_wiring).
+    ``norm_like_input`` says the norm output has the input's shape and dtype (set by the
+    self-check), so a placeholder for it can be allocated before it is computed."""
 
     def __init__(self, parts: list[tuple[SiteRuntime, tuple[int, ...]]]):
         self.parts = parts
@@ -100,6 +105,9 @@ class PartsRuntime:
         self.kernels = first.kernels  # the buckets (every part has the same)
         produced = [i for _, outs in parts for i in outs]  # site output index, in part order
         self.order = [produced.index(k) for k in range(len(produced))]
+        self.norm_part = next((p for p, outs in parts if outs == (0,)), None)
+        self.consumer_parts = [(p, outs) for p, outs in parts if p is not self.norm_part]
+        self.norm_like_input = False
 
     def eligible(self, module: torch.nn.Module, x) -> bool:
         # every part was prepared for the same input (dim, dtype, device, buckets, backend)
@@ -108,6 +116,14 @@ class PartsRuntime:
     def run(self, x: torch.Tensor) -> list[torch.Tensor]:
         outs = [o for p, _ in self.parts for o in p.run(x)]  # in part order
         return [outs[j] for j in self.order]
+
+    def run_consumers(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """Site outputs 1.. (the consumers'), in site order, without computing the norm output."""
+        outs = sorted((i, o) for p, idx in self.consumer_parts for i, o in zip(idx, p.run(x)))
+        return [o for _, o in outs]
+
+    def run_norm(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm_part.run(x)[0]
 
 
 def _dim(head: torch.nn.Module) -> int:
@@ -352,7 +368,7 @@ class Preparer:
         tol = tolerance(self.dtype, self.backend != "torch")
         if tol is None:
             raise SiteError(f"no tolerance for dtype {self.dtype}")
-        worst = 0.0
+        worst, like_input = 0.0, True
         for m in runtime.kernels:
             x = torch.randn(m, runtime.dim, generator=self._rng).to(self.dtype)
             with torch.no_grad():
@@ -361,7 +377,10 @@ class Preparer:
             for g, w in zip(got, want):
                 err = ((g.double() - w).norm() / w.norm().clamp_min(1e-300)).item()
                 worst = max(worst, err) if err == err else float("inf")
+            like_input = like_input and got[0].shape == x.shape and got[0].dtype == x.dtype
         sr.check_error = worst
+        if isinstance(runtime, PartsRuntime):
+            runtime.norm_like_input = like_input and runtime.norm_part is not None
         _add_time(sr, "check", time.perf_counter() - t0)
         if not worst <= tol:
             raise SiteError(f"numeric self-check failed: error {worst:.2e} > {tol:.0e} ({self.dtype})")

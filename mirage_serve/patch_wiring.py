@@ -7,6 +7,13 @@ with exactly that tensor (then applies its ``tail``, e.g. ``down_proj``), and ot
 original forward. So correctness never rests on the hand-off: any other call, a prefill-sized
 input, a training-mode module, a dtype or device mismatch, all take the original path.
 
+A norm whose site runs it as a program of its own (``PartsRuntime.norm_part``) is deferred: the
+norm returns a placeholder ``n`` and runs only the consumers' kernels. In the layers of every
+family the adapters declare, the norm's output goes to its consumers and nowhere else, so on a
+decode step the norm kernel is never needed (one launch per norm saved). The placeholder is filled
+(``_Handoff.materialize``) before any consumer falls back to its original forward with ``n`` or a
+view of it, and nothing is deferred while a hook on the norm or a consumer could read it.
+
 Only instance attributes named ``forward`` are set; parameters, buffers, module names and
 ``state_dict`` stay exactly as they were, and `restore` puts back what was there before.
 """
@@ -16,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .patch_prepare import SiteRuntime
+from .patch_prepare import PartsRuntime, SiteRuntime
 from .sites import NormSite, ProjSite
 
 _MISSING = object()
@@ -31,11 +38,21 @@ class Record:
 
 
 class _Handoff:
-    __slots__ = ("key", "values")
+    __slots__ = ("key", "values", "pending")
 
     def __init__(self):
         self.key = None
         self.values: dict[int, torch.Tensor] = {}
+        self.pending = None  # (placeholder n, x, fill(x) -> n) of a deferred norm
+
+    def materialize(self, x) -> None:
+        """Compute the deferred norm output into its placeholder if ``x`` is it or a view of it."""
+        if self.pending is None or not isinstance(x, torch.Tensor):
+            return
+        n, src, fill = self.pending
+        if x.untyped_storage().data_ptr() == n.untyped_storage().data_ptr():
+            self.pending = None
+            n.copy_(fill(src))
 
     def take(self, x, i: int):
         if self.key is not x or i not in self.values:
@@ -70,13 +87,28 @@ def _proj_forward(module, runtime: SiteRuntime):
     return forward
 
 
-def _norm_forward(module, runtime: SiteRuntime, handoff: _Handoff):
+def _hooked(modules) -> bool:
+    """Whether a forward hook (global or on one of ``modules``) could see a deferred norm output."""
+    from torch.nn.modules import module as nn_module
+    if nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks:
+        return True
+    return any(m._forward_hooks or m._forward_pre_hooks for m in modules)
+
+
+def _norm_forward(module, runtime: SiteRuntime, handoff: _Handoff, watched: list):
     original = module.forward
+    deferrable = isinstance(runtime, PartsRuntime)
 
     def forward(x, *args, **kwargs):
+        handoff.pending = None
         if args or kwargs or not runtime.eligible(module, x):
             return original(x, *args, **kwargs)
-        n, *rest = runtime.run(x)
+        if deferrable and runtime.norm_like_input and not _hooked(watched):
+            rest = runtime.run_consumers(x)
+            n = torch.empty_like(x)
+            handoff.pending = (n, x, runtime.run_norm)
+        else:
+            n, *rest = runtime.run(x)
         handoff.key, handoff.values = n, dict(enumerate(rest))
         return n
     return forward
@@ -88,6 +120,7 @@ def _consumer_forward(module, i: int, tail, handoff: _Handoff):
     def forward(x, *args, **kwargs):
         y = None if (args or kwargs) else handoff.take(x, i)
         if y is None:
+            handoff.materialize(x)
             return original(x, *args, **kwargs)
         return y if tail is None else tail(y)
     return forward
@@ -101,9 +134,11 @@ def install(layer: torch.nn.Module, site: NormSite | ProjSite, runtime: SiteRunt
         set_forward(proj, _proj_forward(proj, runtime), records)
         return
     handoff = _Handoff()
+    norm = layer.get_submodule(site.norm)
+    watched = [norm]
     for i, c in enumerate(site.consumers):
         mod = layer.get_submodule(c.path)
+        watched.append(mod)
         tail = mod.get_submodule(c.tail) if c.tail else None
         set_forward(mod, _consumer_forward(mod, i, tail, handoff), records)
-    norm = layer.get_submodule(site.norm)
-    set_forward(norm, _norm_forward(norm, runtime, handoff), records)
+    set_forward(norm, _norm_forward(norm, runtime, handoff, watched), records)

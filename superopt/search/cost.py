@@ -9,7 +9,13 @@ Estimated microseconds per call, summed over kernels (every node but views is a 
   once, or once per contributing block when blocks are summed (atomic partial writes).
 * parallel_efficiency: how well the blocks fill the SMs — blocks / (waves · SMs) with
   waves = ⌈blocks / SMs⌉ — times the fraction of threads with work (tile elements / threads,
-  capped at 1). Library ops use blocks of 1024 elements.
+  capped at 1), times the fraction of the bandwidth the loads in flight can sustain. Library
+  ops use blocks of 1024 elements.
+* loads in flight (Little's law): an SM streams at full bandwidth only with about
+  ``INFLIGHT_BYTES`` of loads outstanding (bandwidth × memory latency ÷ SMs). A block has one
+  iteration's input tiles in flight; an SM holds the blocks resident on it at once. A decode GEMV
+  tiled [4 columns, 256 of K] keeps 4 KB in flight per SM and was measured at 19% of the H200's
+  bandwidth; [4, 1024] keeps 16 KB.
 * flops: 2·m·n·k per matmul element-tile product, 1 per elementwise element; tensor cores assumed.
 
 Constants are those of an H100 SXM (sm_90): 132 SMs, 3.35 TB/s HBM3, ~400 TFLOP/s dense fp16.
@@ -27,6 +33,8 @@ BANDWIDTH = 3.35e12   # bytes / s
 FLOPS = 4.0e14        # flop / s
 LAUNCH_US = 2.5
 REREAD = 0.1
+INFLIGHT_BYTES = 16 * 1024   # per SM: 3.35 TB/s × ~650 ns of loaded-memory latency ÷ 132 SMs
+MAX_THREADS_PER_SM = 2048
 
 
 def _bytes(t: TensorType) -> int:
@@ -36,6 +44,13 @@ def _bytes(t: TensorType) -> int:
 def _efficiency(blocks: int, sms: int) -> float:
     waves = math.ceil(blocks / sms)
     return blocks / (waves * sms)
+
+
+def streaming_fraction(blocks: int, block_threads: int, tile_bytes: float, sms: int) -> float:
+    """Fraction of the bandwidth that ``blocks`` blocks, each with ``tile_bytes`` of loads in
+    flight, can sustain on the SMs they occupy (see module docstring)."""
+    resident = min(max(1.0, blocks / sms), MAX_THREADS_PER_SM // block_threads)
+    return min(1.0, resident * tile_bytes / INFLIGHT_BYTES)
 
 
 def graph_cost(g: KernelGraph, arch: str = "sm_90") -> float:
@@ -76,5 +91,7 @@ def node_cost(n: Node, args: list[TensorType], arch: str = "sm_90") -> float:
             runs = b.forloop if bn.op == "matmul" or bn.op.startswith("accum") else 1
             flops += 2 * k * bn.out.type.numel * runs if bn.op == "matmul" else bn.out.type.numel * runs
         flops *= blocks
-        eff = _efficiency(blocks, sms) * min(1.0, largest / b.block_threads)
+        tile_bytes = sum(_bytes(inp.value.type) for inp in b.inputs)  # one iteration's loads
+        eff = (_efficiency(blocks, sms) * min(1.0, largest / b.block_threads)
+               * streaming_fraction(blocks, b.block_threads, tile_bytes, sms))
     return LAUNCH_US + max(nbytes / BANDWIDTH, flops / FLOPS) * 1e6 / max(eff, 1e-6)

@@ -126,7 +126,7 @@ ALTERNATIVES = 5  # extents of a design kept besides its cost-best, for the prof
 def _kernel_options(k, types, index, budget, arch, stats) -> list:
     """[(node, cost, extents)] of kernel skeleton ``k`` at every valid extent, cheapest first."""
     opts = []
-    for e in extent_choices(k, index, budget.tile_sizes, budget.block_threads):
+    for e in extent_choices(k, index, budget.tile_sizes, budget.block_threads, budget.loop_tile_sizes):
         try:
             node = build_kernel(k, dict(types), index, e)
         except (ValueError, KeyError):

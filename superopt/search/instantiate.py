@@ -118,7 +118,9 @@ def _pick(n: int, tiles: tuple[int, ...], limit: int = 4) -> list[int]:
 
 
 def extent_choices(k: KernelSkeleton, index: ProgramIndex, tiles: tuple[int, ...],
-                   threads: tuple[int, ...]) -> list[Extents]:
+                   threads: tuple[int, ...], loop_tiles: tuple[int, ...] | None = None) -> list[Extents]:
+    """Grid extents whose tiles are ``tiles`` sizes, for-loop ranges whose per-iteration slices
+    are ``loop_tiles`` sizes (default: ``tiles``), at the first thread count."""
     p = k.pattern
     per_axis: list[list[int]] = []
     for idx in p.grid:
@@ -138,7 +140,7 @@ def extent_choices(k: KernelSkeleton, index: ProgramIndex, tiles: tuple[int, ...
             n = index.sizes[p.loop]
             if p.loop in p.grid:
                 n //= grid[p.grid.index(p.loop)]
-            loops = [f for f in _pick(n, tiles, 4)]
+            loops = _pick(n, loop_tiles or tiles, 5)
             if not loops:
                 continue
         for f in loops:
