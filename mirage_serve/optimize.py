@@ -122,13 +122,14 @@ def _choose(program: KernelGraph, budget, arch: str, cache, key, seed, pick) -> 
     if seed is not None:
         try:
             result = seed.reinstantiate(program)
-            best = _best(result)
+            fits = any(g != program for g, _ in result.ranked)
         except Exception:  # a structure that does not fit this shape: search this one afresh
-            best = None
+            fits = False
         # Only the unfused program left (no structure fits this shape, e.g. a split of 1 row):
-        # a search of its own may still fuse it.
-        if best is not None and best != program:
-            return done(best, "reinstantiated", "structures of another bucket", result)
+        # a search of its own may still fuse it. Where structures fit, the program may still
+        # rank first (as it did at the searched bucket); the profiler, if any, decides.
+        if fits:
+            return done(result.best, "reinstantiated", "structures of another bucket", result)
     try:
         kwargs = {"arch": arch} if budget is None else {"arch": arch, "budget": budget}
         result = superoptimize(program, **kwargs)

@@ -25,8 +25,13 @@ def test_searched_kernels_generate_the_same_tokens():
     # q, k+v, gate+up, o_proj, down_proj, and the norm
     assert report.searches == 6
     assert report.searches + report.reinstantiated == report.programs
-    assert all(s.source == "search" and s.kernels >= 1 and s.verdict.startswith("equivalent")
-               for s in report.sites), str(report)
+    # norm sites fuse (norm + GEMV in one kernel); a lone projection has nothing to fuse, and at
+    # this size the cost model ranks the library matmul first (search/cost.py: a custom kernel
+    # pays the same launch and one memory latency)
+    fused = [s for s in report.sites if len(s.modules) > 1]
+    assert fused and all(s.source == "search" and s.kernels >= 1 and s.verdict.startswith("equivalent")
+                         for s in fused), str(report)
+    assert all(s.source == "search" and s.verdict for s in report.sites), str(report)
     got = model.generate(ids, max_new_tokens=16, min_new_tokens=16, do_sample=False, pad_token_id=0)
     assert torch.equal(got, want)
     mirage_serve.unpatch(model)

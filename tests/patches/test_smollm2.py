@@ -14,6 +14,7 @@ import torch
 
 import mirage_serve
 from mirage_serve import patch_prepare
+from .parity import programs_per_forward
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Water boils at", "List three colors:",
@@ -59,7 +60,7 @@ def test_smollm2_same_greedy_text(monkeypatch):
     run = patch_prepare.SiteRuntime.run
     monkeypatch.setattr(patch_prepare.SiteRuntime, "run", lambda self, x: calls.append(1) or run(self, x))
     got = _greedy(model, tok, batch)
-    assert len(calls) == 15 * sum(s.parts for s in report.sites)  # every decode step after the prefill ran every program
+    assert len(calls) == 15 * programs_per_forward(report)  # every decode step after the prefill ran every program
     assert got == want
     assert all(len(t.strip()) > 0 for t in got)
     mirage_serve.unpatch(model)
