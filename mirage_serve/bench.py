@@ -19,7 +19,7 @@ import sys
 import time
 from typing import Any
 
-from . import registry
+from . import bench_sampling, registry
 from .bench_load import LoadedModel
 from .bench_timing import Progress, copy_bandwidth, decode_step_time, first_divergence, generate
 
@@ -177,7 +177,10 @@ def run(lm: LoadedModel, opts: BenchOptions) -> dict[str, Any]:
     measured: dict[str, dict] = {}
     for name in runs:
         measured[name] = _measure(lm, opts, BASELINES[name], prog)
-    result["patch"] = _patch_and_measure(lm, opts, measured, prog)
+    sampled = {b: bench_sampling.sample(lm.model, ids, _sampling_steps(opts), opts.seed, True)
+               for b, ids in _sampling_prompts(lm, opts).items()}
+    result["patch"] = _patch_and_measure(lm, opts, measured, prog, sampled)
+    result["sampling"] = result["patch"].pop("sampling", {})
     result["rows"] = _rows(opts, measured, result["floor_ms"])
     result["correctness"] = _correctness(opts, measured)
     if result["correctness"]["first_divergence"]:
@@ -186,8 +189,34 @@ def run(lm: LoadedModel, opts: BenchOptions) -> dict[str, Any]:
     return result
 
 
-def _patch_and_measure(lm: LoadedModel, opts: BenchOptions, measured: dict, prog: Progress) -> dict:
-    """Patch (timed), measure ours into `measured["ours"]`, unpatch; returns the "patch" record."""
+def _sampling_steps(opts: BenchOptions) -> int:
+    return min(bench_sampling.STEPS, max(2, opts.new_tokens))
+
+
+def _sampling_prompts(lm: LoadedModel, opts: BenchOptions) -> dict:
+    return {b: _prompt(b, opts.prompt_len, lm.model.config.vocab_size, opts.seed, opts.device)
+            for b in opts.batches}
+
+
+def _sampling_check(lm: LoadedModel, opts: BenchOptions, eager: dict) -> dict:
+    """bench_sampling.compare per batch, on the patched model, against eager's samples ``eager``."""
+    from .patch_prepare import tolerance
+
+    param = next(lm.model.parameters())
+    tol = tolerance(param.dtype, param.is_cuda) or 1e-2
+    out = {}
+    for b, ids in _sampling_prompts(lm, opts).items():
+        steps = eager[b][0].shape[1]
+        got = bench_sampling.sample(lm.model, ids, steps, opts.seed, True)
+        fast, _ = bench_sampling.sample(lm.model, ids, steps, opts.seed, False)
+        out[b] = bench_sampling.compare(eager[b], got, fast, tol)
+    return out
+
+
+def _patch_and_measure(lm: LoadedModel, opts: BenchOptions, measured: dict, prog: Progress,
+                       sampled: dict) -> dict:
+    """Patch (timed), measure ours into `measured["ours"]`, check sampling against eager's
+    ``sampled``, unpatch; returns the "patch" record (its "sampling" entry: bench_sampling)."""
     try:
         patch, unpatch = patch_api()
     except ImportError as err:
@@ -209,11 +238,12 @@ def _patch_and_measure(lm: LoadedModel, opts: BenchOptions, measured: dict, prog
         measured["ours"] = _measure(lm, opts, "default" if opts.graphs else "static-eager", prog)
         paths = _decode_paths(lm.model)
         attention = _attention_verdicts(lm.model)
+        sampling = _sampling_check(lm, opts, sampled)
     finally:
         unpatch(lm.model)
     return {"available": True, "seconds": seconds, "report": str(report), "error": None,
             "counts": _counts(report), "decode_paths": paths, "decode_attention": attention,
-            "warm": _warm_repatch(lm, opts, patch, unpatch)}
+            "sampling": sampling, "warm": _warm_repatch(lm, opts, patch, unpatch)}
 
 
 def _graphs(opts: BenchOptions) -> dict:

@@ -122,6 +122,8 @@ def format_result(r: dict) -> str:
                      f"{_f(row['tok_per_s'], '.1f'):>9} {_f(row['pct_of_floor'], '.1f'):>8}" +
                      "".join(f" {_ratio(row['speedup'].get(b)):>18}" for b in bases))
     lines += ["", "correctness " + correctness_line(r)]
+    if "sampling" in r:
+        lines.append("sampling    " + sampling_line(r))
     lines += [f"note        {n}" for n in r["notes"]]
     return "\n".join(lines)
 
@@ -157,7 +159,10 @@ def format_markdown(r: dict) -> str:
         lines.append(f"| {row['batch']} | {row['run']} | {row['ms_per_step']:.3f} | "
                      f"{_f(row['tok_per_s'], '.1f')} | {pct} | "
                      + " | ".join(_ratio(row["speedup"].get(b)) for b in s["baselines"]) + " |")
-    lines += ["", "correctness: " + correctness_line(r), ""]
+    lines += ["", "correctness: " + correctness_line(r)]
+    if "sampling" in r:
+        lines += ["", "sampling: " + sampling_line(r)]
+    lines.append("")
     return "\n".join(lines)
 
 
@@ -174,6 +179,11 @@ def correctness_line(r: dict) -> str:
            if "logit_gap" in c else "")
     return (f"{head}: greedy tokens diverge from eager at step {d['step']} (batch {d['batch']}, "
             f"row {d['row']}: expected {d['expected']}, got {d['got']}) within {where}{gap}")
+
+
+def sampling_line(r: dict) -> str:
+    from .bench_sampling import summary
+    return f"seed {r['settings']['seed']}, do_sample with the model's defaults; " + summary(r["sampling"])
 
 
 def cmd_bench(args) -> int:
@@ -220,6 +230,8 @@ def cmd_bench(args) -> int:
                    f"{result['model']['name']} {opts.dtype} {opts.device} tok/s")
     c = result["correctness"]
     if c["checked"] and not c["identical"] and not c.get("near_tie"):
+        return EXIT_INCORRECT
+    if not all(r["ok"] for r in result.get("sampling", {}).values()):
         return EXIT_INCORRECT
     if result["patch"]["available"] and result["patch"]["error"]:
         return EXIT_PATCH_FAILED

@@ -41,6 +41,11 @@ def check_schema(doc: dict, batches: list[int], baselines: list[str]) -> None:
         assert set(row["speedup"]) == (set(baselines) if row["run"] == "ours" else set())
     c = doc["correctness"]
     assert c["reference"] == "eager" and c["steps"] == s["new_tokens"]
+    if ours:  # sampling checked per batch (keys become strings in JSON)
+        assert set(doc["sampling"]) == {str(b) for b in batches}
+        for r in doc["sampling"].values():
+            assert r["ok"] and r["worst"]["rel"] <= r["tolerance"] and r["steps_compared"] >= 2, r
+            assert r["first_decode_step"]["step"] == 1
 
 
 def test_bench_tiny_json_and_plot(tmp_path, capsys, needs_patch):
@@ -52,6 +57,7 @@ def test_bench_tiny_json_and_plot(tmp_path, capsys, needs_patch):
     assert "random weights" in out and "speed numbers need a GPU" in out
     assert "correctness OK: greedy tokens identical to eager for 6 steps x batch 1,3" in out
     assert "s to patch" in out
+    assert "sampling    seed 0" in out and "batch 3 OK: first decode step's logits" in out
     doc = json.loads(j.read_text())
     check_schema(doc, [1, 3], ["eager"])
     assert doc["model"]["num_hidden_layers"] == 2 and doc["model"]["random_weights"] is True
