@@ -1,7 +1,7 @@
 """Which registry models the shipped kernels_cache/ covers: per model, the site programs of one
 decoder layer at each batch bucket, and whether a shipped entry holds each (sm90, bf16, triton).
 
-    python benchmarks/shipped_coverage.py [MODEL ...] [--batch 1,2,4,8,16] [--remove attn_in,attn_in_1]
+    python benchmarks/shipped_coverage.py [MODEL ...] [--batch 1,2,4,8,16] [--remove attn_in,attn_in_1] [--prune]
 
 Runs on the CPU in a minute or two: each model is built with one decoder layer and a small
 vocabulary (bf16), its site programs are extracted as patch() extracts them, and their shipped
@@ -9,6 +9,8 @@ cache keys are looked up. A miss means a user of that model pays a search on fir
 `mirage-serve warm MODEL` on the GPU machine, exported into kernels_cache/, fills it.
 ``--remove LABELS`` deletes the listed site programs' shipped entries of the named models, so that
 the next ``warm`` searches them again (after a change to the search or its cost model).
+``--prune`` (all models) deletes the entries no registry model uses at these buckets (programs a
+change to the site layout left behind), so the package ships only what a patch can hit.
 """
 from __future__ import annotations
 
@@ -62,13 +64,17 @@ def main(argv=None) -> None:
                     help="comma-separated site programs (e.g. attn_in,attn_in_1) whose entries to delete")
     ap.add_argument("--shipped", default=str(Path(__file__).resolve().parents[1] / "kernels_cache"),
                     help="the shipped cache to check (default: this checkout's kernels_cache/)")
+    ap.add_argument("--prune", action="store_true",
+                    help="delete the entries no registry model uses (needs all models: give none)")
     args = ap.parse_args(argv)
+    if args.prune and args.models:
+        ap.error("--prune looks at every registry model: give no model names")
     buckets = tuple(int(b) for b in args.batch.split(","))
     cache = KernelCache(cache_dir=Path(args.shipped) / ".no-user-layer", shipped_dir=args.shipped, read_only=True)
     remove = set(filter(None, args.remove.split(",")))
     if remove and not args.models:
         ap.error("--remove needs the models whose entries to delete")
-    missing_any = False
+    missing_any, used = False, set()
     for name in args.models or registry.names():
         seen, missing = set(), []
         for label, m, dg in programs(name, buckets):
@@ -76,6 +82,7 @@ def main(argv=None) -> None:
                 continue
             seen.add((label, m, dg))
             key = CacheKey(dg, f"b{m}", "bf16", "sm90", "triton", versions_now(), f"{label}-m{m}")
+            used.add(key.for_shipped().dirname())
             if label in remove and (Path(args.shipped) / key.for_shipped().dirname()).is_dir():
                 shutil.rmtree(Path(args.shipped) / key.for_shipped().dirname())
                 print(f"{name}: removed {label}@b{m}")
@@ -84,6 +91,11 @@ def main(argv=None) -> None:
         missing_any |= bool(missing)
         print(f"{name:18} {len(seen) - len(missing):3}/{len(seen):3} programs shipped"
               + (f"; missing: {', '.join(missing)}" if missing else ""))
+    if args.prune:
+        unused = sorted(p for p in Path(args.shipped).iterdir() if (p / "meta.json").is_file() and p.name not in used)
+        for p in unused:
+            shutil.rmtree(p)
+        print(f"pruned {len(unused)} entries no registry model uses")
     raise SystemExit(1 if missing_any else 0)
 
 
