@@ -85,6 +85,11 @@ def configs(name: str):
     return CONFIGS["attn" if name in ATTN else "dense"]
 
 
+def _config_label(c: tuple) -> str:
+    """w<num_warps>s<num_stages>, with "p" for a prefetch-rendered launch."""
+    return f"w{c[0]}s{c[1]}" + ("p" if len(c) > 2 and c[2] else "")
+
+
 def warm_row(row, compile_mode: str) -> str:
     """Compile (into the on-disk caches) every kernel a row will time; run in a worker process."""
     label, name, kw, dtype = row
@@ -112,7 +117,7 @@ def bench_row(label, name, kw, dtype, copy_bw, compile_mode, do_compile: bool) -
     for r in ranked:  # the log keeps every candidate's time: what won, and by how much
         blk = r.ugraph.customized_nodes()[0].block
         print(f"  cand {label}: grid {blk.grid} f{blk.forloop}: " + (r.error[:120] if r.error else
-              " ".join(f"w{nw}s{ns}={us:.1f}" for (nw, ns), us in r.tried)), flush=True)
+              " ".join(f"{_config_label(c)}={us:.1f}" for c, us in r.tried)), flush=True)
     best = ranked[0]
     if best.error:
         return dict(label=label, error=best.error)
@@ -123,7 +128,7 @@ def bench_row(label, name, kw, dtype, copy_bw, compile_mode, do_compile: bool) -
                ours_eager=time_call(cg, sets, graph=False), ours=time_call(cg, sets, graph=True))
     blk = best.ugraph.customized_nodes()[0].block
     row["config"] = f"grid {'x'.join(map(str, blk.grid))} f{blk.forloop} " + \
-        " ".join(f"w{nw}s{ns}" for nw, ns in sorted(set(best.launch.values())))
+        " ".join(_config_label(c) for c in sorted(set(best.launch.values())))
     eager = torch_program(fx.program)
     row["eager"], row["eager_g"] = time_call(eager, sets, graph=False), time_call(eager, sets, graph=True)
     if do_compile:

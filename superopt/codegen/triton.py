@@ -57,6 +57,20 @@ class KernelSpec:
     num_stages: int            # memory estimate (ir.smem) fits sm_90; the profiler may change them
 
 
+def launch_config(launch: dict | None, spec: KernelSpec) -> tuple[int, int, bool]:
+    """(num_warps, num_stages, prefetch) of ``spec`` under a launch dict, whose values are
+    (num_warps, num_stages) or (num_warps, num_stages, prefetch); the spec's defaults if absent."""
+    v = (launch or {}).get(spec.name)
+    if v is None:
+        return spec.num_warps, spec.num_stages, False
+    return int(v[0]), int(v[1]), len(v) > 2 and bool(v[2])
+
+
+def prefetched(launch: dict | None) -> frozenset[str]:
+    """The kernels a launch dict renders with prefetched loads (``render_triton``)."""
+    return frozenset(k for k, v in (launch or {}).items() if len(v) > 2 and v[2])
+
+
 @dataclass(frozen=True)
 class TritonModule:
     name: str
@@ -65,8 +79,11 @@ class TritonModule:
     graph: KernelGraph
 
 
-def render_triton(ugraph: KernelGraph) -> TritonModule:
-    """Render every customized op of ``ugraph``; library ops are left to the runtime."""
+def render_triton(ugraph: KernelGraph, prefetch: frozenset[str] = frozenset()) -> TritonModule:
+    """Render every customized op of ``ugraph``; library ops are left to the runtime.
+
+    Kernels named in ``prefetch`` load the next iteration's tiles before this iteration's work
+    (``_render_kernel``): a launch variant the profiler times like num_warps and num_stages."""
     base = _ident(ugraph.name)
     parts = ["import torch", "import triton", "import triton.language as tl",
              "from torch.library import wrap_triton", ""]
@@ -74,7 +91,8 @@ def render_triton(ugraph: KernelGraph) -> TritonModule:
     for idx, n in enumerate(ugraph.nodes):
         if n.op != "customized":
             continue
-        spec, text = _render_kernel(f"{base}_k{idx}", idx, n, ugraph)
+        name = f"{base}_k{idx}"
+        spec, text = _render_kernel(name, idx, n, ugraph, name in prefetch)
         kernels.append(spec)
         parts.append(text)
     return TritonModule(base, "\n".join(parts), kernels, ugraph)
@@ -164,7 +182,8 @@ class _Kernel:
         self.lines.append("    " * ind + line)
 
     # ------------------------------------------------------------ loads and stores
-    def load(self, inp, src_shape: tuple[int, ...], ind: int) -> None:
+    def load(self, inp, src_shape: tuple[int, ...], ind: int, it: str = "i", dst: str | None = None) -> None:
+        """``inp``'s tile at for-loop iteration ``it`` (an expression) into ``dst`` (default: its variable)."""
         b, name = self.b, inp.value.name
         tile, pad = self.real[name], self.pad[name]
         terms = []
@@ -172,13 +191,13 @@ class _Kernel:
             parts = [f"pid{a} * {src_shape[d] // b.grid[a]}" for a in range(3)
                      if inp.imap[a] == d and b.grid[a] > 1]
             if inp.fmap == d and b.forloop > 1:
-                parts.append(f"i * {tile[d]}")
+                parts.append(f"{it} * {tile[d]}")
             idx = " + ".join(parts + [_ar(pad[d], d, len(tile))])
             terms.append(f"({idx})" + (f" * {stride}" if stride != 1 else ""))
         ptrs = f"a{inp.source}_ptr + " + " + ".join(terms)
         mask = _mask(tile, pad)
         args = f"{ptrs}, mask={mask}, other=0.0" if mask else ptrs
-        self.emit(f"{self.name(name)} = tl.load({args})", ind)
+        self.emit(f"{dst or self.name(name)} = tl.load({args})", ind)
         self.native.add(name)
 
     def store(self, k: int, o, out_shape: tuple[int, ...], atomic: bool) -> None:
@@ -360,7 +379,15 @@ def _float(v: float) -> str:
     return repr(v)
 
 
-def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph) -> tuple[KernelSpec, str]:
+def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph, prefetch: bool = False
+                   ) -> tuple[KernelSpec, str]:
+    """One customized op as a @triton.jit kernel and its launcher.
+
+    ``prefetch``: the loop's tiles are loaded one iteration ahead (iteration 0's before the loop,
+    iteration i+1's — wrapping to 0 on the last, a harmless in-bounds reload — at the top of
+    iteration i), so a tile's memory latency overlaps the previous iteration's work. Triton only
+    software-pipelines loads that reach a ``tl.dot`` through shared memory; small-M decode GEMVs
+    (a padded dot, operands in registers) otherwise wait a full latency every iteration."""
     b: BlockGraph = node.block
     io = [g.type_of(a).dtype for a in node.args] + [v.type.dtype for v in node.outs]
     k = _Kernel(b, next((d for d in io if d in ("float16", "bfloat16")), None))
@@ -387,14 +414,23 @@ def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph) -> tuple[Ke
         else:
             k.emit(f"{k.name(n.out.name)} = tl.full({list(k.pad[n.out.name])}, {init}, tl.float32)", 1)
     rescaled_by = {n.args[1] for n in accums if n.op == "accum_sum_rescaled"}
+    looped = [inp for inp in b.inputs if inp.fmap != -1]
+    prefetch = prefetch and b.forloop > 1 and bool(looped)
+    if prefetch:
+        for inp in looped:
+            k.load(inp, arg_shapes[inp.source], 1, it="0", dst=f"{k.name(inp.value.name)}_next")
     ind = 1
     if b.forloop > 1:
         k.emit(f"for i in range({b.forloop}):", 1)
         ind = 2
     for m in sorted(rescaled_by):
         k.emit(f"{k.var[m]}_prev = {k.var[m]}", ind)
-    for inp in b.inputs:
-        if inp.fmap != -1:
+    for inp in looped:
+        if prefetch:
+            v = k.var[inp.value.name]
+            k.emit(f"{v} = {v}_next", ind)
+            k.load(inp, arg_shapes[inp.source], ind, it=f"((i + 1) % {b.forloop})", dst=f"{v}_next")
+        else:
             k.load(inp, arg_shapes[inp.source], ind)
     skipped = {r.out.name for r in deferred.values()}
     for n in b.nodes:

@@ -185,12 +185,13 @@ class _TargetDriver:
         return 0
 
 
-def warmup(tm, module, launch: dict[str, tuple[int, int]] | None = None, target=None) -> CompileLog:
+def warmup(tm, module, launch: dict[str, tuple] | None = None, target=None) -> CompileLog:
     """Compile or load every kernel of the rendered module ``tm`` (imported as ``module``) with its
     launch configuration, without launching; returns what Triton did. ``target``: a ``GPUTarget``
     to build for on a machine without that GPU (the active driver is swapped for the call and
     restored; do not launch Triton kernels in other threads meanwhile)."""
-    launch = launch or {}
+    from ..codegen.triton import launch_config
+
     fns = [getattr(module, s.name) for s in tm.kernels]
     with contextlib.ExitStack() as stack:
         if target is not None:
@@ -201,7 +202,7 @@ def warmup(tm, module, launch: dict[str, tuple[int, int]] | None = None, target=
             stack.callback(setattr, driver, "_active", previous)
         log = stack.enter_context(watch(fns))
         for fn, s in zip(fns, tm.kernels):
-            nw, ns = launch.get(s.name, (s.num_warps, s.num_stages))
+            nw, ns, _ = launch_config(launch, s)
             kernel = fn.warmup(*_dtypes(tm, s), grid=s.grid, num_warps=nw, num_stages=ns)
             log.hashes[s.name] = kernel.hash
             if kernel.hash not in _SEEN:   # a Triton whose listener does not report cache hits

@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..codegen.triton import render_triton
+from ..codegen.triton import launch_config, prefetched, render_triton
 from ..ir import KernelGraph, check
 from . import binaries as _binaries
 from .build import interpreting, kernel_op, load_module
@@ -41,7 +41,7 @@ class CompiledGraph:
                  source: str | None = None, binaries: dict[str, bytes] | None = None):
         self.graph = check(ugraph)
         self.device = torch.device(device)
-        self.module = render_triton(ugraph)
+        self.module = render_triton(ugraph, prefetched(launch))
         if source is not None and source != self.module.source:
             # A cache entry's source (hash-checked by the cache) is what its binaries were built
             # from; the kernel specs still come from rendering (pure, milliseconds).
@@ -54,10 +54,12 @@ class CompiledGraph:
         if self.device.type == "cpu" and self.module.kernels and not interpreting():
             raise RuntimeError("compile_graph: Triton kernels run on a CPU device only in its interpreter; set "
                                "TRITON_INTERPRET=1 before triton is imported")
-        self.kernels = {s.node_index: (kernel_op(self.module, s, cache_dir), s,
-                                       *launch.get(s.name, (s.num_warps, s.num_stages)))
+        self.kernels = {s.node_index: (kernel_op(self.module, s, cache_dir), s, *launch_config(launch, s)[:2])
                         for s in self.module.kernels}
-        self.launch = {s.name: (nw, ns) for _, s, nw, ns in self.kernels.values()}
+        # what a cache entry stores and a later build takes back: a third element marks a
+        # kernel rendered with prefetched loads
+        self.launch = {s.name: (nw, ns, 1) if s.name in prefetched(launch) else (nw, ns)
+                       for _, s, nw, ns in self.kernels.values()}
         if self.device.type == "cuda" and self.module.kernels and not interpreting():
             self._warm(cache_dir, binaries)
         self.pool: dict[str, torch.Tensor] = {}

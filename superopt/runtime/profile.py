@@ -16,9 +16,11 @@ from ..ir import KernelGraph, launch_fits
 from .compiled import compile_graph
 from .timing import rotated_sets, time_call
 
-# (num_warps, num_stages). Measured on an H200 (benchmarks/results/blocks_triton_h200.md): decode
-# GEMVs ran fastest on 2 warps, attention on 4-8, so both ends stay in the default sweep.
-DEFAULT_CONFIGS = ((2, 3), (2, 4), (4, 3), (4, 4), (8, 3))
+# (num_warps, num_stages[, prefetch]). Measured on an H200 (benchmarks/results/blocks_triton_h200.md):
+# decode GEMVs ran fastest on 2 warps, attention on 4-8, so both ends stay in the default sweep. A
+# third element 1 renders the kernels with the next iteration's loads issued ahead (codegen.triton
+# ``prefetch``); it is timed only for graphs with a for-loop.
+DEFAULT_CONFIGS = ((2, 3), (2, 4), (4, 3), (4, 4), (8, 3), (2, 3, 1), (4, 3, 1))
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,9 @@ def profile_candidates(ugraphs: Sequence[KernelGraph], example_inputs: Sequence[
     for i, g in enumerate(ugraphs):
         best, tried, err = None, [], None
         for config in configs:
-            if config is not None and not launch_fits(g, *config):  # Triton would refuse the launch
+            if config is not None and not applies(g, config):
+                continue
+            if config is not None and not launch_fits(g, *config[:2]):  # Triton would refuse the launch
                 err = f"skipped {tuple(config)}: shared memory estimate (ir.smem) over the sm_90 budget"
                 continue
             try:
@@ -60,6 +64,11 @@ def profile_candidates(ugraphs: Sequence[KernelGraph], example_inputs: Sequence[
         else:
             results.append(ProfileResult(i, g, best[0], best[1], tuple(tried)))
     return sorted(results, key=lambda r: r.median_us)
+
+
+def applies(g: KernelGraph, config: tuple) -> bool:
+    """Whether ``config`` changes anything for ``g``: a prefetch variant needs a kernel with a for-loop."""
+    return len(config) < 3 or not config[2] or any(n.block.forloop > 1 for n in g.customized_nodes())
 
 
 def _kernels(g: KernelGraph):

@@ -20,7 +20,7 @@ from typing import Sequence
 import torch
 
 from ..ir import KernelGraph, from_text, launch_fits, to_text
-from .profile import DEFAULT_CONFIGS, ProfileResult, profile_candidates
+from .profile import DEFAULT_CONFIGS, ProfileResult, applies, profile_candidates
 
 SWEEP_TOP = 3  # candidates whose launch configurations are swept after the first stage
 
@@ -46,7 +46,8 @@ class Selector:
         first = profile_candidates(unique, inputs, configs=(None,))
         top = [r.ugraph for r in first if r.error is None][:SWEEP_TOP]
         # configs whose shared memory cannot fit are skipped by the timing pass: do not build them
-        self._prebuild([(g, c) for g in top for c in self.configs if launch_fits(g, *c)], inputs)
+        self._prebuild([(g, c) for g in top for c in self.configs if applies(g, c) and launch_fits(g, *c[:2])],
+                       inputs)
         swept = profile_candidates(top, inputs, configs=self.configs)
         best = {to_text(r.ugraph): r for r in first}
         for r in swept:  # keep each graph's faster result: its default launch or a swept one

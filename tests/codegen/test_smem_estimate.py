@@ -18,8 +18,9 @@ from superopt.ir import (SMEM_BUDGET, GraphError, check, default_stages, from_te
 from tests.codegen.triton_cases import CASES, build
 
 UGRAPHS = Path(__file__).resolve().parent / "ugraphs"
-# (num_warps, num_stages) of runtime/profile.py's DEFAULT_CONFIGS, spelled out so this module needs no torch
-CONFIGS = ((2, 3), (2, 4), (4, 3), (4, 4), (8, 3))
+# (num_warps, num_stages[, prefetch]) of runtime/profile.py's DEFAULT_CONFIGS, spelled out so this
+# module needs no torch
+CONFIGS = ((2, 3), (2, 4), (4, 3), (4, 4), (8, 3), (2, 3, 1), (4, 3, 1))
 H200_LIMIT = 232448       # "Hardware limit" in Triton's OutOfResources on H100/H200
 QWEN_MLP_IN_REQUIRED = 262656  # "Required" for the mlp_in μGraphs at m=1 and m=8 on the H200
 OVER_BUDGET = ("qwen05b_mlp_in_m1", "qwen05b_mlp_in_m8")
@@ -62,8 +63,10 @@ def test_estimate_bounds_triton_shared_memory(key):
     g = check(_graph(key))
     tm = render_triton(g)
     blocks = {s.name: g.nodes[s.node_index].block for s in tm.kernels}
-    for nw, ns in CONFIGS:
-        built = aot(tm, num_warps=nw, num_stages=ns)
+    for config in CONFIGS:
+        nw, ns = config[:2]
+        # a prefetch variant holds its next tiles in registers: the same shared-memory estimate
+        built = aot(render_triton(g, frozenset(blocks)) if len(config) > 2 else tm, num_warps=nw, num_stages=ns)
         for name, k in built.items():
             actual, est = k.metadata.shared, triton_smem_bytes(blocks[name], nw, ns)
             # where Triton chose not to pipeline the loop's loads (no cp.async in TTGIR: gqa's 3-D
@@ -83,7 +86,7 @@ def test_qwen_mlp_in_graphs_that_failed_at_launch_are_rejected(key):
     with pytest.raises(GraphError, match=r"needs 262656 bytes of shared memory \(padded tiles, 1 stage\)"):
         check(g)
     assert default_stages(k0) is None
-    assert not any(launch_fits(g, nw, ns) for nw, ns in CONFIGS)
+    assert not any(launch_fits(g, *c[:2]) for c in CONFIGS)
 
 
 @pytest.mark.slow

@@ -34,6 +34,15 @@ def test_interpreted_kernel_matches_float64(interp_errors, case, dtype):
     assert math.isfinite(err) and err <= TOL[dtype], f"{case} {dtype}: relative error {err:.3e}"
 
 
+@pytest.mark.parametrize("dtype", INTERP_DTYPES)
+@pytest.mark.parametrize("case", [c[0] for c in CASES])
+def test_prefetched_kernel_matches_float64(interp_errors, case, dtype):
+    # loads issued one iteration ahead (a profiler launch variant): the same results
+    err = interp_errors[f"{case}/{dtype}/prefetch"]
+    assert not isinstance(err, str), err
+    assert math.isfinite(err) and err <= TOL[dtype], f"{case} {dtype} prefetch: relative error {err:.3e}"
+
+
 @pytest.mark.parametrize("case", [c[0] for c in CASES])
 def test_bound_call_gives_the_plain_calls_outputs(interp_errors, case):
     # CompiledGraph.bind (the patched sites' per-call path) with half the inputs fixed

@@ -85,3 +85,34 @@ def test_every_kernel_compiles_for_sm90(case):
     assert set(kernels) == {k.name for k in tm.kernels}
     for k in kernels.values():
         assert k.asm["cubin"] and ".target sm_90" in k.asm["ptx"]
+
+
+LOOPED = [c for c in IDS if any(n.block.forloop > 1 for n in build(c, "float32").ugraph.customized_nodes())]
+
+
+def test_prefetch_loads_the_next_tiles_before_the_work_and_leaves_loopless_kernels_alone():
+    g = build("gemv_nk_odd", "bfloat16").ugraph
+    name = render_triton(g).kernels[0].name
+    plain, ahead = render_triton(g).source, render_triton(g, frozenset({name})).source
+    body = ahead[ahead.index("for i in range(3):"):]
+    # the tiles of iteration i+1 (wrapping to 0) are loaded before iteration i's products
+    assert body.index("((i + 1) % 3) * 30") < body.index(" * (")
+    assert ahead.count("tl.load(") == 2 * plain.count("tl.load(")
+    assert "_next = tl.load(" in ahead[:ahead.index("for i in range(3):")]  # iteration 0, before the loop
+    loopless = next(c for c in IDS if c not in LOOPED)
+    g2 = build(loopless, "bfloat16").ugraph
+    names = frozenset(k.name for k in render_triton(g2).kernels)
+    assert render_triton(g2, names).source == render_triton(g2).source
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", LOOPED)
+def test_prefetched_kernels_compile_for_sm90(case):
+    from superopt.runtime.aot import aot_compile
+
+    g = build(case, "bfloat16").ugraph
+    tm = render_triton(g, frozenset(k.name for k in render_triton(g).kernels))
+    kernels = aot_compile(tm, arch=90)
+    assert set(kernels) == {k.name for k in tm.kernels}
+    for k in kernels.values():
+        assert k.asm["cubin"] and ".target sm_90" in k.asm["ptx"]

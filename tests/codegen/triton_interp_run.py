@@ -17,16 +17,24 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from superopt.interp import NumpyDomain, evaluate  # noqa: E402
+from superopt.codegen.triton import render_triton  # noqa: E402
 from superopt.runtime import compile_graph  # noqa: E402
 from tests.codegen.triton_cases import CASES, INTERP_DTYPES, build  # noqa: E402
 
 
-def run_case(case_id: str, dtype: str, seed: int = 0) -> tuple[float, bool]:
+def run_case(case_id: str, dtype: str, seed: int = 0, prefetch: bool = False) -> tuple[float, bool]:
+    """(relative error, whether the bound call matches); ``prefetch``: every kernel rendered with its
+    loads one iteration ahead (the profiler's launch variant)."""
     fx = build(case_id, dtype)
     rng = np.random.default_rng(seed)
     xs = [torch.from_numpy(rng.standard_normal(v.type.shape)).to(getattr(torch, dtype)) for v in fx.program.inputs]
     ref = evaluate(fx.program, [x.double().numpy() for x in xs], NumpyDomain())
-    cg = compile_graph(fx.ugraph, device="cpu")
+    launch = None
+    if prefetch:
+        launch = {k.name: (k.num_warps, k.num_stages, 1) for k in render_triton(fx.ugraph).kernels}
+    cg = compile_graph(fx.ugraph, device="cpu", launch=launch)
+    if prefetch and cg.launch != launch:
+        raise AssertionError(f"launch {cg.launch} does not keep the prefetch mark of {launch}")
     for buf in cg.pool.values():
         if buf.dim():
             buf.fill_(float("nan"))
@@ -54,6 +62,10 @@ def main(argv: list[str]) -> None:
                 result[f"{cid}/{dt}"], result[f"{cid}/{dt}/bound"] = run_case(cid, dt)
             except Exception as e:  # reported per case, so one failure does not hide the others
                 result[f"{cid}/{dt}"] = result[f"{cid}/{dt}/bound"] = f"{type(e).__name__}: {e}"
+            try:
+                result[f"{cid}/{dt}/prefetch"], _ = run_case(cid, dt, prefetch=True)
+            except Exception as e:
+                result[f"{cid}/{dt}/prefetch"] = f"{type(e).__name__}: {e}"
     print(json.dumps(result))
 
 
