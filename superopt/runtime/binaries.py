@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from ..codegen.triton import launch_config
+
 MANIFEST = "triton-kernels.json"
 MANIFEST_FORMAT = 1
 # Files of a Triton cache group that loading does not need (intermediate IR: large, text).
@@ -190,8 +192,6 @@ def warmup(tm, module, launch: dict[str, tuple] | None = None, target=None) -> C
     launch configuration, without launching; returns what Triton did. ``target``: a ``GPUTarget``
     to build for on a machine without that GPU (the active driver is swapped for the call and
     restored; do not launch Triton kernels in other threads meanwhile)."""
-    from ..codegen.triton import launch_config
-
     fns = [getattr(module, s.name) for s in tm.kernels]
     with contextlib.ExitStack() as stack:
         if target is not None:
