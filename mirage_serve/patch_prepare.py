@@ -106,7 +106,9 @@ class PartsRuntime:
         produced = [i for _, outs in parts for i in outs]  # site output index, in part order
         self.order = [produced.index(k) for k in range(len(produced))]
         self.norm_part = next((p for p, outs in parts if outs == (0,)), None)
-        self.consumer_parts = [(p, outs) for p, outs in parts if p is not self.norm_part]
+        self.consumer_parts = [p for p, _ in parts if p is not self.norm_part]
+        consumed = [i for p, outs in parts if p is not self.norm_part for i in outs]
+        self.consumer_order = sorted(range(len(consumed)), key=consumed.__getitem__)
         self.norm_like_input = False
 
     def eligible(self, module: torch.nn.Module, x) -> bool:
@@ -119,8 +121,8 @@ class PartsRuntime:
 
     def run_consumers(self, x: torch.Tensor) -> list[torch.Tensor]:
         """Site outputs 1.. (the consumers'), in site order, without computing the norm output."""
-        outs = sorted((i, o) for p, idx in self.consumer_parts for i, o in zip(idx, p.run(x)))
-        return [o for _, o in outs]
+        outs = [o for p in self.consumer_parts for o in p.run(x)]  # in part order
+        return [outs[j] for j in self.consumer_order]
 
     def run_norm(self, x: torch.Tensor) -> torch.Tensor:
         return self.norm_part.run(x)[0]

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch.nn.modules import module as nn_module
 
 from .patch_prepare import PartsRuntime, SiteRuntime
 from .sites import NormSite, ProjSite
@@ -89,7 +90,6 @@ def _proj_forward(module, runtime: SiteRuntime):
 
 def _hooked(modules) -> bool:
     """Whether a forward hook (global or on one of ``modules``) could see a deferred norm output."""
-    from torch.nn.modules import module as nn_module
     if nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks:
         return True
     return any(m._forward_hooks or m._forward_pre_hooks for m in modules)

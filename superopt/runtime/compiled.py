@@ -41,7 +41,8 @@ class CompiledGraph:
                  source: str | None = None, binaries: dict[str, bytes] | None = None):
         self.graph = check(ugraph)
         self.device = torch.device(device)
-        self.module = render_triton(ugraph, prefetched(launch))
+        ahead = prefetched(launch)
+        self.module = render_triton(ugraph, ahead)
         if source is not None and source != self.module.source:
             # A cache entry's source (hash-checked by the cache) is what its binaries were built
             # from; the kernel specs still come from rendering (pure, milliseconds).
@@ -58,7 +59,7 @@ class CompiledGraph:
                         for s in self.module.kernels}
         # what a cache entry stores and a later build takes back: a third element marks a
         # kernel rendered with prefetched loads
-        self.launch = {s.name: (nw, ns, 1) if s.name in prefetched(launch) else (nw, ns)
+        self.launch = {s.name: (nw, ns, 1) if s.name in ahead else (nw, ns)
                        for _, s, nw, ns in self.kernels.values()}
         if self.device.type == "cuda" and self.module.kernels and not interpreting():
             self._warm(cache_dir, binaries)
