@@ -67,7 +67,11 @@ CACHE_READ_ONLY: Knob[bool] = Knob(
     "MIRAGE_SERVE_CACHE_READ_ONLY", parse_bool, False,
     "treat the user cache as read-only: misses are compiled in memory and reported, never written")
 
-KNOBS: tuple[Knob, ...] = (CACHE_DIR, CACHE_READ_ONLY)
+PDL: Knob[bool] = Knob(
+    "MIRAGE_SERVE_PDL", parse_bool, True,
+    "launch the generated kernels with programmatic dependent launch on sm_90+ (read by patch())")
+
+KNOBS: tuple[Knob, ...] = (CACHE_DIR, CACHE_READ_ONLY, PDL)
 
 
 def describe() -> str:

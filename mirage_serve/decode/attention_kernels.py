@@ -43,8 +43,12 @@ def _attend_split(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr
                   scale, chunk,
                   HKV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr,
                   BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                  MASK_KIND: tl.constexpr):
-    """MASK_KIND: 0 none (attend to every written slot), 1 boolean (True = attend), 2 additive."""
+                  MASK_KIND: tl.constexpr, PDL: tl.constexpr):
+    """MASK_KIND: 0 none (attend to every written slot), 1 boolean (True = attend), 2 additive.
+    PDL: launched with programmatic dependent launch (superopt.runtime.grid_dependency)."""
+    if PDL:  # nothing is read or written before the kernel before this one is complete
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0)
     split = tl.program_id(1)
     row = pid // HKV
@@ -122,7 +126,10 @@ def _attend_split(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr
 def _combine(o_ptr, m_ptr, l_ptr, out_ptr, len_ptr,
              o_sb, o_sh, o_ss, ml_sb, ml_sh, out_sb,
              HQ: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr,
-             BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, ADVANCE: tl.constexpr):
+             BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, ADVANCE: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # as in _attend_split
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0)
     row = pid // HQ
     head = pid % HQ

@@ -13,9 +13,23 @@ import functools
 import torch
 import triton
 
+from superopt.runtime.build import interpreting
+from superopt.runtime.grid_dependency import supported
+
 from .attention_kernels import BLOCK_N, _attend_split, _combine
 
 _WAVES = 2  # split the cache until programs fill this many waves of the GPU's SMs
+
+
+def _pdl(device: torch.device) -> bool:
+    """Whether the kernels wait for their predecessor and launch with programmatic dependent launch."""
+    return device.type == "cuda" and not interpreting() and supported(_arch(device))
+
+
+@functools.lru_cache(maxsize=None)
+def _arch(device: torch.device) -> int:
+    major, minor = torch.cuda.get_device_capability(device)
+    return 10 * major + minor
 
 
 @functools.lru_cache(maxsize=None)
@@ -46,6 +60,8 @@ def decode_attention(q, k, v, cos, sin, keys, values, pos, mask, scale: float,
     group = hq // hkv
     dev = q.device
     splits, chunk = split_plan(b, hkv, cap, _sm_count(dev))
+    pdl = _pdl(dev)
+    options = {"launch_pdl": True} if pdl else {}
     o_part = torch.empty(b, hq, splits, d, dtype=torch.float32, device=dev)
     m_part = torch.empty(b, hq, splits, dtype=torch.float32, device=dev)
     l_part = torch.empty_like(m_part)
@@ -62,7 +78,7 @@ def decode_attention(q, k, v, cos, sin, keys, values, pos, mask, scale: float,
         o_part.stride(0), o_part.stride(1), o_part.stride(2), m_part.stride(0), m_part.stride(1),
         float(scale), chunk,
         HKV=hkv, GROUP=group, D=d, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d,
-        BLOCK_N=BLOCK_N, MASK_KIND=kind, num_warps=4)
+        BLOCK_N=BLOCK_N, MASK_KIND=kind, PDL=pdl, num_warps=4, **options)
 
     out = torch.empty(b, hq * d, dtype=q.dtype, device=dev)
     _combine[(b * hq,)](
@@ -70,5 +86,5 @@ def decode_attention(q, k, v, cos, sin, keys, values, pos, mask, scale: float,
         o_part.stride(0), o_part.stride(1), o_part.stride(2), m_part.stride(0), m_part.stride(1),
         out.stride(0),
         HQ=hq, D=d, SPLITS=splits, BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=block_d,
-        ADVANCE=advance is not None, num_warps=1)
+        ADVANCE=advance is not None, PDL=pdl, num_warps=1, **options)
     return out

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from ..codegen.triton import launch_config
+from .grid_dependency import launch_options
 
 MANIFEST = "triton-kernels.json"
 MANIFEST_FORMAT = 1
@@ -203,7 +204,7 @@ def warmup(tm, module, launch: dict[str, tuple] | None = None, target=None) -> C
         log = stack.enter_context(watch(fns))
         for fn, s in zip(fns, tm.kernels):
             nw, ns, _ = launch_config(launch, s)
-            kernel = fn.warmup(*_dtypes(tm, s), grid=s.grid, num_warps=nw, num_stages=ns)
+            kernel = fn.warmup(*_dtypes(tm, s), grid=s.grid, num_warps=nw, num_stages=ns, **launch_options(fn))
             log.hashes[s.name] = kernel.hash
             if kernel.hash not in _SEEN:   # a Triton whose listener does not report cache hits
                 _capture(kernel.hash, getattr(kernel, "metadata_group", None) or {})

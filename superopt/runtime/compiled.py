@@ -26,6 +26,7 @@ from ..ir import KernelGraph, check
 from . import binaries as _binaries
 from .build import interpreting, kernel_op, load_module
 from .fast_launch import direct_launches
+from .grid_dependency import supported, with_grid_dependency
 from .library import library_fn, run_library, view
 
 TORCH_DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16,
@@ -47,6 +48,12 @@ class CompiledGraph:
             # A cache entry's source (hash-checked by the cache) is what its binaries were built
             # from; the kernel specs still come from rendering (pure, milliseconds).
             self.module = dataclasses.replace(self.module, source=source)
+        # what runs: on sm_90+ every kernel waits for its predecessor and lets its successor be
+        # scheduled early (grid_dependency); ``module``, as rendered or cached, is what is stored
+        self.built = self.module
+        if self.device.type == "cuda" and self.module.kernels and not interpreting() \
+                and supported(_arch(self.device)):
+            self.built = dataclasses.replace(self.module, source=with_grid_dependency(self.module.source))
         launch = launch or {}
         self.compiles = 0   # kernels Triton compiled for this graph in this process (cache misses)
         self.loaded = 0     # kernels Triton loaded from its cache instead
@@ -55,8 +62,8 @@ class CompiledGraph:
         if self.device.type == "cpu" and self.module.kernels and not interpreting():
             raise RuntimeError("compile_graph: Triton kernels run on a CPU device only in its interpreter; set "
                                "TRITON_INTERPRET=1 before triton is imported")
-        self.kernels = {s.node_index: (kernel_op(self.module, s, cache_dir), s, *launch_config(launch, s)[:2])
-                        for s in self.module.kernels}
+        self.kernels = {s.node_index: (kernel_op(self.built, s, cache_dir), s, *launch_config(launch, s)[:2])
+                        for s in self.built.kernels}
         # what a cache entry stores and a later build takes back: a third element marks a
         # kernel rendered with prefetched loads
         self.launch = {s.name: (nw, ns, 1) if s.name in ahead else (nw, ns)
@@ -106,12 +113,13 @@ class CompiledGraph:
             except (_binaries.BadBinaries, OSError) as e:   # compile instead; never fail the build
                 warnings.warn(f"{self.graph.name}: stored Triton binaries not used ({e})", stacklevel=3)
         with torch.cuda.device(self.device):
-            log = _binaries.warmup(self.module, load_module(self.module, cache_dir), self.launch)
+            log = _binaries.warmup(self.built, load_module(self.built, cache_dir), self.launch)
         self.compiles, self.loaded, self._hashes = len(log.compiled), len(log.loaded), dict(log.hashes)
 
     @property
     def source(self) -> str:
-        """The generated Triton module source this graph runs."""
+        """The generated Triton module source of this graph, as rendered (what a cache stores; on
+        sm_90+ it runs with ``grid_dependency``'s wait and signal added: ``built.source``)."""
         return self.module.source
 
     def binaries(self) -> dict[str, bytes]:
@@ -240,6 +248,12 @@ class CompiledGraph:
                     step(env)
             return [env[i] for i in outputs]
         return call
+
+
+@functools.lru_cache(maxsize=None)
+def _arch(device: torch.device) -> int:
+    major, minor = torch.cuda.get_device_capability(device)
+    return 10 * major + minor
 
 
 class _Summed:

@@ -19,6 +19,8 @@ from typing import Any
 
 from torch.library import wrap_triton
 
+from .grid_dependency import launch_options
+
 try:  # torch's switch for wrap_triton (private: without it, eager launches keep torch's wrapper)
     from torch._library.triton import is_wrap_triton_enabled, set_wrap_triton_enabled
 except ImportError:  # pragma: no cover
@@ -41,11 +43,14 @@ _SLOW = object()  # a key whose launch returned no reusable CompiledKernel: alwa
 class FastLaunch:
     """``FastLaunch(kernel)[grid](*tensors, num_warps=w, num_stages=s)``, as ``kernel[grid](...)``."""
 
-    __slots__ = ("kernel", "_runners")
+    __slots__ = ("kernel", "_runners", "_options")
 
     def __init__(self, kernel):
         self.kernel = kernel
         self._runners: dict[tuple, Any] = {}
+        # programmatic dependent launch for a kernel that waits for its predecessor (grid_dependency):
+        # a compile option, so the first launch's CompiledKernel launches every later one with it
+        self._options = launch_options(kernel)
 
     def __getitem__(self, grid):
         return functools.partial(self._launch, grid)
@@ -55,7 +60,7 @@ class FastLaunch:
                tuple((a.dtype, a.data_ptr() % 16 == 0) for a in args))
         run = self._runners.get(key)
         if run is None or run is _SLOW:
-            compiled = self.kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)
+            compiled = self.kernel[grid](*args, num_warps=num_warps, num_stages=num_stages, **self._options)
             if run is None:
                 # ``CompiledKernel[grid]`` launches on the current stream (so CUDA-graph capture
                 # records it) with exactly the arguments given: no binding, no lookup.

@@ -21,13 +21,13 @@ class _Compiled:
 class _Jit:
     """Stands in for a JITFunction: ``kernel[grid](...)`` binds, compiles once per key, launches."""
 
-    def __init__(self):
-        self.log, self.compiled = [], 0
+    def __init__(self, src: str = "def kernel(x_ptr):\n    pass\n"):
+        self.log, self.compiled, self.src = [], 0, src
 
     def __getitem__(self, grid):
-        def run(*args, num_warps, num_stages):
+        def run(*args, num_warps, num_stages, **options):
             self.compiled += 1
-            self.log.append(("triton", grid, num_warps, num_stages))
+            self.log.append(("triton", grid, num_warps, num_stages, *sorted(options.items())))
             return _Compiled(self.log, self.compiled)
         return run
 
@@ -71,3 +71,17 @@ def test_launch_wrapper_is_torchs_while_wrap_triton_is_on():
         fast = launch_wrapper(kernel)
         assert isinstance(fast, FastLaunch) and fast.kernel is kernel
         assert launch_wrapper(kernel) is fast  # one per kernel
+
+
+def test_a_kernel_that_waits_for_its_predecessor_is_launched_with_pdl():
+    from superopt.runtime.grid_dependency import SIGNAL, WAIT
+
+    k = _Jit(f"def kernel(x_ptr):\n    {WAIT}\n    {SIGNAL}\n")
+    f = FastLaunch(k)
+    a = torch.randn(8)
+    f[(1,)](a, num_warps=4, num_stages=2)
+    f[(1,)](a, num_warps=4, num_stages=2)  # the compiled kernel keeps the option: launched directly
+    assert k.log == [("triton", (1,), 4, 2, ("launch_pdl", True)), ("direct", 1, (1,), 1)]
+    plain = _Jit()
+    FastLaunch(plain)[(1,)](a, num_warps=4, num_stages=2)
+    assert plain.log == [("triton", (1,), 4, 2)]

@@ -132,3 +132,19 @@ def test_selector_times_search_candidates_and_its_winner_is_correct():
     want = xs[0].double() @ xs[1].double().T
     got = compile_graph(ranked[0].ugraph, launch=ranked[0].launch)(*xs)[0].double()
     assert ((got - want).norm() / want.norm()).item() <= TOL["bfloat16"]
+
+
+def test_kernels_wait_for_their_predecessor_on_sm90():
+    """On sm_90+ every kernel is built with programmatic dependent launch's wait and signal
+    (superopt.runtime.grid_dependency); the source a cache stores stays as rendered."""
+    from superopt.runtime import compile_graph
+    from superopt.runtime.build import load_module
+    from superopt.runtime.grid_dependency import WAIT, launch_options
+
+    cg = compile_graph(build("llama_qkv", "bfloat16").ugraph, device="cuda")
+    major, minor = torch.cuda.get_device_capability()
+    if 10 * major + minor < 90:
+        pytest.skip("programmatic dependent launch needs sm_90+")
+    assert WAIT not in cg.source and cg.built.source.count(WAIT) == len(cg.built.kernels)
+    module = load_module(cg.built)
+    assert all(launch_options(getattr(module, s.name)) == {"launch_pdl": True} for s in cg.built.kernels)

@@ -38,9 +38,13 @@ def test_attention_kernels_compile_for_sm90(dtype, hkv, group, d, mask):
     types = {n: t for n in ("q_ptr", "k_ptr", "v_ptr", "cos_ptr", "sin_ptr", "kc_ptr", "vc_ptr")}
     types.update({"pos_ptr": "*i64", "mask_ptr": {0: "*i64", 1: "*i1", 2: t}[mask],
                   "o_ptr": "*fp32", "m_ptr": "*fp32", "l_ptr": "*fp32", "scale": "fp32"})
+    pdl = mask != 0  # both ways: with programmatic dependent launch (as on sm_90+) and without
     k = _compile(_attend_split, types, dict(HKV=hkv, GROUP=group, D=d, BLOCK_G=max(16, _pow2(group)),
-                                            BLOCK_D=block_d, BLOCK_N=BLOCK_N, MASK_KIND=mask), 4)
+                                            BLOCK_D=block_d, BLOCK_N=BLOCK_N, MASK_KIND=mask, PDL=pdl), 4)
     assert k.asm["cubin"] and "mma.sync" in k.asm["ptx"]  # q·Kᵀ and p·V on tensor cores
     c = _compile(_combine, {"o_ptr": "*fp32", "m_ptr": "*fp32", "l_ptr": "*fp32", "out_ptr": t, "len_ptr": "*i64"},
-                 dict(HQ=hkv * group, D=d, SPLITS=5, BLOCK_S=8, BLOCK_D=block_d, ADVANCE=True), 1)
+                 dict(HQ=hkv * group, D=d, SPLITS=5, BLOCK_S=8, BLOCK_D=block_d, ADVANCE=True, PDL=pdl), 1)
     assert c.asm["cubin"]
+    for kernel in (k, c):
+        ptx = kernel.asm["ptx"]
+        assert ("griddepcontrol.wait" in ptx) == pdl and ("griddepcontrol.launch_dependents" in ptx) == pdl
