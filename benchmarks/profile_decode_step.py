@@ -6,6 +6,9 @@ and prints, per kernel name: launches per step, µs per step, share of the step;
 step, idle gap µs per step (step wall − busy), and weight bytes ÷ busy time as % of the copy bandwidth
 measured in the same run; then, per site program, µs per call and its weights ÷ that time (achieved
 bandwidth per block; library kernels such as cuBLAS GEMVs are not attributed to a site).
+On sm_90+ the generated kernels use programmatic dependent launch: a kernel's span then starts while
+its predecessor still runs (it waits in ``griddepcontrol.wait``), so its per-kernel time includes
+that wait (the busy total counts overlaps once); set MIRAGE_SERVE_PDL=0 for per-kernel times.
 
     python benchmarks/profile_decode_step.py Llama-3.1-8B --batch 1 --steps 32 [--no-patch]
 """
