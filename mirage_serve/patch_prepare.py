@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -18,6 +19,7 @@ from superopt.lax.extract import ExtractError, Extracted, extract
 from superopt.lax.rows import RowsError, with_rows
 
 from . import backends, optimize
+from .patch_pairing import Pairing, merge_twins, twins
 from .report import PatchReport, SiteReport
 from .sites import NormSite, ProjSite, signature, site_module, site_parts, unsupported_layers
 
@@ -44,6 +46,7 @@ class BucketKernel:
     executor: backends.Executor
     feeds: tuple  # per μGraph input: a parameter tensor, or None where the activation x goes
     rows: int
+    bound: Callable | None = None  # a call on the activations replacing the executor's (patch_pairing)
 
 
 class SiteRuntime:
@@ -55,7 +58,7 @@ class SiteRuntime:
         self.max_rows = max(self.kernels)
         self.differentiable = all(k.executor.differentiable for k in self.kernels.values())
         # per number of rows m (1..max_rows): (bucket rows, call taking the [rows, D] activations)
-        calls = {b: _bound(k) for b, k in self.kernels.items()}
+        calls = {b: bound_call(k) for b, k in self.kernels.items()}
         self._by_rows = [None] + [next((b, calls[b]) for b in self.kernels if b >= m)
                                   for m in range(1, self.max_rows + 1)]
 
@@ -79,9 +82,11 @@ class SiteRuntime:
         return [o.reshape(*lead, o.shape[-1]) for o in call(x2)]
 
 
-def _bound(k: BucketKernel):
+def bound_call(k: BucketKernel):
     """``k``'s executor as a call on the activations alone (its weights bound once, where the
-    executor can: ``CompiledGraph.bind``)."""
+    executor can: ``CompiledGraph.bind``), or ``k.bound`` where given."""
+    if k.bound is not None:
+        return k.bound
     bind = getattr(k.executor.run, "bind", None)
     if bind is not None:
         return bind(k.feeds)
@@ -150,6 +155,7 @@ class Preparer:
         self._plain: dict[tuple, str] = {}  # (site name, signature) whose chosen μGraphs failed to run
         self._rng = torch.Generator().manual_seed(0)
         self._selector = None  # superopt.runtime.select.Selector, opened on the first GPU profile
+        self._pairings: dict = {}  # device -> Pairing (patch_pairing)
 
     def close(self) -> None:
         """Stop the profiler's build workers (patch() calls this when it is done, success or not)."""
@@ -205,7 +211,7 @@ class Preparer:
         return runtime
 
     def _prepare(self, wrapper, site, sig, dim: int, device, sr: SiteReport, plain: bool):
-        runtimes, kernels, launches = [], 0, 0
+        parts, kernels, launches = [], 0, 0
         seen: list[str] = []
         for name, part, outputs in site_parts(site.name, wrapper):
             sr.kernels = sr.launches = 0
@@ -214,12 +220,29 @@ class Preparer:
             per_bucket: dict[int, BucketKernel] = {}
             for m in sorted(self.buckets, reverse=True):  # search the largest bucket, re-instantiate the rest
                 per_bucket[m] = self._kernel(part, name, sig, dim, m, device, sr, plain, twin)
-            runtimes.append((SiteRuntime(dim, self.dtype, device, per_bucket), outputs))
+            parts.append((name, per_bucket, outputs))
             kernels, launches = kernels + sr.kernels, launches + sr.launches
+        t0 = time.perf_counter()
+        pairing = self._pairing(device)
+        merged = merge_twins(parts, pairing.call)
+        for name, a, b in twins(parts):
+            for m in sorted(a):
+                note = pairing.note(a[m], b[m])
+                if note:
+                    sr.profile[f"{name} paired b{m}"] = note
+        _add_time(sr, "build", time.perf_counter() - t0)
+        runtimes = [(SiteRuntime(dim, self.dtype, device, per_bucket), outputs) for per_bucket, outputs in merged]
         sr.kernels, sr.launches, sr.parts = kernels, launches, len(runtimes)
         if len(runtimes) == 1:
             return runtimes[0][0]
         return PartsRuntime(runtimes)
+
+    def _pairing(self, device) -> Pairing:
+        """One ``Pairing`` per device for the whole patch() call: its decisions, per program and
+        bucket, serve every layer."""
+        if device not in self._pairings:
+            self._pairings[device] = Pairing(device)
+        return self._pairings[device]
 
     def _kernel(self, wrapper, name: str, sig, dim: int, m: int, device, sr: SiteReport, plain: bool,
                 twin: int = 0) -> BucketKernel:

@@ -55,6 +55,8 @@ class KernelSpec:
     workspaces: tuple[int, ...]  # indices into ``outs`` summed by atomics in a float32 workspace
     num_warps: int             # defaults: block_threads / 32, and the most stages (≤ 3) whose shared
     num_stages: int            # memory estimate (ir.smem) fits sm_90; the profiler may change them
+    paired: bool = False       # two instances in one launch: every pointer twice, the second set's
+                               # programs at 1 on a grid axis the μGraph leaves at 1 (``render_triton``)
 
 
 def launch_config(launch: dict | None, spec: KernelSpec) -> tuple[int, int, bool]:
@@ -79,11 +81,20 @@ class TritonModule:
     graph: KernelGraph
 
 
-def render_triton(ugraph: KernelGraph, prefetch: frozenset[str] = frozenset()) -> TritonModule:
+class NotPairable(ValueError):
+    pass
+
+
+def render_triton(ugraph: KernelGraph, prefetch: frozenset[str] = frozenset(), paired: bool = False
+                  ) -> TritonModule:
     """Render every customized op of ``ugraph``; library ops are left to the runtime.
 
     Kernels named in ``prefetch`` load the next iteration's tiles before this iteration's work
-    (``_render_kernel``): a launch variant the profiler times like num_warps and num_stages."""
+    (``_render_kernel``): a launch variant the profiler times like num_warps and num_stages.
+    ``paired``: every kernel runs two instances of the graph in one launch (k_proj and v_proj of a
+    layer: one program, two weights), taking each pointer twice (the second set suffixed ``_b``);
+    the programs at 1 on a grid axis the μGraph does not use run the second instance. Raises
+    ``NotPairable`` when a kernel uses all three grid axes."""
     base = _ident(ugraph.name)
     parts = ["import torch", "import triton", "import triton.language as tl",
              "from torch.library import wrap_triton", ""]
@@ -92,7 +103,7 @@ def render_triton(ugraph: KernelGraph, prefetch: frozenset[str] = frozenset()) -
         if n.op != "customized":
             continue
         name = f"{base}_k{idx}"
-        spec, text = _render_kernel(name, idx, n, ugraph, name in prefetch)
+        spec, text = _render_kernel(name, idx, n, ugraph, name in prefetch, paired)
         kernels.append(spec)
         parts.append(text)
     return TritonModule(base, "\n".join(parts), kernels, ugraph)
@@ -379,8 +390,8 @@ def _float(v: float) -> str:
     return repr(v)
 
 
-def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph, prefetch: bool = False
-                   ) -> tuple[KernelSpec, str]:
+def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph, prefetch: bool = False,
+                   paired: bool = False) -> tuple[KernelSpec, str]:
     """One customized op as a @triton.jit kernel and its launcher.
 
     ``prefetch``: the loop's tiles are loaded one iteration ahead (iteration 0's before the loop,
@@ -394,6 +405,17 @@ def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph, prefetch: b
     var = block_variance(b)
     arg_shapes = [g.type_of(a).shape for a in node.args]
     atomic = [bool(reduced_axes(o, b.grid)) for o in b.outputs]
+    params = [f"a{j}_ptr" for j in range(len(node.args))] + [f"o{j}_ptr" for j in range(len(b.outputs))]
+    grid = tuple(b.grid)
+    if paired:
+        free = next((a for a in range(3) if b.grid[a] == 1), None)
+        if free is None:
+            raise NotPairable(f"{kname}: the μGraph's grid {tuple(b.grid)} leaves no axis for a second instance")
+        grid = tuple(2 if a == free else n for a, n in enumerate(b.grid))
+        k.emit(f"if tl.program_id({free}) == 1:  # the second instance: its own pointers", 1)
+        for p_ in params:
+            k.emit(f"{p_} = {p_}_b", 2)
+        params = params + [f"{p_}_b" for p_ in params]
     for a in range(3):
         if b.grid[a] > 1:
             k.emit(f"pid{a} = tl.program_id({a})", 1)
@@ -455,13 +477,12 @@ def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph, prefetch: b
             k.node(n, 1)
     for j, o in enumerate(b.outputs):
         k.store(j, o, node.outs[j].type.shape, atomic[j])
-    params = [f"a{j}_ptr" for j in range(len(node.args))] + [f"o{j}_ptr" for j in range(len(b.outputs))]
     body = "\n".join(k.lines) if k.lines else "    pass"
     text = f"@triton.jit\ndef {kname}({', '.join(params)}):\n{body}\n"
-    spec = KernelSpec(kname, f"launch_{kname}", idx, tuple(b.grid), tuple(node.args),
+    spec = KernelSpec(kname, f"launch_{kname}", idx, grid, tuple(node.args),
                       tuple(v.name for v in node.outs),
                       tuple(j for j, a in enumerate(atomic) if a and node.outs[j].type.dtype != "float32"),
-                      max(1, b.block_threads // 32), default_stages(b) or 1)
+                      max(1, b.block_threads // 32), default_stages(b) or 1, paired)
     return spec, text + "\n" + _launcher(spec, node, atomic) + "\n"
 
 
@@ -499,12 +520,14 @@ def _launcher(spec: KernelSpec, node: Node, atomic: list[bool]) -> str:
     ins = [f"a{j}" for j in range(len(spec.args))]
     outs = [f"o{j}" for j in range(len(spec.outs))]
     wss = [f"w{j}" for j in spec.workspaces]
-    sig = ", ".join(f"{p}: torch.Tensor" for p in ins + outs + wss)
-    lines = [f"def {spec.launcher}({sig}, num_warps: int, num_stages: int) -> None:"]
     targets = [f"w{j}" if j in spec.workspaces else o for j, o in enumerate(outs)]
-    for j, a in enumerate(atomic):
-        if a and j not in spec.workspaces:
-            lines.append(f"    {targets[j]}.zero_()")
-    lines.append(f"    wrap_triton({spec.name})[{spec.grid}]({', '.join(ins + targets)}, "
+    zeroed = [targets[j] for j, a in enumerate(atomic) if a and j not in spec.workspaces]
+    params, launched = ins + outs + wss, ins + targets
+    if spec.paired:  # the second instance's tensors, in the same order, suffixed _b
+        params, launched, zeroed = (xs + [f"{x}_b" for x in xs] for xs in (params, launched, zeroed))
+    sig = ", ".join(f"{p}: torch.Tensor" for p in params)
+    lines = [f"def {spec.launcher}({sig}, num_warps: int, num_stages: int) -> None:"]
+    lines += [f"    {t}.zero_()" for t in zeroed]
+    lines.append(f"    wrap_triton({spec.name})[{spec.grid}]({', '.join(launched)}, "
                  f"num_warps=num_warps, num_stages=num_stages)")
     return "\n".join(lines) + "\n"

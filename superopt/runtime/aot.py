@@ -28,6 +28,8 @@ def aot_compile(tm: TritonModule, arch: int = 90, warp_size: int = 32, num_warps
         sig = {f"a{j}_ptr": _SIG[g.type_of(a).dtype] for j, a in enumerate(spec.args)}
         for j, v in enumerate(node.outs):
             sig[f"o{j}_ptr"] = "*fp32" if j in spec.workspaces else _SIG[v.type.dtype]
+        if spec.paired:  # the second instance's pointers (render_triton(paired=True))
+            sig.update({f"{name}_b": t for name, t in list(sig.items())})
         # pointers 16-byte aligned, as the JIT specialises torch's allocations: without it Triton
         # assumes 2-byte alignment and neither vectorises nor pipelines the loads
         attrs = {(i,): [["tt.divisibility", 16]] for i in range(len(sig))}

@@ -169,7 +169,7 @@ def _dtypes(tm, spec) -> list:
     node = g.nodes[spec.node_index]
     dts = [g.type_of(a).dtype for a in spec.args]
     dts += ["float32" if j in spec.workspaces else v.type.dtype for j, v in enumerate(node.outs)]
-    return [getattr(torch, d) for d in dts]
+    return [getattr(torch, d) for d in dts] * (2 if spec.paired else 1)
 
 
 class _TargetDriver:

@@ -48,3 +48,17 @@ def test_bound_call_gives_the_plain_calls_outputs(interp_errors, case):
     # CompiledGraph.bind (the patched sites' per-call path) with half the inputs fixed
     for dtype in INTERP_DTYPES:
         assert interp_errors[f"{case}/{dtype}/bound"] is True, interp_errors[f"{case}/{dtype}/bound"]
+
+
+@pytest.mark.parametrize("dtype", INTERP_DTYPES)
+@pytest.mark.parametrize("case", [c[0] for c in CASES])
+def test_paired_launch_matches_float64_for_both_instances(interp_errors, case, dtype):
+    # two instances (shared first input, their own other inputs) in one launch (PairedGraph)
+    err = interp_errors[f"{case}/{dtype}/paired"]
+    assert not isinstance(err, str), err
+    assert math.isfinite(err) and err <= TOL[dtype], f"{case} {dtype} paired: relative error {err:.3e}"
+
+
+def test_site_pairing_takes_the_paired_launch_and_matches_the_separate_calls(interp_errors):
+    # mirage_serve.patch_pairing.Pairing on two builds of a found k/v program, weights bound per instance
+    assert interp_errors["site_pairing"] is True, interp_errors["site_pairing"]

@@ -116,3 +116,32 @@ def test_prefetched_kernels_compile_for_sm90(case):
     assert set(kernels) == {k.name for k in tm.kernels}
     for k in kernels.values():
         assert k.asm["cubin"] and ".target sm_90" in k.asm["ptx"]
+
+
+def test_paired_rendering_takes_every_pointer_twice_and_runs_the_second_set_on_a_free_grid_axis():
+    g = build("found_kv_split_k", "bfloat16").ugraph  # two kernels, one summed across blocks
+    plain, paired = render_triton(g), render_triton(g, paired=True)
+    for p, q in zip(plain.kernels, paired.kernels):
+        free = next(a for a in range(3) if p.grid[a] == 1)
+        assert q.paired and q.grid == tuple(2 if a == free else n for a, n in enumerate(p.grid))
+        body = paired.source[paired.source.index(f"def {q.name}("):]
+        assert f"if tl.program_id({free}) == 1:" in body.splitlines()[1]
+        assert "a0_ptr = a0_ptr_b" in body and "o0_ptr = o0_ptr_b" in body
+    launcher = paired.source[paired.source.index("def launch_"):]
+    assert launcher.splitlines()[0].count("_b: torch.Tensor") == launcher.splitlines()[0].count(": torch.Tensor") // 2
+    assert render_triton(g).source == plain.source  # the plain rendering is unchanged
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", IDS)
+def test_paired_kernels_compile_for_sm90_with_the_same_vector_loads(case):
+    from superopt.runtime.aot import aot_compile
+
+    g = build(case, "bfloat16").ugraph
+    plain, paired = aot_compile(render_triton(g), arch=90), aot_compile(render_triton(g, paired=True), arch=90)
+    for name, k in paired.items():
+        ptx, ref = k.asm["ptx"], plain[name].asm["ptx"]
+        assert k.asm["cubin"] and ".target sm_90" in ptx
+        # the pointers chosen at run time keep their 16-byte alignment: loads as wide as the plain kernel's
+        for width in ("ld.global.v4", "ld.global.v2"):
+            assert ptx.count(width) == ref.count(width), (name, width)

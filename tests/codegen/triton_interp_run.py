@@ -53,6 +53,67 @@ def _bound_matches(cg, xs, outs) -> bool:
     return all(torch.equal(g, o) for g, o in zip(got, outs)) and len(got) == len(outs)
 
 
+def run_paired(case_id: str, dtype: str, seed: int = 0) -> float | str:
+    """Two instances of the case's graph in one paired launch (``PairedGraph``): the first input
+    shared and given per call, every other input drawn for each instance; the larger relative
+    error of the two instances against their float64 evaluations, "not pairable" where a kernel
+    uses all three grid axes."""
+    from superopt.codegen.triton import NotPairable
+    from superopt.runtime.paired import PairedGraph
+
+    fx = build(case_id, dtype)
+    rng = np.random.default_rng(seed)
+
+    def draw():
+        return [torch.from_numpy(rng.standard_normal(v.type.shape)).to(getattr(torch, dtype))
+                for v in fx.program.inputs]
+    xa, xb = draw(), draw()
+    xb[0] = xa[0]
+    a, b = compile_graph(fx.ugraph, device="cpu"), compile_graph(fx.ugraph, device="cpu")
+    try:
+        paired = PairedGraph(a, b)
+    except NotPairable:
+        return "not pairable"
+    for cg in (a, b):
+        for buf in cg.pool.values():
+            if buf.dim():
+                buf.fill_(float("nan"))
+    outs = paired.bind([None, *xa[1:]], [None, *xb[1:]])(xa[0])
+    n = len(fx.ugraph.outputs)
+    errs = []
+    for xs, got in ((xa, outs[:n]), (xb, outs[n:])):
+        ref = evaluate(fx.program, [x.double().numpy() for x in xs], NumpyDomain())
+        errs += [float(np.linalg.norm(o.double().numpy() - r) / np.linalg.norm(r)) for o, r in zip(got, ref)]
+    return max(errs) if all(np.isfinite(errs)) else float("nan")
+
+
+def run_site_pairing(dtype: str = "float32") -> bool:
+    """mirage_serve's Pairing on the found k/v program (activations given per call, weights fixed):
+    under the interpreter it takes the paired launch, whose outputs equal the two separate calls'."""
+    from mirage_serve.backends import Executor
+    from mirage_serve.patch_pairing import Pairing
+    from mirage_serve.patch_prepare import BucketKernel, bound_call
+
+    fx = build("found_kv_split_k", dtype)
+    act = next(i for i, v in enumerate(fx.program.inputs) if len(v.type.shape) == 2 and v.type.shape[0] == 1)
+    rng = np.random.default_rng(3)
+
+    def kernel():
+        feeds = tuple(None if i == act else
+                      torch.from_numpy(rng.standard_normal(v.type.shape)).to(getattr(torch, dtype))
+                      for i, v in enumerate(fx.program.inputs))
+        cg = compile_graph(fx.ugraph, device="cpu")
+        return BucketKernel(Executor(cg, "triton", False, 0, 0.0), feeds, 1)
+    a, b = kernel(), kernel()
+    pairing = Pairing(torch.device("cpu"))
+    call = pairing.call(a, b, 1)
+    x = torch.from_numpy(rng.standard_normal(fx.program.inputs[act].type.shape)).to(getattr(torch, dtype))
+    want = [o.clone() for o in bound_call(a)(x)] + [o.clone() for o in bound_call(b)(x)]
+    got = call(x) if call is not None else []
+    return ("interpreter" in (pairing.note(a, b) or "") and len(got) == len(want)
+            and all(torch.equal(g, w) for g, w in zip(got, want)))
+
+
 def main(argv: list[str]) -> None:
     ids = argv or [c[0] for c in CASES]
     result = {}
@@ -66,6 +127,15 @@ def main(argv: list[str]) -> None:
                 result[f"{cid}/{dt}/prefetch"], _ = run_case(cid, dt, prefetch=True)
             except Exception as e:
                 result[f"{cid}/{dt}/prefetch"] = f"{type(e).__name__}: {e}"
+            try:
+                result[f"{cid}/{dt}/paired"] = run_paired(cid, dt)
+            except Exception as e:
+                result[f"{cid}/{dt}/paired"] = f"{type(e).__name__}: {e}"
+    if not argv:
+        try:
+            result["site_pairing"] = run_site_pairing()
+        except Exception as e:
+            result["site_pairing"] = f"{type(e).__name__}: {e}"
     print(json.dumps(result))
 
 

@@ -92,6 +92,10 @@ def test_tiny_llama_triton_generate(searched):
     report = mirage_serve.patch(model, search_budget=_budget() if searched else 0, batch_sizes=(1, 4))
     print(report)
     assert report.backend == "triton" and not report.unpatched, str(report)
+    # k_proj and v_proj (one program) were timed as one paired launch against two, at each bucket
+    notes = [v for s in report.sites if s.site == "attn_in" and s.layer == 0
+             for k, v in s.profile.items() if " paired b" in k]
+    assert len(notes) == 2 and all("paired" in n and "µs" in n for n in notes), notes
     got = model.generate(ids, max_new_tokens=STEPS, min_new_tokens=STEPS, do_sample=False, pad_token_id=0)
     mirage_serve.unpatch(model)
     _assert_same_tokens_ties_aside(model, got, want)
