@@ -13,23 +13,11 @@ import functools
 import torch
 import triton
 
-from superopt.runtime.build import interpreting
-from superopt.runtime.grid_dependency import supported
+from superopt.runtime.grid_dependency import applies
 
 from .attention_kernels import BLOCK_N, _attend_split, _combine
 
 _WAVES = 2  # split the cache until programs fill this many waves of the GPU's SMs
-
-
-def _pdl(device: torch.device) -> bool:
-    """Whether the kernels wait for their predecessor and launch with programmatic dependent launch."""
-    return device.type == "cuda" and not interpreting() and supported(_arch(device))
-
-
-@functools.lru_cache(maxsize=None)
-def _arch(device: torch.device) -> int:
-    major, minor = torch.cuda.get_device_capability(device)
-    return 10 * major + minor
 
 
 @functools.lru_cache(maxsize=None)
@@ -60,7 +48,7 @@ def decode_attention(q, k, v, cos, sin, keys, values, pos, mask, scale: float,
     group = hq // hkv
     dev = q.device
     splits, chunk = split_plan(b, hkv, cap, _sm_count(dev))
-    pdl = _pdl(dev)
+    pdl = applies(dev)  # the kernels wait for their predecessor (superopt.runtime.grid_dependency)
     options = {"launch_pdl": True} if pdl else {}
     o_part = torch.empty(b, hq, splits, d, dtype=torch.float32, device=dev)
     m_part = torch.empty(b, hq, splits, dtype=torch.float32, device=dev)

@@ -26,7 +26,7 @@ from ..ir import KernelGraph, check
 from . import binaries as _binaries
 from .build import interpreting, kernel_op, load_module
 from .fast_launch import direct_launches
-from .grid_dependency import supported, with_grid_dependency
+from .grid_dependency import applies, with_grid_dependency
 from .library import library_fn, run_library, view
 
 TORCH_DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16,
@@ -51,8 +51,7 @@ class CompiledGraph:
         # what runs: on sm_90+ every kernel waits for its predecessor and lets its successor be
         # scheduled early (grid_dependency); ``module``, as rendered or cached, is what is stored
         self.built = self.module
-        if self.device.type == "cuda" and self.module.kernels and not interpreting() \
-                and supported(_arch(self.device)):
+        if self.module.kernels and applies(self.device):
             self.built = dataclasses.replace(self.module, source=with_grid_dependency(self.module.source))
         launch = launch or {}
         self.compiles = 0   # kernels Triton compiled for this graph in this process (cache misses)
@@ -248,12 +247,6 @@ class CompiledGraph:
                     step(env)
             return [env[i] for i in outputs]
         return call
-
-
-@functools.lru_cache(maxsize=None)
-def _arch(device: torch.device) -> int:
-    major, minor = torch.cuda.get_device_capability(device)
-    return 10 * major + minor
 
 
 class _Summed:

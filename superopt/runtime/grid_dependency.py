@@ -20,6 +20,7 @@ a kernel that carries the wait: ``{"launch_pdl": True}``.
 """
 from __future__ import annotations
 
+import functools
 import re
 
 WAIT = "tl.extra.cuda.gdc_wait()"
@@ -46,6 +47,22 @@ def supported(arch: int) -> bool:
     """Whether kernels for a GPU of compute capability ``arch`` (90 for sm_90) use programmatic
     dependent launch: the GPU has it and it is not switched off (``set_enabled``)."""
     return _enabled and arch >= MIN_ARCH
+
+
+def applies(device) -> bool:
+    """Whether kernels built for the torch ``device`` use PDL: a CUDA GPU of sm_90+, kernels compiled
+    (not run by Triton's interpreter), PDL not switched off."""
+    from .build import interpreting
+
+    return device.type == "cuda" and not interpreting() and supported(_arch(device))
+
+
+@functools.lru_cache(maxsize=None)
+def _arch(device) -> int:
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(device)
+    return 10 * major + minor
 
 
 def launch_options(fn) -> dict:

@@ -50,7 +50,12 @@ def test_every_kernel_waits_then_signals_first_and_launchers_are_untouched(case)
 def test_pdl_only_from_sm90_and_only_while_enabled():
     from superopt.runtime.grid_dependency import set_enabled
 
+    import torch
+
+    from superopt.runtime.grid_dependency import applies
+
     assert supported(90) and supported(100) and not supported(89) and not supported(80)
+    assert not applies(torch.device("cpu"))  # CPU tensors: Triton's interpreter or no Triton at all
     set_enabled(False)  # MIRAGE_SERVE_PDL=0, applied by patch()
     try:
         assert not supported(90)
