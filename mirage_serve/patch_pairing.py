@@ -65,6 +65,7 @@ class Pairing:
     def __init__(self, device: torch.device):
         self.device = device
         self._memo: dict[tuple[int, int], tuple[object, str]] = {}  # executors -> (PairedGraph or None, note)
+        self.compiles = 0  # paired kernels Triton compiled (for the report's count)
 
     def call(self, a, b, m: int) -> Callable | None:
         from superopt.runtime.compiled import CompiledGraph
@@ -89,6 +90,7 @@ class Pairing:
 
         try:
             paired = PairedGraph(a.executor.run, b.executor.run)
+            self.compiles += paired.compiles
             if interpreting():
                 return paired, "one paired launch (interpreter: not timed)"
             if self.device.type != "cuda":

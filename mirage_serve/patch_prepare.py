@@ -224,7 +224,9 @@ class Preparer:
             kernels, launches = kernels + sr.kernels, launches + sr.launches
         t0 = time.perf_counter()
         pairing = self._pairing(device)
+        compiled_before = pairing.compiles
         merged = merge_twins(parts, pairing.call)
+        self.report.compiles += pairing.compiles - compiled_before
         for name, a, b in twins(parts):
             for m in sorted(a):
                 note = pairing.note(a[m], b[m])

@@ -20,12 +20,10 @@ from ..codegen.triton import prefetched, render_triton
 from ..ir import digest
 from . import binaries as _binaries
 from .build import interpreting, load_module
-from .compiled import CompiledGraph
+from .compiled import _VIEWS, CompiledGraph
 from .fast_launch import direct_launches
 from .grid_dependency import with_grid_dependency
 from .library import run_library, view
-
-_VIEWS = ("reshape", "transpose", "slice")
 
 
 class PairedGraph:
