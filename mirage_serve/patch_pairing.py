@@ -95,9 +95,10 @@ class Pairing:
                 return paired, "one paired launch (interpreter: not timed)"
             if self.device.type != "cuda":
                 return None, "two launches (no GPU to time the paired launch on)"
-            if not _agrees(paired, a, b):
-                return None, "two launches (the paired launch disagreed with them)"
-            one, two = _time(paired, a, b, self.device)
+            with torch.cuda.device(self.device):  # the model's GPU, whichever is current
+                if not _agrees(paired, a, b):
+                    return None, "two launches (the paired launch disagreed with them)"
+                one, two = _time(paired, a, b, self.device)
         except NotPairable as e:
             return None, f"two launches ({e})"
         except Exception as e:  # a paired build that fails costs the pairing, never the site
