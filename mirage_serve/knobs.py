@@ -71,7 +71,12 @@ PDL: Knob[bool] = Knob(
     "MIRAGE_SERVE_PDL", parse_bool, True,
     "launch the generated kernels with programmatic dependent launch on sm_90+ (read by patch())")
 
-KNOBS: tuple[Knob, ...] = (CACHE_DIR, CACHE_READ_ONLY, PDL)
+PAIRED_LAUNCH: Knob[bool] = Knob(
+    "MIRAGE_SERVE_PAIRED_LAUNCH", parse_bool, False,
+    "experimental: run k_proj and v_proj as one launch where patch() times it faster (not yet measured on a GPU; "
+    "its kernels are compiled at every patch, not cached)")
+
+KNOBS: tuple[Knob, ...] = (CACHE_DIR, CACHE_READ_ONLY, PDL, PAIRED_LAUNCH)
 
 
 def describe() -> str:

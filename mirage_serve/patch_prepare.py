@@ -18,7 +18,7 @@ from superopt.ir import digest
 from superopt.lax.extract import ExtractError, Extracted, extract
 from superopt.lax.rows import RowsError, with_rows
 
-from . import backends, optimize
+from . import backends, knobs, optimize
 from .patch_pairing import Pairing, merge_twins, twins
 from .report import PatchReport, SiteReport
 from .sites import NormSite, ProjSite, signature, site_module, site_parts, unsupported_layers
@@ -156,6 +156,7 @@ class Preparer:
         self._rng = torch.Generator().manual_seed(0)
         self._selector = None  # superopt.runtime.select.Selector, opened on the first GPU profile
         self._pairings: dict = {}  # device -> Pairing (patch_pairing)
+        self.paired_launch = knobs.PAIRED_LAUNCH.get()  # experimental (knobs.PAIRED_LAUNCH)
 
     def close(self) -> None:
         """Stop the profiler's build workers (patch() calls this when it is done, success or not)."""
@@ -222,8 +223,18 @@ class Preparer:
                 per_bucket[m] = self._kernel(part, name, sig, dim, m, device, sr, plain, twin)
             parts.append((name, per_bucket, outputs))
             kernels, launches = kernels + sr.kernels, launches + sr.launches
+        merged = self._merge_twins(parts, device, sr) if self.paired_launch else [p[1:] for p in parts]
+        runtimes = [(SiteRuntime(dim, self.dtype, device, per_bucket), outputs) for per_bucket, outputs in merged]
+        sr.kernels, sr.launches, sr.parts = kernels, launches, len(runtimes)
+        if len(runtimes) == 1:
+            return runtimes[0][0]
+        return PartsRuntime(runtimes)
+
+    def _merge_twins(self, parts: list, device, sr: SiteReport) -> list:
+        """``patch_pairing.merge_twins`` with one ``Pairing`` per device for the whole patch() call
+        (its decisions, per program and bucket, serve every layer), noted in the site's report."""
         t0 = time.perf_counter()
-        pairing = self._pairing(device)
+        pairing = self._pairings.setdefault(device, Pairing(device))
         compiled_before = pairing.compiles
         merged = merge_twins(parts, pairing.call)
         self.report.compiles += pairing.compiles - compiled_before
@@ -233,18 +244,7 @@ class Preparer:
                 if note:
                     sr.profile[f"{name} paired b{m}"] = note
         _add_time(sr, "build", time.perf_counter() - t0)
-        runtimes = [(SiteRuntime(dim, self.dtype, device, per_bucket), outputs) for per_bucket, outputs in merged]
-        sr.kernels, sr.launches, sr.parts = kernels, launches, len(runtimes)
-        if len(runtimes) == 1:
-            return runtimes[0][0]
-        return PartsRuntime(runtimes)
-
-    def _pairing(self, device) -> Pairing:
-        """One ``Pairing`` per device for the whole patch() call: its decisions, per program and
-        bucket, serve every layer."""
-        if device not in self._pairings:
-            self._pairings[device] = Pairing(device)
-        return self._pairings[device]
+        return merged
 
     def _kernel(self, wrapper, name: str, sig, dim: int, m: int, device, sr: SiteReport, plain: bool,
                 twin: int = 0) -> BucketKernel:

@@ -81,7 +81,8 @@ def _parity_and_time(model, name: str, batch: int, backend: str = "triton") -> N
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("searched", [False, True])
-def test_tiny_llama_triton_generate(searched):
+def test_tiny_llama_triton_generate(searched, monkeypatch):
+    monkeypatch.setenv("MIRAGE_SERVE_PAIRED_LAUNCH", "1")  # experimental: exercised here on the GPU
     from transformers import LlamaConfig
 
     cfg = LlamaConfig(vocab_size=1001, hidden_size=256, intermediate_size=688, num_hidden_layers=2,
