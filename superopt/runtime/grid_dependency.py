@@ -54,7 +54,15 @@ def applies(device) -> bool:
     (not run by Triton's interpreter), PDL not switched off."""
     from .build import interpreting
 
-    return device.type == "cuda" and not interpreting() and supported(_arch(device))
+    return device.type == "cuda" and not interpreting() and _triton_has_it() and supported(_arch(device))
+
+
+@functools.lru_cache(maxsize=None)
+def _triton_has_it() -> bool:
+    """Triton ≥ 3.4 has the two instructions and the ``launch_pdl`` option; an older one builds without."""
+    import triton.language as tl
+
+    return hasattr(tl.extra.cuda, "gdc_wait") and hasattr(tl.extra.cuda, "gdc_launch_dependents")
 
 
 @functools.lru_cache(maxsize=None)
