@@ -17,6 +17,8 @@ from typing import Callable
 
 import torch
 
+from .site_kernel import bound_call
+
 PAIR_MARGIN = 0.98  # paired only when at least 2% faster: timing noise must not flip the choice
 _MAX_COPIES = 16
 
@@ -52,8 +54,6 @@ def merge_twins(parts: list[tuple[str, dict, tuple[int, ...]]], pair_call: Calla
 
 
 def _one_by_one(a, b) -> Callable:
-    from .patch_prepare import bound_call
-
     call_a, call_b = bound_call(a), bound_call(b)
     return lambda x2: call_a(x2) + call_b(x2)
 
@@ -120,8 +120,6 @@ def _activations(k) -> torch.Tensor:
 def _agrees(paired, a, b) -> bool:
     """The paired launch gives both instances' results (within float32 summation-order noise: split-K
     kernels add across blocks in any order) on random activations."""
-    from .patch_prepare import bound_call
-
     x = _activations(a)
     with torch.no_grad():
         want = [o.float().clone() for o in bound_call(a)(x) + bound_call(b)(x)]
@@ -132,8 +130,6 @@ def _agrees(paired, a, b) -> bool:
 def _time(paired, a, b, device: torch.device) -> tuple[float, float]:
     """(µs paired, µs two launches) on copies of the pair's weights that together exceed twice L2."""
     from superopt.runtime.paired import time_paired
-
-    from .patch_prepare import bound_call
 
     weights = sum(t.numel() * t.element_size() for k in (a, b) for t in k.feeds if t is not None)
     l2 = torch.cuda.get_device_properties(device).L2_cache_size

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -21,6 +19,7 @@ from superopt.lax.rows import RowsError, with_rows
 from . import backends, knobs, optimize
 from .patch_pairing import Pairing, merge_twins, twins
 from .report import PatchReport, SiteReport
+from .site_kernel import BucketKernel, bound_call
 from .sites import NormSite, ProjSite, signature, site_module, site_parts, unsupported_layers
 
 # CONVENTIONS.md tolerance table: relative Frobenius error against a float64 reference.
@@ -37,16 +36,6 @@ _TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 
 class SiteError(Exception):
     pass
-
-
-@dataclass(frozen=True)
-class BucketKernel:
-    """The kernel of one site at one bucket of M rows: its executor and its inputs in order."""
-
-    executor: backends.Executor
-    feeds: tuple  # per μGraph input: a parameter tensor, or None where the activation x goes
-    rows: int
-    bound: Callable | None = None  # a call on the activations replacing the executor's (patch_pairing)
 
 
 class SiteRuntime:
@@ -80,18 +69,6 @@ class SiteRuntime:
             x2 = torch.cat([x2, x2.new_zeros(rows - m, self.dim)])
             return [o[:m].reshape(*lead, o.shape[-1]) for o in call(x2)]
         return [o.reshape(*lead, o.shape[-1]) for o in call(x2)]
-
-
-def bound_call(k: BucketKernel):
-    """``k``'s executor as a call on the activations alone (its weights bound once, where the
-    executor can: ``CompiledGraph.bind``), or ``k.bound`` where given."""
-    if k.bound is not None:
-        return k.bound
-    bind = getattr(k.executor.run, "bind", None)
-    if bind is not None:
-        return bind(k.feeds)
-    feeds, run = k.feeds, k.executor.run
-    return lambda x2: run(*[x2 if f is None else f for f in feeds])
 
 
 class PartsRuntime:
@@ -234,7 +211,9 @@ class Preparer:
         """``patch_pairing.merge_twins`` with one ``Pairing`` per device for the whole patch() call
         (its decisions, per program and bucket, serve every layer), noted in the site's report."""
         t0 = time.perf_counter()
-        pairing = self._pairings.setdefault(device, Pairing(device))
+        if device not in self._pairings:
+            self._pairings[device] = Pairing(device)
+        pairing = self._pairings[device]
         compiled_before = pairing.compiles
         merged = merge_twins(parts, pairing.call)
         self.report.compiles += pairing.compiles - compiled_before
