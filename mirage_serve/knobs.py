@@ -67,22 +67,9 @@ CACHE_READ_ONLY: Knob[bool] = Knob(
     "MIRAGE_SERVE_CACHE_READ_ONLY", parse_bool, False,
     "treat the user cache as read-only: misses are compiled in memory and reported, never written")
 
-def parse_pdl(s: str) -> str:
-    """A programmatic-dependent-launch mode (superopt.runtime.grid_dependency.MODES): "early" or
-    "late", or a boolean (on: "early", off: "off")."""
-    v = s.strip().lower()
-    if v in ("early", "late"):
-        return v
-    try:
-        return "early" if parse_bool(v) else "off"
-    except ValueError:
-        raise ValueError(f"expected early, late or one of {sorted(_TRUE | _FALSE)}, got {s!r}") from None
-
-
-PDL: Knob[str] = Knob(
-    "MIRAGE_SERVE_PDL", parse_pdl, "early",
-    "programmatic dependent launch of the generated kernels on sm_90+: early (on), late (signal after the "
-    "main loop, first tiles prefetched to L2) or 0 (off); read by patch()")
+PDL: Knob[bool] = Knob(
+    "MIRAGE_SERVE_PDL", parse_bool, True,
+    "launch the generated kernels with programmatic dependent launch on sm_90+ (read by patch())")
 
 PAIRED_LAUNCH: Knob[bool] = Knob(
     "MIRAGE_SERVE_PAIRED_LAUNCH", parse_bool, False,

@@ -126,7 +126,7 @@ def patch(model: torch.nn.Module, *, backend: str = "auto", cache_dir=None, sear
     t0 = time.perf_counter()
     device, dtype = _check_model(model)
     backend = backends.resolve(backend, device)
-    grid_dependency.set_mode(knobs.PDL.get())  # the kernels built below, the attention launches after
+    grid_dependency.set_enabled(knobs.PDL.get())  # the kernels built below, the attention launches after
     if cuda_graphs is None:
         cuda_graphs = device.type == "cuda"
     elif cuda_graphs and device.type != "cuda":

@@ -150,14 +150,12 @@ def test_kernels_wait_for_their_predecessor_on_sm90():
     assert all(launch_options(getattr(module, s.name)) == {"launch_pdl": True} for s in cg.built.kernels)
 
 
-@pytest.mark.parametrize("mode", ["early", "late"])
-def test_a_dependent_chain_replays_bitwise_as_without_pdl(mode):
+def test_a_dependent_chain_replays_bitwise_as_without_pdl():
     """Twelve launches where each reads the one before it's output and overwrites what the one
     before that read, captured in a CUDA graph with programmatic dependent launch: a kernel that
-    started work before its predecessor completed would read a stale or half-written input
-    ("late": after L2 prefetches of what it will read)."""
+    started work before its predecessor completed would read a stale or half-written input."""
     from superopt.runtime import compile_graph
-    from superopt.runtime.grid_dependency import set_mode
+    from superopt.runtime.grid_dependency import set_enabled
 
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("programmatic dependent launch needs sm_90+")
@@ -168,13 +166,12 @@ def test_a_dependent_chain_replays_bitwise_as_without_pdl(mode):
             x = graphs[i % 2](x, *kv)[0]
         return x
 
-    set_mode("off")
+    set_enabled(False)
     try:
         plain = [compile_graph(fx.ugraph, device="cuda") for _ in range(2)]
-        set_mode(mode)
-        pdl = [compile_graph(fx.ugraph, device="cuda") for _ in range(2)]
     finally:
-        set_mode("early")
+        set_enabled(True)
+    pdl = [compile_graph(fx.ugraph, device="cuda") for _ in range(2)]
     x, *kv = _inputs(fx, "bfloat16", 6)
     chain(pdl, x, kv)  # compiles outside capture
     torch.cuda.synchronize()
