@@ -6,12 +6,15 @@ one paired launch (``superopt.runtime.paired``: each kernel once, the second ins
 the μGraph leaves free) or the two launches as before. Which one is decided per program and bucket
 by ``Pairing.call``: on a GPU by timing both in CUDA graphs, as a decode step runs them, on weights
 copied beyond L2; under Triton's interpreter (CPU tests) the paired launch is taken untimed, so the
-path is exercised; other backends keep the two launches. The site's self-check then runs whatever
-was chosen against the float64 modules, as for any part.
+path is exercised; other backends keep the two launches. The decision and the paired kernels are
+stored in the kernel cache (``Pairing``), so a warm patch() neither times nor compiles them. The
+site's self-check then runs whatever was chosen against the float64 modules, as for any part.
 """
 from __future__ import annotations
 
+import json
 import math
+import warnings
 from dataclasses import replace
 from typing import Callable
 
@@ -60,10 +63,12 @@ def _one_by_one(a, b) -> Callable:
 
 class Pairing:
     """``call(a, b, m)`` for ``merge_twins``: builds, times and remembers one ``PairedGraph`` per pair
-    of executors (shared by every layer); ``note(a, b)`` says what was measured and chosen."""
+    of executors (shared by every layer); ``note(a, b)`` says what was measured and chosen. With a
+    kernel cache the decision, its times and the paired kernels' binaries are stored (``paired_key``),
+    so a later patch() on that GPU and toolchain times nothing and compiles nothing."""
 
-    def __init__(self, device: torch.device):
-        self.device = device
+    def __init__(self, device: torch.device, cache=None, dtype: str = ""):
+        self.device, self.cache, self.dtype = device, cache, dtype
         self._memo: dict[tuple[int, int], tuple[object, str]] = {}  # executors -> (PairedGraph or None, note)
         self.compiles = 0  # paired kernels Triton compiled (for the report's count)
 
@@ -75,7 +80,7 @@ class Pairing:
             return None  # the torch and CUDA backends: two launches
         key = (id(ga), id(gb))
         if key not in self._memo:
-            self._memo[key] = self._decide(a, b)
+            self._memo[key] = self._decide(a, b, m)
         paired = self._memo[key][0]
         return paired.bind(a.feeds, b.feeds) if paired is not None else None
 
@@ -83,13 +88,18 @@ class Pairing:
         got = self._memo.get((id(a.executor.run), id(b.executor.run)))
         return got[1] if got else None
 
-    def _decide(self, a, b) -> tuple[object, str]:
+    def _decide(self, a, b, m: int) -> tuple[object, str]:
         from superopt.codegen.triton import NotPairable
         from superopt.runtime.build import interpreting
         from superopt.runtime.paired import PairedGraph
 
+        key = self._key(a.executor.run, m)
+        stored = self.cache.get(key, count=False) if key is not None else None  # not a program's hit
+        known = stored.meta.get("paired") if stored is not None else None
+        if known is False:
+            return None, f"two launches (cached: {_times(stored.meta)})"
         try:
-            paired = PairedGraph(a.executor.run, b.executor.run)
+            paired = PairedGraph(a.executor.run, b.executor.run, stored.binaries if known else None)
             self.compiles += paired.compiles
             if interpreting():
                 return paired, "one paired launch (interpreter: not timed)"
@@ -98,14 +108,51 @@ class Pairing:
             with torch.cuda.device(self.device):  # the model's GPU, whichever is current
                 if not _agrees(paired, a, b):
                     return None, "two launches (the paired launch disagreed with them)"
+                if known:
+                    return paired, f"one paired launch (cached: {_times(stored.meta)})"
                 one, two = _time(paired, a, b, self.device)
         except NotPairable as e:
             return None, f"two launches ({e})"
         except Exception as e:  # a paired build that fails costs the pairing, never the site
             return None, f"two launches (paired launch failed: {type(e).__name__}: {e})"
         chosen = one < PAIR_MARGIN * two
-        return (paired if chosen else None), (f"{'one paired launch' if chosen else 'two launches'}: "
-                                              f"paired {one:.1f} µs, two launches {two:.1f} µs")
+        meta = {"paired": chosen, "paired_us": round(one, 2), "two_us": round(two, 2),
+                "device": torch.cuda.get_device_name(self.device)}
+        self._store(key, a.executor.run, paired if chosen else None, meta)
+        return (paired if chosen else None), f"{'one paired launch' if chosen else 'two launches'}: {_times(meta)}"
+
+    def _key(self, run, m: int):
+        """The cache key of pairing two instances of ``run`` (its μGraph and launch configuration,
+        so a re-searched program is another key) at ``m`` rows on this GPU; None without a cache."""
+        if self.cache is None or self.device.type != "cuda":
+            return None
+        from superopt.ir import digest
+
+        from . import backends
+        from .cache import CacheKey, versions_now
+
+        ident = f"paired:{digest(run.graph, 32)}:{json.dumps(run.launch, sort_keys=True)}"
+        return CacheKey(ident, f"b{m}", self.dtype or "any", backends.arch_of(self.device).replace("_", ""),
+                        "triton", versions_now(), f"{run.graph.name}-paired")
+
+    def _store(self, key, run, paired, meta: dict) -> None:
+        if key is None:
+            return
+        from superopt.ir.text import to_text
+
+        from .cache import CacheEntry, CacheWarning
+
+        sources = {"source.py": paired.module.source} if paired is not None else {}
+        entry = CacheEntry(to_text(run.graph), sources, paired.binaries() if paired is not None else {}, meta)
+        try:
+            self.cache.put(key, entry)
+        except (OSError, ValueError, TimeoutError) as e:  # a decision not saved must not fail patch()
+            warnings.warn(f"mirage_serve cache: paired launch of {key.dirname()} not saved ({e})", CacheWarning,
+                          stacklevel=2)
+
+
+def _times(meta: dict) -> str:
+    return f"paired {meta['paired_us']:.1f} µs, two launches {meta['two_us']:.1f} µs"
 
 
 def _activations(k) -> torch.Tensor:

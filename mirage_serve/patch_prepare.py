@@ -133,7 +133,7 @@ class Preparer:
         self._rng = torch.Generator().manual_seed(0)
         self._selector = None  # superopt.runtime.select.Selector, opened on the first GPU profile
         self._pairings: dict = {}  # device -> Pairing (patch_pairing)
-        self.paired_launch = knobs.PAIRED_LAUNCH.get()  # experimental (knobs.PAIRED_LAUNCH)
+        self.paired_launch = knobs.PAIRED_LAUNCH.get()  # k and v as one launch where faster (patch_pairing)
 
     def close(self) -> None:
         """Stop the profiler's build workers (patch() calls this when it is done, success or not)."""
@@ -212,7 +212,7 @@ class Preparer:
         (its decisions, per program and bucket, serve every layer), noted in the site's report."""
         t0 = time.perf_counter()
         if device not in self._pairings:
-            self._pairings[device] = Pairing(device)
+            self._pairings[device] = Pairing(device, self.cache, _DTYPE_SHORT.get(self.dtype, str(self.dtype)))
         pairing = self._pairings[device]
         compiled_before = pairing.compiles
         merged = merge_twins(parts, pairing.call)

@@ -6,7 +6,9 @@ launch and of a grid too small to fill the GPU (a few µs for a few MB of weight
 launch of the paired rendering (``render_triton(paired=True)``) the second instance's programs run
 beside the first's. ``PairedGraph(a, b)`` takes the two instances' ``CompiledGraph``s (their buffers
 and workspaces are used as they are) and launches the paired kernels in their place; whether that
-is faster is for the caller to measure (``time_paired``), as with any launch configuration.
+is faster is for the caller to measure (``time_paired``), as with any launch configuration. Its
+``binaries()``, given back as ``PairedGraph(a, b, binaries)``, let a later process load the paired
+kernels instead of compiling them.
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ class PairedGraph:
     per-call inputs ``xs`` (``CompiledGraph.bind``'s convention), each with its own fixed inputs.
     Raises ``superopt.codegen.triton.NotPairable`` for a graph whose kernels use all grid axes."""
 
-    def __init__(self, a: CompiledGraph, b: CompiledGraph):
+    def __init__(self, a: CompiledGraph, b: CompiledGraph, binaries: dict[str, bytes] | None = None):
         if a is b or digest(a.graph) != digest(b.graph) or a.launch != b.launch or a.device != b.device:
             raise ValueError("PairedGraph: two distinct builds of one μGraph with one launch configuration")
         self.a, self.b = a, b
@@ -42,9 +44,20 @@ class PairedGraph:
         mod = load_module(module)
         self.launchers = {s.node_index: getattr(mod, s.launcher) for s in module.kernels}
         self.compiles = 0
+        self._hashes: dict[str, str] = {}
         if a.device.type == "cuda" and module.kernels and not interpreting():
+            if binaries:  # stored by an earlier build (``binaries()``): Triton loads, not compiles
+                try:
+                    _binaries.seed(binaries)
+                except (_binaries.BadBinaries, OSError):
+                    pass  # compiled below instead, and counted
             with torch.cuda.device(a.device):  # compiled now, never inside a CUDA-graph capture
-                self.compiles = len(_binaries.warmup(module, mod, a.launch).compiled)
+                log = _binaries.warmup(module, mod, a.launch)
+            self.compiles, self._hashes = len(log.compiled), dict(log.hashes)
+
+    def binaries(self) -> dict[str, bytes]:
+        """The paired kernels as plain files for a cache entry (``CompiledGraph.binaries``'s form)."""
+        return _binaries.export_files(self._hashes) if self._hashes else {}
 
     def bind(self, fixed_a: Sequence[torch.Tensor | None], fixed_b: Sequence[torch.Tensor | None]
              ) -> Callable[..., list[torch.Tensor]]:

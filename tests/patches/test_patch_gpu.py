@@ -81,8 +81,7 @@ def _parity_and_time(model, name: str, batch: int, backend: str = "triton") -> N
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("searched", [False, True])
-def test_tiny_llama_triton_generate(searched, monkeypatch):
-    monkeypatch.setenv("MIRAGE_SERVE_PAIRED_LAUNCH", "1")  # experimental: exercised here on the GPU
+def test_tiny_llama_triton_generate(searched, tmp_path):
     from transformers import LlamaConfig
 
     cfg = LlamaConfig(vocab_size=1001, hidden_size=256, intermediate_size=688, num_hidden_layers=2,
@@ -90,16 +89,28 @@ def test_tiny_llama_triton_generate(searched, monkeypatch):
     model = build(cfg).to("cuda", torch.bfloat16)
     ids = torch.randint(1, 1001, (3, 9), device="cuda")  # no pad id (0) inside the prompts
     want = model.generate(ids, max_new_tokens=STEPS, min_new_tokens=STEPS, do_sample=False, pad_token_id=0)
-    report = mirage_serve.patch(model, search_budget=_budget() if searched else 0, batch_sizes=(1, 4))
+
+    def paired_notes(report):
+        return [v for s in report.sites if s.site == "attn_in" and s.layer == 0
+                for k, v in s.profile.items() if " paired b" in k]
+    report = mirage_serve.patch(model, search_budget=_budget() if searched else 0, batch_sizes=(1, 4),
+                                cache_dir=tmp_path)
     print(report)
     assert report.backend == "triton" and not report.unpatched, str(report)
     # k_proj and v_proj (one program) were timed as one paired launch against two, at each bucket
-    notes = [v for s in report.sites if s.site == "attn_in" and s.layer == 0
-             for k, v in s.profile.items() if " paired b" in k]
-    assert len(notes) == 2 and all("paired" in n and "µs" in n for n in notes), notes
+    notes = paired_notes(report)
+    assert len(notes) == 2 and all("paired" in n and "µs" in n and "cached" not in n for n in notes), notes
     got = model.generate(ids, max_new_tokens=STEPS, min_new_tokens=STEPS, do_sample=False, pad_token_id=0)
     mirage_serve.unpatch(model)
     _assert_same_tokens_ties_aside(model, got, want)
+    # patched again over the same cache: the decisions (and paired kernels) come from it
+    again = mirage_serve.patch(model, search_budget=0, batch_sizes=(1, 4), cache_dir=tmp_path)
+    assert [n.split(": ", 1)[0] for n in notes] == [n.split(" (cached", 1)[0] for n in paired_notes(again)], \
+        (notes, paired_notes(again))
+    assert all("(cached: " in n for n in paired_notes(again)) and again.compiles == 0, str(again)
+    assert torch.equal(model.generate(ids, max_new_tokens=STEPS, min_new_tokens=STEPS, do_sample=False,
+                                      pad_token_id=0), got)
+    mirage_serve.unpatch(model)
 
 
 def _assert_same_tokens_ties_aside(model, got, want) -> None:
