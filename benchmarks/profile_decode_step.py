@@ -43,11 +43,30 @@ def summarize(spans: list[KernelSpan], steps: int) -> dict:
             "gap_us": (wall - busy) / steps, "kernels_per_step": len(spans) / steps}
 
 
-def site_bandwidth(rows: list[tuple[str, float, float]], part_bytes: dict[str, int]) -> list[tuple]:
+def decode_steps(spans: list[KernelSpan], steps: int) -> tuple[list[KernelSpan], bool]:
+    """The last ``steps`` decode steps of a profiled ``generate()`` and whether they were found
+    exactly. A CUDA-graph replay launches the same kernels in the same order every step, so a step
+    is the shortest ``p`` with which the last ``steps × p`` kernel names repeat; what comes before
+    is the prefill (HF's own path: another kernel count) and the warm step. Where the tail does not
+    repeat (an eager baseline), 1/(steps+1) of the kernels is dropped as the prefill (approximate)."""
+    names = [s.name for s in spans]
+    n = len(names)
+    for p in range(1, n // steps + 1):
+        tail = names[n - steps * p:]
+        if all(tail[i] == tail[i + p] for i in range(len(tail) - p)):
+            return spans[n - steps * p:], True
+    return spans[n - round(n * steps / (steps + 1)):], False
+
+
+def site_bandwidth(rows: list[tuple[str, float, float]], part_bytes: dict[str, int],
+                   twins: dict[str, int] | None = None) -> list[tuple]:
     """Per site program (``sites.site_parts`` label): (label, calls/step, µs per call, bytes per call,
     GB/s). ``rows``: ``summarize``'s (kernel name, launches/step, µs/step); a program's kernels are
     named ``<label>_m<rows>_fused_k<i>`` and its first kernel (``k0``) counts the calls; bytes per
-    call: the program's parameters (its weights), which a decode GEMV reads once per call."""
+    call: the program's parameters (its weights), which a decode GEMV reads once per call.
+    ``twins``: label -> launches per step of a program two parts of every layer run (k and v) when
+    they run apart; launched half as often, it ran as one paired launch reading both parts'
+    weights (``mirage_serve.patch_pairing``), and is listed as ``<label> ×2``."""
     import re
 
     out = []
@@ -57,22 +76,26 @@ def site_bandwidth(rows: list[tuple[str, float, float]], part_bytes: dict[str, i
         calls = sum(n for k, n, _ in hits if k == "0")
         if calls:
             us = sum(u for _, _, u in hits) / calls
+            if twins and label in twins and round(2 * calls) == twins[label]:
+                label, nbytes = f"{label} ×2", 2 * nbytes
             out.append((label, calls, us, nbytes, nbytes / (us * 1e-6) / 1e9))
     return sorted(out, key=lambda r: -r[1] * r[2])
 
 
-def _part_bytes(model) -> dict[str, int]:
-    """Parameter bytes of each site program of the model's first decoder layer."""
+def _part_bytes(model) -> tuple[dict[str, int], dict[str, int]]:
+    """Parameter bytes of each site program of the model's first decoder layer, and for each program
+    two parts of a layer run (k and v), its launches per step when they run apart."""
     from mirage_serve.patch_api import _adapters
     from mirage_serve.sites import find_layers, site_module, site_parts
 
     family = _adapters()[0](model.config.model_type)
     _, layers = find_layers(model, family)
-    out = {}
+    out, count = {}, defaultdict(int)
     for site in family.sites:
         for label, part, _ in site_parts(site.name, site_module(layers[0], site)):
             out[label] = sum(p.numel() * p.element_size() for p in part.parameters())
-    return out
+            count[label] += 1
+    return out, {label: 2 * len(layers) for label, c in count.items() if c == 2}
 
 
 def _profile(model, ids, steps: int) -> list[KernelSpan]:
@@ -87,11 +110,8 @@ def _profile(model, ids, steps: int) -> list[KernelSpan]:
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             model.generate(ids, **kw)
             torch.cuda.synchronize()
-    kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
-    # Drop the prefill: everything up to the end of the first step's largest burst is the prompt.
-    kernels.sort(key=lambda e: e.time_range.start)
-    skip = len(kernels) - round(len(kernels) * steps / (steps + 1))
-    return [KernelSpan(e.name, e.time_range.start, e.time_range.end) for e in kernels[skip:]]
+    kernels = sorted((e for e in prof.events() if e.device_type.name == "CUDA"), key=lambda e: e.time_range.start)
+    return [KernelSpan(e.name, e.time_range.start, e.time_range.end) for e in kernels]  # prefill too
 
 
 def main(argv=None) -> None:
@@ -121,10 +141,12 @@ def main(argv=None) -> None:
         install_decode_graphs(lm.model)
     g = torch.Generator(device="cuda").manual_seed(1)
     ids = torch.randint(1, lm.facts["vocab_size"], (args.batch, args.prompt_len), device="cuda", generator=g)
-    s = summarize(_profile(lm.model, ids, args.steps), args.steps)
+    spans, exact = decode_steps(_profile(lm.model, ids, args.steps), args.steps)
+    s = summarize(spans, args.steps)
     print(f"{torch.cuda.get_device_name()}: copy {bw / 1e12:.2f} TB/s; {lm.name} batch {args.batch}; "
           f"{s['kernels_per_step']:.0f} kernels/step, GPU busy {s['busy_us']:.0f} µs/step, idle gaps "
-          f"{s['gap_us']:.0f} µs/step, span {s['wall_us']:.0f} µs/step")
+          f"{s['gap_us']:.0f} µs/step, span {s['wall_us']:.0f} µs/step"
+          + ("" if exact else " (steps not repeating: prefill cut approximately)"))
     floor_bytes = registry.decode_bytes(lm.facts)
     print(f"weights {floor_bytes / 1e9:.2f} GB/step → {floor_bytes / (s['busy_us'] * 1e-6) / 1e9:.0f} GB/s over "
           f"busy time = {100 * floor_bytes / (s['busy_us'] * 1e-6) / bw:.0f}% of copy bandwidth")
@@ -133,7 +155,7 @@ def main(argv=None) -> None:
         print(f"{name[:70]:<70} {n:>8.1f} {us:>9.1f} {100 * us / s['busy_us']:>5.1f}%")
     if args.patch:
         print(f"\n{'site program':<14} {'calls/step':>10} {'µs/call':>8} {'MB/call':>8} {'GB/s':>7} {'% copy':>7}")
-        for label, calls, us, nbytes, gbps in site_bandwidth(s["rows"], _part_bytes(lm.model)):
+        for label, calls, us, nbytes, gbps in site_bandwidth(s["rows"], *_part_bytes(lm.model)):
             print(f"{label:<14} {calls:>10.1f} {us:>8.1f} {nbytes / 1e6:>8.2f} {gbps:>7.0f} {100 * gbps * 1e9 / bw:>6.0f}%")
 
 

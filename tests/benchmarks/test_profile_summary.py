@@ -45,3 +45,34 @@ def test_site_bandwidth_attributes_a_programs_kernels_to_it():
     assert got["attn_in_1"][1:3] == (64.0, 5.0) and got["attn_in_1"][4] == pytest.approx(50.0)
     assert got["mlp_in"][2] == pytest.approx(20.0) and got["mlp_in"][4] == pytest.approx(200.0)
     assert next(iter(prof.site_bandwidth(rows, {"attn_in": 1, "mlp_in": 1})))  # largest time first
+
+
+def _trace(prefill: list[str], step: list[str], steps: int) -> list:
+    names = prefill + step * steps
+    return [prof.KernelSpan(n, 10 * i, 10 * i + 5) for i, n in enumerate(names)]
+
+
+def test_decode_steps_are_the_repeating_tail_whatever_the_prefill_launched():
+    # a step: three layers of (norm, gemv, add), then the head; the prefill: other kernels, more of them
+    step = ["norm", "gemv", "add"] * 3 + ["lm_head", "argmax"]
+    prefill = ["sdpa", "gemm", "add", "norm"] * 7 + step  # HF's path, then the warm (first) step
+    spans, exact = prof.decode_steps(_trace(prefill, step, 5), steps=5)
+    assert exact and [s.name for s in spans] == step * 5  # not a layer's period: the head breaks it
+    s = prof.summarize(spans, steps=5)
+    assert s["kernels_per_step"] == len(step)
+
+
+def test_decode_steps_fall_back_to_the_proportional_cut_when_steps_differ():
+    trace = _trace(["p"] * 3, [], 0) + _trace([], ["a", "b"], 1) + _trace([], ["a", "c"], 1)
+    spans, exact = prof.decode_steps(trace, steps=2)
+    assert not exact and len(spans) == round(len(trace) * 2 / 3)
+
+
+def test_a_paired_program_counts_both_parts_weights():
+    rows = [("attn_in_1_m8_fused_k0", 32.0, 640.0)]  # k and v as one launch per layer, 20 µs each
+    (label, calls, us, nbytes, gbps), = prof.site_bandwidth(rows, {"attn_in_1": 8_000_000}, {"attn_in_1": 64})
+    assert (label, calls, us, nbytes) == ("attn_in_1 ×2", 32.0, 20.0, 16_000_000)
+    assert gbps == pytest.approx(800.0)
+    apart = prof.site_bandwidth([("attn_in_1_m8_fused_k0", 64.0, 640.0)], {"attn_in_1": 8_000_000},
+                                {"attn_in_1": 64})
+    assert apart[0][0] == "attn_in_1" and apart[0][3] == 8_000_000
