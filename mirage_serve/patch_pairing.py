@@ -64,7 +64,7 @@ def _one_by_one(a, b) -> Callable:
 class Pairing:
     """``call(a, b, m)`` for ``merge_twins``: builds, times and remembers one ``PairedGraph`` per pair
     of executors (shared by every layer); ``note(a, b)`` says what was measured and chosen. With a
-    kernel cache the decision, its times and the paired kernels' binaries are stored (``paired_key``),
+    kernel cache the decision, its times and the paired kernels' binaries are stored (``_key``),
     so a later patch() on that GPU and toolchain times nothing and compiles nothing."""
 
     def __init__(self, device: torch.device, cache=None, dtype: str = ""):
