@@ -142,6 +142,18 @@ def test_reinstantiate_at_other_shapes_without_search():
         assert check_equivalent(other, again.best, trials=2, seed=1).equivalent
 
 
+def test_reinstantiation_offers_the_profiler_every_design_the_search_ranked():
+    # Not only the cost model's favourite: at batch 8 it split the rows across blocks (each weight
+    # tile read twice) and the GPU profiler never saw a design that reads the weights once.
+    small = FIXTURES["rmsnorm_matmul"](rows=8, hidden=192, out=144)
+    res = superoptimize(small.program, budget=BUDGET)
+    designs = [d for d, _ in res.designs if d is not None]
+    assert len(designs) >= 2
+    again = res.reinstantiate(FIXTURES["rmsnorm_matmul"](rows=4, hidden=192, out=144).program)
+    assert again.stats.verified == min(len(designs), BUDGET.verify_top)
+    assert len([d for d, _ in again.designs if d is not None]) == again.stats.verified
+
+
 def test_casts_keep_the_program_dtypes():
     # A bf16 program that normalises in float32: the found graphs must write bf16 like the program.
     p = Program("mixed")

@@ -1,0 +1,102 @@
+"""What the GPU profiler would be given for one site program: the search's designs, on a CPU.
+
+    python benchmarks/search_candidates.py Llama-3.1-8B attn_in_1 --batch 16,8 [--search-each]
+
+As ``patch()`` does: the program (a site part, ``mirage_serve.sites.site_parts``: attn_in is q,
+attn_in_1 is k and v, mlp_in is gate/up, attn_out and mlp_out the projections alone) is traced at
+the largest bucket and searched there (sm_90, the search budget patch() gives the Triton backend);
+every smaller bucket re-instantiates that search's designs. ``--search-each`` searches every bucket
+instead, to see what re-instantiation leaves out. Per bucket: the ranked designs, then the graphs
+the profiler would time (``SearchResult.candidates``), each kernel as grid, threads, for-loop
+iterations, its input tiles per iteration (``×n``: n blocks read the same tile) and the cost model's
+µs. Nothing is compiled or timed: a tool for work on the search space and the cost model (does a
+design reach the profiler at all?); the times that decide are the GPU profiler's.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+
+
+def describe(g) -> list[str]:
+    """One line per kernel of μGraph ``g``."""
+    from superopt.search.cost import node_cost
+
+    lines = []
+    for n in g.nodes:
+        args = [g.type_of(a) for a in n.args]
+        cost = node_cost(n, args)
+        if n.block is None:
+            if cost:
+                lines.append(f"    {n.op} -> {list(n.out.type.shape)}: {cost:.2f} µs")
+            continue
+        b = n.block
+        tiles = []
+        for inp in b.inputs:
+            readers = math.prod(b.grid[a] for a in range(3) if inp.imap[a] == -1)
+            tiles.append(f"{n.args[inp.source]}{list(inp.value.type.shape)}×{readers}")
+        lines.append(f"    grid {tuple(b.grid)} threads {b.block_threads} loop {b.forloop} "
+                     f"tiles {' '.join(tiles)}: {cost:.2f} µs")
+    return lines
+
+
+def site_program(model_name: str, label: str, rows: list[int]):
+    """{rows: program} of the site part ``label`` of the registry model's first layer, traced at
+    the largest row count and re-typed for the others (``Preparer._trace`` / ``_at_rows``)."""
+    import torch
+
+    from mirage_serve.bench_load import load
+    from mirage_serve.patches import family_for
+    from mirage_serve.sites import find_layers, site_module, site_parts
+    from superopt.lax.extract import extract
+    from superopt.lax.rows import with_rows
+
+    lm = load(model_name, dtype="bf16", device="cpu", layers=1, overrides={"vocab_size": 256})
+    family = family_for(lm.model.config.model_type)
+    _, layers = find_layers(lm.model, family)
+    parts = {name: part for site in family.sites
+             for name, part, _ in site_parts(site.name, site_module(layers[0], site))}
+    if label not in parts:
+        raise SystemExit(f"{model_name} has no site program {label!r}; it has: {', '.join(parts)}")
+    top = max(rows)
+    x = torch.randn(top, lm.facts["hidden_size"], generator=torch.Generator().manual_seed(0)).bfloat16()
+    ex = extract(parts[label], (x,), f"{label}_m{top}")
+    rows_input = next(v.name for v, src in zip(ex.graph.inputs, ex.sources) if src[0] == "arg")
+    return {m: ex.graph if m == top else with_rows(ex.graph, rows_input, m, f"{label}_m{m}") for m in rows}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model", help="registry name, e.g. Llama-3.1-8B")
+    ap.add_argument("program", help="site program: attn_in, attn_in_1, attn_out, mlp_in, mlp_out, norm")
+    ap.add_argument("--batch", default="16,8", help="buckets, the largest searched first (default 16,8)")
+    ap.add_argument("--search-each", action="store_true", help="search every bucket, not re-instantiate")
+    args = ap.parse_args(argv)
+    from mirage_serve import optimize
+    from superopt.search import SearchBudget, superoptimize
+
+    rows = sorted({int(b) for b in args.batch.split(",")}, reverse=True)
+    programs = site_program(args.model, args.program, rows)
+    budget = optimize.default_budget(None, "triton") or SearchBudget()
+    searched = None
+    for m in rows:
+        if searched is None or args.search_each:
+            result, how = superoptimize(programs[m], budget, arch="sm_90"), "searched"
+            searched = searched or result
+        else:
+            result, how = searched.reinstantiate(programs[m]), f"re-instantiated from m{rows[0]}"
+        st = result.stats.summary()
+        print(f"== {args.program} at {m} rows: {how}; {st.get('instances')} instances, "
+              f"{st.get('verified')} verified, {sum(result.stats.seconds.values()):.1f} s")
+        for i, (g, cost) in enumerate(result.ranked):
+            print(f"  design {i}: {cost:.2f} µs{'  (the program unfused)' if g == programs[m] else ''}")
+            print("\n".join(describe(g)))
+        cands = result.candidates()
+        print(f"  the profiler would time {len(cands)}:")
+        for j, g in enumerate(cands):
+            print(f"  candidate {j}:")
+            print("\n".join(describe(g)))
+
+
+if __name__ == "__main__":
+    main()

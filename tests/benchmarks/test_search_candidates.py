@@ -1,0 +1,29 @@
+"""benchmarks/search_candidates.py: the designs a site program's search hands the GPU profiler, per
+bucket, printed on a CPU."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "search_candidates.py"
+_spec = importlib.util.spec_from_file_location("search_candidates", _PATH)
+tool = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = tool
+_spec.loader.exec_module(tool)
+
+
+def test_prints_the_searched_and_the_reinstantiated_buckets_candidates(capsys):
+    tool.main(["SmolLM2-135M", "attn_in_1", "--batch", "4,2"])
+    out = capsys.readouterr().out
+    assert "attn_in_1 at 4 rows: searched" in out and "attn_in_1 at 2 rows: re-instantiated from m4" in out
+    assert out.count("the profiler would time") == 2
+    # every fused candidate kernel: its grid, threads, loop, tiles and the cost model's time
+    assert "grid (" in out and " threads " in out and " loop " in out and " µs" in out
+
+
+def test_names_the_programs_a_model_has_when_asked_for_another():
+    with pytest.raises(SystemExit, match="no site program 'qkv'.*attn_in_1"):
+        tool.main(["SmolLM2-135M", "qkv", "--batch", "1"])
