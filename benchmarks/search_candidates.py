@@ -46,6 +46,7 @@ def site_program(model_name: str, label: str, rows: list[int]):
     import torch
 
     from mirage_serve.bench_load import load
+    from mirage_serve.patch_prepare import _dim
     from mirage_serve.patches import family_for
     from mirage_serve.sites import find_layers, site_module, site_parts
     from superopt.lax.extract import extract
@@ -59,7 +60,8 @@ def site_program(model_name: str, label: str, rows: list[int]):
     if label not in parts:
         raise SystemExit(f"{model_name} has no site program {label!r}; it has: {', '.join(parts)}")
     top = max(rows)
-    x = torch.randn(top, lm.facts["hidden_size"], generator=torch.Generator().manual_seed(0)).bfloat16()
+    dim = _dim(parts[label].head)  # the site's input size (down_proj: the intermediate size)
+    x = torch.randn(top, dim, generator=torch.Generator().manual_seed(0)).bfloat16()
     ex = extract(parts[label], (x,), f"{label}_m{top}")
     rows_input = next(v.name for v, src in zip(ex.graph.inputs, ex.sources) if src[0] == "arg")
     return {m: ex.graph if m == top else with_rows(ex.graph, rows_input, m, f"{label}_m{m}") for m in rows}

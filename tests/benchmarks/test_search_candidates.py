@@ -15,10 +15,11 @@ sys.modules[_spec.name] = tool
 _spec.loader.exec_module(tool)
 
 
-def test_prints_the_searched_and_the_reinstantiated_buckets_candidates(capsys):
-    tool.main(["SmolLM2-135M", "attn_in_1", "--batch", "4,2"])
+@pytest.mark.parametrize("program", ["attn_in_1", "mlp_out"])  # mlp_out: its input is the MLP's width
+def test_prints_the_searched_and_the_reinstantiated_buckets_candidates(program, capsys):
+    tool.main(["SmolLM2-135M", program, "--batch", "4,2"])
     out = capsys.readouterr().out
-    assert "attn_in_1 at 4 rows: searched" in out and "attn_in_1 at 2 rows: re-instantiated from m4" in out
+    assert f"{program} at 4 rows: searched" in out and f"{program} at 2 rows: re-instantiated from m4" in out
     assert out.count("the profiler would time") == 2
     # every fused candidate kernel: its grid, threads, loop, tiles and the cost model's time
     assert "grid (" in out and " threads " in out and " loop " in out and " µs" in out
