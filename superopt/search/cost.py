@@ -16,14 +16,13 @@ Estimated microseconds per call, summed over kernels (every node but views is a 
   iteration's input tiles in flight; an SM holds the blocks resident on it at once. A decode GEMV
   tiled [4 columns, 256 of K] keeps 4 KB in flight per SM and was measured at 19% of the H200's
   bandwidth; [4, 1024] keeps 16 KB.
-* tile size: a block tile of more than ``TILE_ELEMS`` elements (a [16 columns, 1024 of K] weight
-  tile) is rendered as a ``tl.dot`` whose operands are staged in ~100–130 KB of shared memory, so
-  one block fits an SM and a loop of a few iterations never fills its pipeline. Such designs tied
-  within 3% with [4, 1024] ones here and were the cost model's pick for every Llama-3.1-8B decode
-  projection, measured 1.2–4.6× slower on the H200 than the profiler's winners (tiles of ≤ 4096)
-  whatever the warps the profiler launched them with; the efficiency is scaled by
-  ``TILE_ELEMS / elements`` above it. (Not per thread: the launch's warps are the profiler's
-  choice, and more threads did not rescue these tiles.)
+* tile size: a block tile of more than ``TILE_ELEMS`` elements as rendered (``tl.dot`` pads M and N
+  to 16: a [16 columns, 1024 of K] weight tile, or 8 rows × 4 columns over K 1024) is a ``tl.dot``
+  whose operands are staged in ~100–130 KB of shared memory, so one block fits an SM and a loop of
+  a few iterations never fills its pipeline. Such designs tied within 3% with [4, 1024] ones here
+  and were the cost model's pick for every Llama-3.1-8B decode projection, measured 1.2–4.6× slower
+  on the H200 than the profiler's winners (≤ 4096 elements), whatever the warps the profiler
+  launched them with (so not per thread); the efficiency is scaled by ``TILE_ELEMS / elements``.
 * flops: 2·m·n·k per matmul element-tile product, 1 per elementwise element; tensor cores assumed.
 
 Constants are those of an H100 SXM (sm_90): 132 SMs, 3.35 TB/s HBM3, ~400 TFLOP/s dense fp16.
@@ -35,6 +34,7 @@ import math
 
 from ..ir import DTYPE_BYTES, KernelGraph, Node, TensorType
 from ..ir.graph import VIEW_OPS
+from ..ir.padding import padded_shapes
 
 SMS = {"sm_90": 132, "sm_89": 128, "sm_80": 108}
 BANDWIDTH = 3.35e12   # bytes / s
@@ -60,6 +60,16 @@ def streaming_fraction(blocks: int, block_threads: int, tile_bytes: float, sms: 
     flight, can sustain on the SMs they occupy (see module docstring)."""
     resident = min(max(1.0, blocks / sms), MAX_THREADS_PER_SM // block_threads)
     return min(1.0, resident * tile_bytes / INFLIGHT_BYTES)
+
+
+def _largest_padded(b, unpadded: int) -> int:
+    """Elements of the block's largest tile as the Triton renderer holds it (``tl.dot`` operands
+    padded to 16: an 8-row × 4-column GEMV tile of K 1024 is a [16, 1024] dot operand)."""
+    try:
+        shapes = padded_shapes(b, strict=False)
+    except (ValueError, KeyError):  # a block only the CUDA renderer takes
+        return unpadded
+    return max([unpadded] + [math.prod(s) for s in shapes.values()])
 
 
 def graph_cost(g: KernelGraph, arch: str = "sm_90") -> float:
@@ -102,6 +112,6 @@ def node_cost(n: Node, args: list[TensorType], arch: str = "sm_90") -> float:
         flops *= blocks
         tile_bytes = sum(_bytes(inp.value.type) for inp in b.inputs)  # one iteration's loads
         eff = (_efficiency(blocks, sms) * min(1.0, largest / b.block_threads)
-               * min(1.0, TILE_ELEMS / largest)
+               * min(1.0, TILE_ELEMS / _largest_padded(b, largest))
                * streaming_fraction(blocks, b.block_threads, tile_bytes, sms))
     return LAUNCH_US + max(nbytes / BANDWIDTH, flops / FLOPS) * 1e6 / max(eff, 1e-6)

@@ -2,6 +2,8 @@
 tile-size term (nor does it take tiles too large to stream well)."""
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from superopt.lax import Program
@@ -72,3 +74,19 @@ def replace_threads(g, threads: int):
     nodes = [dataclasses.replace(n, block=dataclasses.replace(n.block, block_threads=threads))
              if n.block is not None else n for n in g.nodes]
     return dataclasses.replace(g, nodes=tuple(nodes) if isinstance(g.nodes, tuple) else nodes)
+
+
+def test_tile_size_counts_the_padding_of_a_dot():
+    # 8 rows × 4 columns over K 1024 is a tl.dot with the 4 columns padded to 16: a [16, 1024]
+    # operand, ranked first at 8 rows while the count ignored the padding
+    from superopt.ir.padding import padded_shapes
+
+    p = Program("k_proj_8")
+    x = p.input("x", (8, 4096), "bfloat16")
+    norm_weight = p.input("norm_weight", (4096,), "bfloat16")
+    w = p.input("w", (1024, 4096), "bfloat16")
+    p.output(p.matmul(p.rms_norm(x, norm_weight, eps=1e-5), p.transpose(w)))
+    result = superoptimize(p.build(), SearchBudget(max_seconds=30))
+    (node,) = result.best.customized_nodes()
+    padded = max(math.prod(s) for s in padded_shapes(node.block).values())
+    assert padded <= 8192, (node.block.grid, node.block.forloop, padded)
