@@ -2,9 +2,9 @@
 # One device call: the integrated GPU checks, each step time-boxed, logs under $OUT.
 #   bash benchmarks/gpu_session.sh STEP [STEP ...]      (steps below; $OUT must be set)
 # Steps: tests | tests-pdl | registry | warm-patch | cold | overhead | alone-rounds | alone | decode-qwen | decode-llama | decode-qwen3 | nopdl-qwen | nopdl-llama | paired-qwen | paired-llama | profile-qwen | profile-llama | cuda |
-# blocks | warm. Every step's limit is cut to what is left before DEADLINE (default 560 s: a device command may run 600 s,
+# blocks | research | warm. Every step's limit is cut to what is left before DEADLINE (default 560 s: a device command may run 600 s,
 # and the tars at the end need a few seconds); a step with under 20 s left is skipped.
-# (environment: MIRAGE_SERVE_PDL, MIRAGE_SERVE_PAIRED_LAUNCH, NEW_TOKENS, LLAMA_BATCH, BASELINES; overhead: OVERHEAD (MODEL:BATCH ...); warm: WARM_MODELS, WARM_BATCH; it leaves $OUT/shipped.tar,
+# (environment: MIRAGE_SERVE_PDL, MIRAGE_SERVE_PAIRED_LAUNCH, NEW_TOKENS, LLAMA_BATCH, BASELINES; overhead: OVERHEAD (MODEL:BATCH ...); research: WARM_MODELS, RESEARCH (site programs); warm: WARM_MODELS, WARM_BATCH; it leaves $OUT/shipped.tar,
 # entries in kernels_cache/ form to untar into the repo's kernels_cache/). The kernel cache is $MIRAGE_SERVE_CACHE_DIR
 # (default /tmp/ms_cache) while running and is tarred to $OUT/cache.tar at the end,
 # so searched μGraphs found on the GPU can be brought back (for kernels_cache/); a cache.tar in the
@@ -74,6 +74,12 @@ while [ $# -gt 0 ]; do
     profile-qwen) step profile_qwen 120 python benchmarks/profile_decode_step.py Qwen2.5-0.5B ;;
     profile-llama) step profile_llama 200 python benchmarks/profile_decode_step.py Llama-3.1-8B ;;
     cuda) step cuda 200 python -m tests.codegen_cuda.device_check "$OUT" ;;
+    research) for m in ${WARM_MODELS:?set WARM_MODELS to registry names}; do  # search these models' programs
+                # again: their entries leave this copy's kernels_cache/, so the next step's patch() (warm, or
+                # a decode bench) searches, profiles and fills the user cache; bring them back with warm's tar
+                step "unship_$m" 60 python benchmarks/shipped_coverage.py "$m" --shipped kernels_cache \
+                  --remove "${RESEARCH:-attn_in,attn_in_1,attn_out,mlp_in,mlp_out}"
+              done ;;
     warm) for m in ${WARM_MODELS:?set WARM_MODELS to registry names}; do  # issue 7: the shipped cache
             step "warm_$m" 300 mirage-serve warm "$m" --layers 2 --batch "${WARM_BATCH:-1,2,4,8,16}"
           done
