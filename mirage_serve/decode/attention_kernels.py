@@ -71,6 +71,11 @@ def _attend_split(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr
     qd_ok = g_ok[:, None] & d_ok[None, :]
     q = _rope(q_ptr + row * q_sb + heads[:, None] * D, d[None, :], partner[None, :], sign[None, :], qd_ok,
               cos[None, :], sin[None, :], dt)                                  # [BLOCK_G, BLOCK_D]
+    # The new token's k and v (only the program whose slice holds its slot uses them) are loaded
+    # here, not where they are used: that program is the kernel's critical path, and its loads
+    # then overlap the cache tiles' instead of following them.
+    k_new = _rope(k_ptr + row * k_sb + kv * D, d, partner, sign, d_ok, cos, sin, dt)   # [BLOCK_D]
+    v_new = tl.load(v_ptr + row * v_sb + kv * D + d, mask=d_ok, other=0.0)
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
@@ -80,6 +85,10 @@ def _attend_split(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr
         ok = cols < end
         kt = tl.load(kc_ptr + base + cols[None, :] * c_sn + d[:, None],
                      mask=ok[None, :] & d_ok[:, None], other=0.0)           # [BLOCK_D, BLOCK_N]
+        # V with K, before the scores need K: both tiles in flight at once. Slots < end are all
+        # written (finite), so rows the attention mask drops below are zero-weighted, never NaN.
+        v = tl.load(vc_ptr + base + cols[:, None] * c_sn + d[None, :],
+                    mask=ok[:, None] & d_ok[None, :], other=0.0)            # [BLOCK_N, BLOCK_D]
         s = tl.dot(q, kt, input_precision="ieee") * scale                     # [BLOCK_G, BLOCK_N]
         if MASK_KIND == 1:
             keep = tl.load(mask_ptr + row * mk_sb + cols * mk_sn, mask=ok, other=0)
@@ -92,13 +101,9 @@ def _attend_split(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr
         p = tl.exp(s - m_use[:, None])
         alpha = tl.exp(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(vc_ptr + base + cols[:, None] * c_sn + d[None, :],
-                    mask=ok[:, None] & d_ok[None, :], other=0.0)            # [BLOCK_N, BLOCK_D]
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
         m_i = m_new
     if (pos >= start) & (pos < start + chunk):  # this slice holds the new token
-        k_new = _rope(k_ptr + row * k_sb + kv * D, d, partner, sign, d_ok, cos, sin, dt)   # [BLOCK_D]
-        v_new = tl.load(v_ptr + row * v_sb + kv * D + d, mask=d_ok, other=0.0)
         tl.store(kc_ptr + base + pos * c_sn + d, k_new, mask=d_ok)
         tl.store(vc_ptr + base + pos * c_sn + d, v_new, mask=d_ok)
         s_new = tl.sum(q.to(tl.float32) * k_new.to(tl.float32)[None, :], 1) * scale   # [BLOCK_G]
