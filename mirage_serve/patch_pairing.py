@@ -109,6 +109,8 @@ class Pairing:
                 if not _agrees(paired, a, b):
                     return None, "two launches (the paired launch disagreed with them)"
                 if known:
+                    if not stored.binaries:  # a decision shipped without binaries: keep the ones built now
+                        self._store(key, a.executor.run, paired, stored.meta)
                     return paired, f"one paired launch (cached: {_times(stored.meta)})"
                 one, two = _time(paired, a, b, self.device)
         except NotPairable as e:
