@@ -26,6 +26,8 @@ step() {  # step NAME TIMEOUT CMD...
   local t0=$SECONDS left=$((DEADLINE - SECONDS))
   [ "$left" -lt 20 ] && { echo "=== $name skipped: ${left}s left before the ${DEADLINE}s deadline"; return 1; }
   [ "$limit" -gt "$left" ] && limit=$left
+  local n=2 base=$name
+  while [ -e "$OUT/$name.log" ]; do name=$base.$n; n=$((n + 1)); done  # a step run twice keeps both logs
   echo "=== $name (limit ${limit}s)"
   timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
   local rc=$?
