@@ -77,11 +77,13 @@ while [ $# -gt 0 ]; do
     profile-llama) step profile_llama 200 python benchmarks/profile_decode_step.py Llama-3.1-8B ;;
     cuda) step cuda 200 python -m tests.codegen_cuda.device_check "$OUT" ;;
     research) for m in ${WARM_MODELS:?set WARM_MODELS to registry names}; do  # search these models' programs
-                # again: their entries leave this copy's kernels_cache/, so the next step's patch() (warm, or
-                # a decode bench) searches, profiles and fills the user cache; bring them back with warm's tar
+                # again: their entries leave this copy's kernels_cache/ and the user cache is emptied (an earlier
+                # step's patch() copied them there), so the next step's patch() (warm, or a decode bench)
+                # searches, profiles and fills the user cache; bring them back with warm's tar
                 step "unship_$m" 60 python benchmarks/shipped_coverage.py "$m" --shipped kernels_cache \
                   --remove "${RESEARCH:-attn_in,attn_in_1,attn_out,mlp_in,mlp_out}"
-              done ;;
+              done
+              rm -rf "$MIRAGE_SERVE_CACHE_DIR" ;;
     warm) for m in ${WARM_MODELS:?set WARM_MODELS to registry names}; do  # issue 7: the shipped cache
             step "warm_$m" 300 mirage-serve warm "$m" --layers 2 --batch "${WARM_BATCH:-1,2,4,8,16}"
           done
