@@ -28,3 +28,12 @@ def test_prints_the_searched_and_the_reinstantiated_buckets_candidates(program, 
 def test_names_the_programs_a_model_has_when_asked_for_another():
     with pytest.raises(SystemExit, match="no site program 'qkv'.*attn_in_1"):
         tool.main(["SmolLM2-135M", "qkv", "--batch", "1"])
+
+
+@pytest.mark.slow
+def test_aot_adds_each_candidate_kernels_registers_and_shared_memory(capsys):
+    tool.main(["SmolLM2-135M", "attn_in_1", "--batch", "2", "--aot"])
+    out = capsys.readouterr().out
+    kernels = [line for line in out.splitlines() if line.startswith("    grid (")]
+    compiled = [line for line in kernels if " regs, " in line and " KB smem" in line]
+    assert compiled and "?" not in " ".join(compiled)  # ptxas found and read
