@@ -1,9 +1,12 @@
 """Block benchmark: our Triton kernels vs PyTorch eager and torch.compile, each also in a CUDA graph.
 
 Rows: the Mirage paper suite (6 programs × b ∈ {1, 8}) and Llama-3-8B / Qwen2.5-0.5B decode blocks
-(../shared/BENCHMARKS.md §1–2). Until the search lands, our μGraphs are the hand-written fixtures
-(tests/fixtures) plus their re-tilings (superopt.runtime.retile) and launch configurations, picked
-by ``profile_candidates``. Every row checks our output against a float64 reference first.
+(../shared/BENCHMARKS.md §1–2). Our candidates per row: what the search hands the profiler for the
+row's program (``SearchResult.candidates``, searched first in this process, ``--search-s`` each),
+plus the hand-written fixture (tests/fixtures) and its re-tilings (superopt.runtime.retile); the
+runtime's ``Selector`` picks among them as ``patch()`` does (every candidate at its default launch,
+then launch configurations over the fastest), and the table says whether the winner came from the
+search or the fixture. Every row checks our output against a float64 reference first.
 
     PYTHONPATH=$PWD python benchmarks/bench_blocks.py --suite all --out $OUT/blocks.md
 
@@ -18,8 +21,9 @@ import time
 import torch
 
 from benchmarks.torch_program import torch_program
-from superopt.codegen.triton import render_triton
-from superopt.runtime import compile_graph, profile_candidates
+from superopt.ir.text import from_text, to_text
+from superopt.runtime import compile_graph
+from superopt.runtime.select import Selector
 from superopt.runtime.retile import dense_tilings, split_kv_tilings
 from superopt.runtime.timing import copy_bandwidth, rotated_sets, time_call
 from tests.fixtures.ugraphs import FIXTURES
@@ -53,18 +57,30 @@ def llama_rows(dtype: str = "bfloat16"):
             yield f"{model} down+res b{b}", "matmul_residual", dict(rows=b, hidden=inter, out=hid), dtype
 
 
-def candidates(name: str, kw: dict, dtype: str) -> tuple:
-    """The fixture's μGraph and its re-tilings (KV splits and tiles for attention)."""
+def searched(name: str, kw: dict, dtype: str, seconds: float) -> tuple[str, ...]:
+    """The μGraphs (text) the search hands the profiler for the row's program, fused ones only."""
+    if seconds <= 0:
+        return ()
+    from superopt.search import SearchBudget, superoptimize
+
+    result = superoptimize(FIXTURES[name](dtype=dtype, **kw).program, SearchBudget(max_seconds=seconds))
+    return tuple(dict.fromkeys(to_text(g) for g in result.candidates() if g.customized_nodes()))
+
+
+def candidates(name: str, kw: dict, dtype: str, found: tuple[str, ...] = ()) -> tuple:
+    """The fixture, the search's μGraphs ``found`` (text, from ``searched``) then the fixture's own
+    μGraph and its re-tilings (KV splits and tiles for attention)."""
     fx = FIXTURES[name](dtype=dtype, **kw)
+    out = [from_text(t) for t in found] + [fx.ugraph]
     if name in ATTN:
-        out = [fx.ugraph] + split_kv_tilings(fx.ugraph)
+        out += split_kv_tilings(fx.ugraph)
         for kv_tile in (64, 128):  # the builder's own split rule at larger KV tiles
             try:
                 out.append(FIXTURES[name](dtype=dtype, kv_tile=kv_tile, **kw).ugraph)
             except ValueError:
                 continue
         return fx, out
-    return fx, [fx.ugraph] + dense_tilings(fx.ugraph, keep=3)
+    return fx, out + dense_tilings(fx.ugraph, keep=3)
 
 
 def make_inputs(fx, dtype: str, name: str) -> list[torch.Tensor]:
@@ -77,46 +93,34 @@ def rel_err(outs, refs) -> float:
     return max(float((o.double() - r).norm() / r.norm()) for o, r in zip(outs, refs))
 
 
-# (num_warps, num_stages): GEMVs ran fastest with few warps (w4 beat w8 everywhere in the first run)
-CONFIGS = {"dense": ((2, 3), (2, 4), (4, 3), (4, 4), (4, 5)), "attn": ((4, 3), (4, 4), (8, 3), (8, 4))}
-
-
-def configs(name: str):
-    return CONFIGS["attn" if name in ATTN else "dense"]
-
-
 def _config_label(c: tuple) -> str:
     """w<num_warps>s<num_stages>, with "p" for a prefetch-rendered launch."""
     return f"w{c[0]}s{c[1]}" + ("p" if len(c) > 2 and c[2] else "")
 
 
-def warm_row(row, compile_mode: str) -> str:
-    """Compile (into the on-disk caches) every kernel a row will time; run in a worker process."""
-    label, name, kw, dtype = row
+def warm_baseline(row, compile_mode: str) -> str:
+    """Compile the row's torch.compile baseline into the on-disk caches; run in a worker process."""
+    label, name, kw, dtype, _ = row
     try:
-        fx, cands = candidates(name, kw, dtype)
-        xs = make_inputs(fx, dtype, name)
-        for g in cands:
-            for nw, ns in configs(name):
-                cg = compile_graph(g, launch={k.name: (nw, ns) for k in render_triton(g).kernels})
-                cg(*xs)
+        fx = FIXTURES[name](dtype=dtype, **kw)
         comp = torch.compile(torch_program(fx.program), mode=None if compile_mode == "default" else compile_mode,
                              dynamic=False)
-        comp(*xs)
+        comp(*make_inputs(fx, dtype, name))
         torch.cuda.synchronize()
         return f"warm {label}: ok"
     except Exception as e:  # the timing pass reports the row's failure
         return f"warm {label}: {type(e).__name__}: {str(e)[:200]}"
 
 
-def bench_row(label, name, kw, dtype, copy_bw, compile_mode, do_compile: bool) -> dict:
-    fx, cands = candidates(name, kw, dtype)
+def bench_row(label, name, kw, dtype, found, selector, copy_bw, compile_mode, do_compile: bool) -> dict:
+    fx, cands = candidates(name, kw, dtype, found)
     xs = make_inputs(fx, dtype, name)
     ref = torch_program(fx.program)(*[x.double() for x in xs])
-    ranked = profile_candidates(cands, xs, configs=configs(name), reps=10)
+    ranked = selector.pick(cands, xs)  # as patch() picks: every candidate, then launches of the fastest
+    origin = lambda g: "search" if to_text(g) in found else "fixture"  # noqa: E731
     for r in ranked:  # the log keeps every candidate's time: what won, and by how much
         blk = r.ugraph.customized_nodes()[0].block
-        print(f"  cand {label}: grid {blk.grid} f{blk.forloop}: " + (r.error[:120] if r.error else
+        print(f"  cand {label} ({origin(r.ugraph)}): grid {blk.grid} f{blk.forloop}: " + (r.error[:120] if r.error else
               " ".join(f"{_config_label(c)}={us:.1f}" for c, us in r.tried)), flush=True)
     best = ranked[0]
     if best.error:
@@ -127,7 +131,7 @@ def bench_row(label, name, kw, dtype, copy_bw, compile_mode, do_compile: bool) -
     row = dict(label=label, dtype=dtype, err=err, ok=err <= TOL[dtype],
                ours_eager=time_call(cg, sets, graph=False), ours=time_call(cg, sets, graph=True))
     blk = best.ugraph.customized_nodes()[0].block
-    row["config"] = f"grid {'x'.join(map(str, blk.grid))} f{blk.forloop} " + \
+    row["config"] = f"{origin(best.ugraph)}: grid {'x'.join(map(str, blk.grid))} f{blk.forloop} " + \
         " ".join(_config_label(c) for c in sorted(set(best.launch.values())))
     eager = torch_program(fx.program)
     row["eager"], row["eager_g"] = time_call(eager, sets, graph=False), time_call(eager, sets, graph=True)
@@ -146,7 +150,7 @@ def bench_row(label, name, kw, dtype, copy_bw, compile_mode, do_compile: bool) -
 
 
 HEAD = ("| row | dtype | ours (graph) | ours (eager call) | eager | eager graph | compile | compile graph | "
-        "best baseline | speed-up | GB/s | % copy BW | floor µs | rel err | μGraph tiling, launch |")
+        "best baseline | speed-up | GB/s | % copy BW | floor µs | rel err | μGraph (from), tiling, launch |")
 
 
 def fmt(r: dict) -> str:
@@ -169,6 +173,8 @@ def main() -> None:
     ap.add_argument("--out", default="")
     ap.add_argument("--workers", type=int, default=12, help="processes compiling kernels ahead of timing")
     ap.add_argument("--deadline-s", type=float, default=1e9, help="start no new row after this many seconds")
+    ap.add_argument("--search-s", type=float, default=20.0,
+                    help="search each row's program for at most this long (0: the fixtures alone)")
     args = ap.parse_args()
     t0 = time.time()
     rows = []
@@ -179,14 +185,17 @@ def main() -> None:
             rows += list(paper_rows(dt))
     if args.only:
         rows = [r for r in rows if any(s in r[0] for s in args.only.split(","))]
-    if args.workers > 1:  # compile in parallel, time alone: timings never share the GPU
+    rows = [(label, name, kw, dt, searched(name, kw, dt, args.search_s)) for label, name, kw, dt in rows]
+    print(f"searched {len(rows)} programs in {time.time() - t0:.0f} s", flush=True)
+    if args.workers > 1:  # compile the baselines in parallel, time alone: timings never share the GPU
         import functools
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor
         with ProcessPoolExecutor(args.workers, mp_context=mp.get_context("spawn")) as ex:
-            for msg in ex.map(functools.partial(warm_row, compile_mode=args.compile_mode), rows):
+            for msg in ex.map(functools.partial(warm_baseline, compile_mode=args.compile_mode), rows):
                 print(msg, flush=True)
-        print(f"compiled ahead in {time.time() - t0:.0f} s", flush=True)
+        print(f"compiled the baselines ahead in {time.time() - t0:.0f} s", flush=True)
+    selector = Selector(torch.device("cuda"), workers=args.workers)  # builds our candidates in workers
     bw = copy_bandwidth()
     props = torch.cuda.get_device_properties(0)
     import transformers
@@ -198,13 +207,14 @@ def main() -> None:
             "", HEAD, "|" + "---|" * (HEAD.count("|") - 1)]
     print("\n".join(head), flush=True)
     lines = list(head)
-    for label, name, kw, dt in rows:
+    for label, name, kw, dt, found in rows:
         if time.time() - t0 > args.deadline_s:
             lines.append(f"| {label} | not run: past the {args.deadline_s:.0f} s deadline |")
             print(lines[-1], flush=True)
             continue
         try:
-            r = bench_row(label, name, kw, dt, bw, args.compile_mode, time.time() - t0 < args.compile_budget_s)
+            r = bench_row(label, name, kw, dt, found, selector, bw, args.compile_mode,
+                          time.time() - t0 < args.compile_budget_s)
         except Exception as e:  # one broken row must not hide the others
             r = dict(label=label, error=f"{type(e).__name__}: {e}")
         lines.append(fmt(r))
@@ -212,6 +222,7 @@ def main() -> None:
         if args.out:
             with open(args.out, "w") as f:
                 f.write("\n".join(lines) + "\n")
+    selector.close()
     print(f"total {time.time() - t0:.0f} s", flush=True)
 
 
