@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -186,6 +187,22 @@ class _TargetDriver:
 
     def get_current_stream(self, device=None):
         return 0
+
+
+def warm(tm, module, launch: dict[str, tuple] | None, device, files: dict[str, bytes] | None = None,
+         name: str = "") -> CompileLog:
+    """``warmup`` on the CUDA ``device`` after seeding Triton's cache with ``files`` (binaries an
+    earlier build exported: Triton loads them instead of compiling). Binaries that cannot be used
+    are warned about and compiled instead: a stored build never fails a new one."""
+    import torch
+
+    if files:
+        try:
+            seed(files)
+        except (BadBinaries, OSError) as e:
+            warnings.warn(f"{name}: stored Triton binaries not used ({e})", stacklevel=3)
+    with torch.cuda.device(device):  # compiled now, never inside a CUDA-graph capture
+        return warmup(tm, module, launch)
 
 
 def warmup(tm, module, launch: dict[str, tuple] | None = None, target=None) -> CompileLog:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import warnings
 from typing import Callable, Sequence
 
 import torch
@@ -106,13 +105,8 @@ class CompiledGraph:
 
     def _warm(self, cache_dir, files: dict[str, bytes] | None) -> None:
         """Compile or load every kernel now (no launch), after seeding Triton's cache with ``files``."""
-        if files:
-            try:
-                _binaries.seed(files)
-            except (_binaries.BadBinaries, OSError) as e:   # compile instead; never fail the build
-                warnings.warn(f"{self.graph.name}: stored Triton binaries not used ({e})", stacklevel=3)
-        with torch.cuda.device(self.device):
-            log = _binaries.warmup(self.built, load_module(self.built, cache_dir), self.launch)
+        log = _binaries.warm(self.built, load_module(self.built, cache_dir), self.launch, self.device, files,
+                             self.graph.name)
         self.compiles, self.loaded, self._hashes = len(log.compiled), len(log.loaded), dict(log.hashes)
 
     @property

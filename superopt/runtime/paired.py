@@ -46,13 +46,7 @@ class PairedGraph:
         self.compiles = 0
         self._hashes: dict[str, str] = {}
         if a.device.type == "cuda" and module.kernels and not interpreting():
-            if binaries:  # stored by an earlier build (``binaries()``): Triton loads, not compiles
-                try:
-                    _binaries.seed(binaries)
-                except (_binaries.BadBinaries, OSError):
-                    pass  # compiled below instead, and counted
-            with torch.cuda.device(a.device):  # compiled now, never inside a CUDA-graph capture
-                log = _binaries.warmup(module, mod, a.launch)
+            log = _binaries.warm(module, mod, a.launch, a.device, binaries, f"{a.graph.name} paired")
             self.compiles, self._hashes = len(log.compiled), dict(log.hashes)
 
     def binaries(self) -> dict[str, bytes]:
