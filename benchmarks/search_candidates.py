@@ -73,30 +73,19 @@ def describe(g, aot: bool = False) -> list[str]:
 
 
 def site_program(model_name: str, label: str, rows: list[int]):
-    """{rows: program} of the site part ``label`` of the registry model's first layer, traced at
-    the largest row count and re-typed for the others (``Preparer._trace`` / ``_at_rows``)."""
-    import torch
+    """{rows: program} of the site part ``label`` of the registry model's first layer, as patch()
+    extracts it (``mirage_serve.site_programs``)."""
+    from mirage_serve.site_programs import layer_programs
 
-    from mirage_serve.bench_load import load
-    from mirage_serve.patch_prepare import _dim
-    from mirage_serve.patches import family_for
-    from mirage_serve.sites import find_layers, site_module, site_parts
-    from superopt.lax.extract import extract
-    from superopt.lax.rows import with_rows
-
-    lm = load(model_name, dtype="bf16", device="cpu", layers=1, overrides={"vocab_size": 256})
-    family = family_for(lm.model.config.model_type)
-    _, layers = find_layers(lm.model, family)
-    parts = {name: part for site in family.sites
-             for name, part, _ in site_parts(site.name, site_module(layers[0], site))}
-    if label not in parts:
-        raise SystemExit(f"{model_name} has no site program {label!r}; it has: {', '.join(parts)}")
-    top = max(rows)
-    dim = _dim(parts[label].head)  # the site's input size (down_proj: the intermediate size)
-    x = torch.randn(top, dim, generator=torch.Generator().manual_seed(0)).bfloat16()
-    ex = extract(parts[label], (x,), f"{label}_m{top}")
-    rows_input = next(v.name for v, src in zip(ex.graph.inputs, ex.sources) if src[0] == "arg")
-    return {m: ex.graph if m == top else with_rows(ex.graph, rows_input, m, f"{label}_m{m}") for m in rows}
+    found: dict[int, object] = {}
+    labels = []
+    for name, m, g in layer_programs(model_name, tuple(rows)):
+        labels.append(name)
+        if name == label:
+            found.setdefault(m, g)  # k and v: one program, the first part speaks for both
+    if not found:
+        raise SystemExit(f"{model_name} has no site program {label!r}; it has: {', '.join(dict.fromkeys(labels))}")
+    return found
 
 
 def main(argv=None) -> None:

@@ -18,39 +18,14 @@ import argparse
 import shutil
 from pathlib import Path
 
-import torch
-
 
 def programs(name: str, buckets: tuple[int, ...]):
     """(site program label, bucket, program digest) of one layer of registry model ``name``."""
-    from transformers import AutoModelForCausalLM
-
-    from mirage_serve import registry
-    from mirage_serve.patch_api import _adapters
-    from mirage_serve.patch_prepare import _dim
-    from mirage_serve.sites import find_layers, site_module, site_parts
+    from mirage_serve.site_programs import layer_programs
     from superopt.ir import digest
-    from superopt.lax.extract import extract
-    from superopt.lax.rows import with_rows
 
-    facts = dict(registry.get(name).config, num_hidden_layers=1)
-    facts["vocab_size"] = max(128, (facts.get("pad_token_id") or 0) + 1)  # small, but holding the pad id
-    if facts.get("layer_types"):
-        facts["layer_types"] = facts["layer_types"][:1]
-    cfg = registry.hf_config(facts)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
-    family = _adapters()[0](cfg.model_type)
-    _, layers = find_layers(model, family)
-    top = max(buckets)
-    for site in family.sites:
-        wrapper = site_module(layers[0], site)
-        for label, part, _ in site_parts(site.name, wrapper):
-            dim = _dim(part.head)
-            ex = extract(part, (torch.randn(top, dim, dtype=torch.bfloat16),), f"{label}_m{top}")
-            rows_input = next(v.name for v, src in zip(ex.graph.inputs, ex.sources) if src[0] == "arg")
-            for m in buckets:
-                g = ex.graph if m == top else with_rows(ex.graph, rows_input, m, f"{label}_m{m}")
-                yield label, m, digest(g)
+    for label, m, g in layer_programs(name, buckets):
+        yield label, m, digest(g)
 
 
 def main(argv=None) -> None:
