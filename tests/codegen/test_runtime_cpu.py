@@ -136,3 +136,31 @@ def test_summed_workspaces_share_one_buffer_and_stay_16_byte_aligned():
         w.fill_(j + 0.5)
     summed.cast(cg.pool)   # one copy of the whole buffer into the outputs, laid out alike
     assert all(torch.equal(cg.pool[v.name].float(), w) for v, w in zip(outs, ws))
+
+
+def test_selector_sweeps_a_candidate_that_is_slow_only_at_its_default_launch(monkeypatch):
+    # The GPU case (ninth session): Llama-3.1-8B q_proj at 8 rows, its best design 49.7 µs at the
+    # renderer's default launch and 17.4 µs at 2 warps, fell out of the swept few when timed at the
+    # default alone. Stand-in timings: four designs, the last fast only at 2 warps.
+    from superopt.runtime import select
+    from superopt.runtime.profile import ProfileResult
+
+    graphs = [FIXTURES[n]().ugraph for n in sorted(FIXTURES)[:4]]
+    at_default = [20.0, 21.0, 22.0, 50.0]
+    def timed(g, config):
+        i = graphs.index(g)
+        if config is None:
+            return at_default[i]
+        return 17.0 if (i == 3 and config[0] == 2) else at_default[i] + 1.0
+
+    def fake_profile(ugraphs, inputs, configs, **_):
+        out = []
+        for g in ugraphs:
+            us, config = min((timed(g, c), c) for c in configs)
+            out.append(ProfileResult(graphs.index(g), g, {"k": config}, us))
+        return sorted(out, key=lambda r: r.median_us)
+
+    monkeypatch.setattr(select, "profile_candidates", fake_profile)
+    monkeypatch.setattr(select, "launch_fits", lambda g, *c: True)
+    ranked = select.Selector(torch.device("cpu"), workers=1).pick(graphs, [])
+    assert ranked[0].ugraph is graphs[3] and ranked[0].median_us == 17.0
