@@ -4,9 +4,9 @@ Rows: the Mirage paper suite (6 programs × b ∈ {1, 8}) and Llama-3-8B / Qwen2
 (../shared/BENCHMARKS.md §1–2). Our candidates per row: what the search hands the profiler for the
 row's program (``SearchResult.candidates``, searched first in this process, ``--search-s`` each),
 plus the hand-written fixture (tests/fixtures) and its re-tilings (superopt.runtime.retile); the
-runtime's ``Selector`` picks among them as ``patch()`` does (every candidate at its default launch,
+runtime's ``Selector`` picks among them as ``patch()`` does (every candidate at a few probe launches,
 then launch configurations over the fastest), and the table says whether the winner came from the
-search or the fixture. Every row checks our output against a float64 reference first.
+search or the fixture. The searches run side by side in ``--workers`` processes. Every row checks our output against a float64 reference first.
 
     PYTHONPATH=$PWD python benchmarks/bench_blocks.py --suite all --out $OUT/blocks.md
 
@@ -65,6 +65,24 @@ def searched(name: str, kw: dict, dtype: str, seconds: float) -> tuple[str, ...]
 
     result = superoptimize(FIXTURES[name](dtype=dtype, **kw).program, SearchBudget(max_seconds=seconds))
     return tuple(dict.fromkeys(to_text(g) for g in result.candidates() if g.customized_nodes()))
+
+
+def _pool(workers: int):
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+    return ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"))
+
+
+def search_rows(rows: list, seconds: float, workers: int) -> list:
+    """Each row with what ``searched`` finds for it; the searches (CPU only) run side by side in
+    ``workers`` processes, so a suite of 22 rows at 20 s each takes ~40 s, not 440."""
+    jobs = [(name, kw, dt, seconds) for _, name, kw, dt in rows]
+    if workers > 1 and seconds > 0 and len(jobs) > 1:
+        with _pool(workers) as ex:
+            found = list(ex.map(searched, *zip(*jobs)))
+    else:
+        found = [searched(*j) for j in jobs]
+    return [(*row, f) for row, f in zip(rows, found)]
 
 
 def candidates(name: str, kw: dict, dtype: str, found: tuple[str, ...] = ()) -> tuple:
@@ -185,13 +203,11 @@ def main() -> None:
             rows += list(paper_rows(dt))
     if args.only:
         rows = [r for r in rows if any(s in r[0] for s in args.only.split(","))]
-    rows = [(label, name, kw, dt, searched(name, kw, dt, args.search_s)) for label, name, kw, dt in rows]
+    rows = search_rows(rows, args.search_s, args.workers)
     print(f"searched {len(rows)} programs in {time.time() - t0:.0f} s", flush=True)
     if args.workers > 1:  # compile the baselines in parallel, time alone: timings never share the GPU
         import functools
-        import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor
-        with ProcessPoolExecutor(args.workers, mp_context=mp.get_context("spawn")) as ex:
+        with _pool(args.workers) as ex:
             for msg in ex.map(functools.partial(warm_baseline, compile_mode=args.compile_mode), rows):
                 print(msg, flush=True)
         print(f"compiled the baselines ahead in {time.time() - t0:.0f} s", flush=True)
