@@ -111,8 +111,10 @@ def rel_err(outs, refs) -> float:
     return max(float((o.double() - r).norm() / r.norm()) for o, r in zip(outs, refs))
 
 
-def _config_label(c: tuple) -> str:
-    """w<num_warps>s<num_stages>, with "p" for a prefetch-rendered launch."""
+def _config_label(c: tuple | None) -> str:
+    """w<num_warps>s<num_stages>, with "p" for a prefetch-rendered launch; None: the renderer's default."""
+    if c is None:
+        return "default"
     return f"w{c[0]}s{c[1]}" + ("p" if len(c) > 2 and c[2] else "")
 
 

@@ -91,7 +91,7 @@ while [ $# -gt 0 ]; do
             print(KernelCache(shipped_dir=False).export_shipped('/tmp/shipped'), 'entries')" \
             && tar -C /tmp -cf "$OUT/shipped.tar" shipped ;;
     blocks) limit=${BLOCKS_LIMIT:-400}  # issue 4's table; rows not started by the deadline say so
-            step blocks "$limit" python benchmarks/bench_blocks.py --suite "${BLOCKS_SUITE:-llama}" \
+            step blocks "$limit" env PYTHONPATH="$PWD" python benchmarks/bench_blocks.py --suite "${BLOCKS_SUITE:-llama}" \
               --deadline-s $((limit - 45)) --out "$OUT/blocks.md" ;;
     *) echo "unknown step $1" ;;
   esac
