@@ -24,11 +24,14 @@ from ..ir import KernelGraph, from_text, launch_fits, to_text
 from .profile import DEFAULT_CONFIGS, ProfileResult, applies, profile_candidates
 
 SWEEP_TOP = 3  # candidates whose launch configurations are swept after the first stage
-# The first stage's launches: the renderer's default (4 warps for 128 threads) and 2 warps. A decode
-# GEMV's best design can be 3x slower at its default than at 2 warps (Llama-3.1-8B q_proj at 8 rows,
-# H200: 49.7 vs 17.4 µs), so timed at the default alone it fell out of the swept few once the
-# search offered 14 candidates instead of 7 (ninth session) and a 24.1 µs design won.
-PROBE = (None, (2, 3))
+# The first stage's launches: the renderer's default (4 warps, 3 stages for 128 threads), 2 warps,
+# and 4 warps with the next iteration's loads issued ahead. A decode GEMV's best design can be 2-3x
+# slower at its default than at its best launch (Llama-3.1-8B q_proj at 8 rows, H200: 33.7 µs at
+# the best of default and 2 warps, 17.4 µs at 2 warps prefetched: the shipped entry), so timed at the default alone it fell out
+# of the swept few once the search offered 14 candidates instead of 7 (ninth session). Over the 29
+# candidates the ninth session's block benchmark timed at every launch, these three came within
+# 10% of each one's best (26 within 5%); default and 2 warps alone: within 41% (20 within 5%).
+PROBE = (None, (2, 3), (4, 3, 1))
 
 
 def default_workers() -> int:
@@ -48,7 +51,8 @@ class Selector:
     def pick(self, candidates: Sequence[KernelGraph], inputs: Sequence[torch.Tensor]) -> list[ProfileResult]:
         """Every candidate timed (best first); errors (e.g. out of shared memory) rank last."""
         unique = list({to_text(g): g for g in candidates}.values())
-        self._prebuild([(g, c) for g in unique for c in PROBE if c is None or launch_fits(g, *c)], inputs)
+        self._prebuild([(g, c) for g in unique for c in PROBE
+                        if c is None or (applies(g, c) and launch_fits(g, *c[:2]))], inputs)
         first = profile_candidates(unique, inputs, configs=PROBE)
         top = [r.ugraph for r in first if r.error is None][:SWEEP_TOP]
         # configs whose shared memory cannot fit are skipped by the timing pass: do not build them
