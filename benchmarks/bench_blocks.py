@@ -23,6 +23,7 @@ import torch
 from benchmarks.torch_program import torch_program
 from superopt.ir.text import from_text, to_text
 from superopt.runtime import compile_graph
+from superopt.runtime.profile import config_label
 from superopt.runtime.select import Selector
 from superopt.runtime.retile import dense_tilings, split_kv_tilings
 from superopt.runtime.timing import copy_bandwidth, rotated_sets, time_call
@@ -111,13 +112,6 @@ def rel_err(outs, refs) -> float:
     return max(float((o.double() - r).norm() / r.norm()) for o, r in zip(outs, refs))
 
 
-def _config_label(c: tuple | None) -> str:
-    """w<num_warps>s<num_stages>, with "p" for a prefetch-rendered launch; None: the renderer's default."""
-    if c is None:
-        return "default"
-    return f"w{c[0]}s{c[1]}" + ("p" if len(c) > 2 and c[2] else "")
-
-
 def warm_baseline(row, compile_mode: str) -> str:
     """Compile the row's torch.compile baseline into the on-disk caches; run in a worker process."""
     label, name, kw, dtype, _ = row
@@ -141,7 +135,7 @@ def bench_row(label, name, kw, dtype, found, selector, copy_bw, compile_mode, do
     for r in ranked:  # the log keeps every candidate's time: what won, and by how much
         blk = r.ugraph.customized_nodes()[0].block
         print(f"  cand {label} ({origin(r.ugraph)}): grid {blk.grid} f{blk.forloop}: " + (r.error[:120] if r.error else
-              " ".join(f"{_config_label(c)}={us:.1f}" for c, us in r.tried)), flush=True)
+              " ".join(f"{config_label(c)}={us:.1f}" for c, us in r.tried)), flush=True)
     best = ranked[0]
     if best.error:
         return dict(label=label, error=best.error)
@@ -152,7 +146,7 @@ def bench_row(label, name, kw, dtype, found, selector, copy_bw, compile_mode, do
                ours_eager=time_call(cg, sets, graph=False), ours=time_call(cg, sets, graph=True))
     blk = best.ugraph.customized_nodes()[0].block
     row["config"] = f"{origin(best.ugraph)}: grid {'x'.join(map(str, blk.grid))} f{blk.forloop} " + \
-        " ".join(_config_label(c) for c in sorted(set(best.launch.values())))
+        " ".join(config_label(c) for c in sorted(set(best.launch.values())))
     eager = torch_program(fx.program)
     row["eager"], row["eager_g"] = time_call(eager, sets, graph=False), time_call(eager, sets, graph=True)
     if do_compile:

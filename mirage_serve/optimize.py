@@ -38,6 +38,7 @@ class Pick:
     median_us: float
     note: str
     verification: "Verification | None" = None  # the pick's, when the profiler verified it
+    timings: tuple = ()  # every candidate timed (superopt.runtime.profile.timings), kept with the entry
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,8 @@ def _choose(program: KernelGraph, budget, arch: str, cache, key, seed, pick) -> 
                 graph, launch, profile, ver = chosen.graph, chosen.launch, chosen.note, chosen.verification
                 meta.update(launch={k: list(v) for k, v in launch.items()}, median_us=chosen.median_us,
                             profile=profile)
+                if chosen.timings:
+                    meta["timings"] = [list(t) for t in chosen.timings]
             ver = ver or verify(program, graph)
             meta.update(verified=ver.ok, verdict=ver.verdict)
             # Only a verified μGraph is stored: a hit is then trusted without verifying again (the

@@ -144,6 +144,7 @@ class Preparer:
     def _pick(self, program, device):
         """``optimize.choose``'s profiler: the fastest verified candidate of a search result on ``device``."""
         def pick(result) -> optimize.Pick:
+            from superopt.runtime.profile import timings
             from superopt.runtime.select import Selector
             if self._selector is None:
                 self._selector = Selector(device)
@@ -157,8 +158,9 @@ class Preparer:
                     base = next((x.median_us for x in ranked if x.ugraph == result.best), float("nan"))
                     note = (f"fastest of {len(ranked)} timed: {r.median_us:.1f} µs "
                             f"(cost model's pick {base:.1f} µs)")
-                    return optimize.Pick(r.ugraph, dict(r.launch), r.median_us, note, ver)
-            return optimize.Pick(result.best, {}, float("nan"), f"no candidate ran ({ranked[0].error})")
+                    return optimize.Pick(r.ugraph, dict(r.launch), r.median_us, note, ver, tuple(timings(ranked)))
+            return optimize.Pick(result.best, {}, float("nan"), f"no candidate ran ({ranked[0].error})",
+                                 timings=tuple(timings(ranked)))
         return pick
 
     def prepare(self, layer: torch.nn.Module, site: NormSite | ProjSite, sr: SiteReport) -> SiteRuntime:

@@ -9,7 +9,7 @@ from .ops import (ACCUM_OPS, BINARY_OPS, DTYPE_BYTES, DTYPES, OPAQUE_OPS, OPS, R
                   Category, Lax, OpInfo, op_info)
 from .smem import SMEM_BUDGET, default_stages, launch_fits, triton_smem_bytes
 from .shapes import ShapeError, broadcast_shapes, infer_type
-from .text import ParseError, digest, from_text, to_text
+from .text import ParseError, digest, from_text, layout, to_text
 from .tiling import TilingError, input_tile_shape, output_shape, reduced_axes
 
 __all__ = [
@@ -17,7 +17,7 @@ __all__ = [
     "SMEM_BUDGET", "UNARY_OPS", "BlockGraph", "BlockInput", "BlockOutput", "Category", "GraphError",
     "KernelGraph", "Lax", "Node", "OpInfo", "ParseError", "ShapeError", "TensorType", "TilingError",
     "Value", "Variance", "block_variance", "broadcast_shapes", "check", "digest", "from_text",
-    "infer_type", "input_tile_shape", "make_attrs", "op_info", "output_shape", "reduced_axes",
+    "infer_type", "input_tile_shape", "layout", "make_attrs", "op_info", "output_shape", "reduced_axes",
     "shared_memory_bytes", "to_text", "default_stages", "launch_fits",
     "triton_smem_bytes",
 ]

@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import re
 
-from .graph import AttrValue, BlockGraph, BlockInput, BlockOutput, KernelGraph, Node, TensorType, Value
+from .graph import VIEW_OPS, AttrValue, BlockGraph, BlockInput, BlockOutput, KernelGraph, Node, TensorType, Value
 
 # ---------------------------------------------------------------- printing
 
@@ -83,6 +83,23 @@ def to_text(g: KernelGraph) -> str:
             lines.append("}")
     lines.append("output " + " ".join(f"%{o}" for o in g.outputs))
     return "\n".join(lines) + "\n"
+
+
+def layout(g: KernelGraph) -> str:
+    """One line naming each launch of ``g``: a customized kernel as its grid, threads, for-loop and
+    input tiles per iteration (``grid 256x1x1 t128 f16 [256] [16,256] [8,256]``), a library op by
+    its name; views are left out. Enough to tell a search's candidates apart in a log or a cache
+    entry's timings without the whole text."""
+    parts = []
+    for n in g.nodes:
+        if n.block is None:
+            if n.op not in VIEW_OPS:
+                parts.append(n.op)
+            continue
+        b = n.block
+        tiles = " ".join("[" + ",".join(map(str, i.value.type.shape)) + "]" for i in b.inputs)
+        parts.append(f"grid {'x'.join(map(str, b.grid))} t{b.block_threads} f{b.forloop} {tiles}")
+    return "; ".join(parts)
 
 
 def digest(g: KernelGraph, length: int = 16) -> str:

@@ -26,7 +26,8 @@ def test_pick_is_stored_and_a_hit_skips_profiling(tmp_path):
         cands = result.candidates()
         calls.append(len(cands))
         searched = [g for g in cands if g != program]
-        return optimize.Pick(searched[-1], {"k0": (2, 4)}, 3.5, f"fastest of {len(cands)}")
+        return optimize.Pick(searched[-1], {"k0": (2, 4)}, 3.5, f"fastest of {len(cands)}",
+                             timings=(["grid 4x1x1 t128 f2 [2,304] [56,304]", "w2s4", 3.5, 4.1],))
 
     budget = SearchBudget(max_seconds=20)
     first = optimize.choose(program, budget=budget, arch="sm_90", cache=cache, key=key, pick=pick)
@@ -39,6 +40,8 @@ def test_pick_is_stored_and_a_hit_skips_profiling(tmp_path):
     assert second.source == "cache" and len(calls) == 1  # no search, no profiling
     assert to_text(second.graph) == to_text(first.graph)
     assert second.launch == {"k0": (2, 4)} and second.profile == first.profile
+    # every candidate's time stays with the entry, for comparing the cost model with the GPU later
+    assert cache.get(key).meta["timings"] == [["grid 4x1x1 t128 f2 [2,304] [56,304]", "w2s4", 3.5, 4.1]]
     # verified once, when stored: a hit carries that verdict instead of verifying again
     assert first.verification.ok and second.verification.ok
     assert second.verification.verdict.startswith("verified when cached: equivalent")
