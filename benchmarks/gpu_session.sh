@@ -4,7 +4,7 @@
 # Steps: tests | tests-pdl | registry | warm-patch | cold | overhead | alone-rounds | alone | decode-qwen | decode-llama | decode-qwen3 | nopdl-qwen | nopdl-llama | unpaired-qwen | unpaired-llama | profile-qwen | profile-llama | cuda |
 # blocks | research | warm. Every step's limit is cut to what is left before DEADLINE (default 560 s: a device command may run 600 s,
 # and the tars at the end need a few seconds); a step with under 20 s left is skipped.
-# (environment: MIRAGE_SERVE_PDL, MIRAGE_SERVE_PAIRED_LAUNCH, NEW_TOKENS, LLAMA_BATCH, BASELINES; overhead: OVERHEAD (MODEL:BATCH ...); research: WARM_MODELS, RESEARCH (site programs); warm: WARM_MODELS, WARM_BATCH; it leaves $OUT/shipped.tar,
+# (environment: MIRAGE_SERVE_PDL, MIRAGE_SERVE_PAIRED_LAUNCH, NEW_TOKENS, LLAMA_BATCH, BASELINES; overhead: OVERHEAD (MODEL:BATCH ...); warm: WARM_MODELS, WARM_BATCH; it leaves $OUT/shipped.tar,
 # entries in kernels_cache/ form to untar into the repo's kernels_cache/; blocks: BLOCKS_LIMIT (s, default 400), BLOCKS_SUITE (llama, paper, all), BLOCKS_ONLY (row label substrings)). The kernel cache is $MIRAGE_SERVE_CACHE_DIR
 # (default /tmp/ms_cache) while running and is tarred to $OUT/cache.tar at the end,
 # so searched μGraphs found on the GPU can be brought back (for kernels_cache/); a cache.tar in the
@@ -76,13 +76,9 @@ while [ $# -gt 0 ]; do
     profile-qwen) step profile_qwen 120 python benchmarks/profile_decode_step.py Qwen2.5-0.5B ;;
     profile-llama) step profile_llama 200 python benchmarks/profile_decode_step.py Llama-3.1-8B ;;
     cuda) step cuda 200 python -m tests.codegen_cuda.device_check "$OUT" ;;
-    research) for m in ${WARM_MODELS:?set WARM_MODELS to registry names}; do  # search these models' programs
-                # again: their entries leave this copy's kernels_cache/ and the user cache is emptied (an earlier
-                # step's patch() copied them there), so the next step's patch() (warm, or a decode bench)
-                # searches, profiles and fills the user cache; bring them back with warm's tar
-                step "unship_$m" 60 python benchmarks/shipped_coverage.py "$m" --shipped kernels_cache \
-                  --remove "${RESEARCH:-attn_in,attn_in_1,attn_out,mlp_in,mlp_out}"
-              done
+    research) export MIRAGE_SERVE_RESEARCH=1  # every later step's patch() searches the shipped programs
+              # again; a shipped entry's μGraph competes with the new candidates and the faster goes to the
+              # user cache, emptied here so entries an earlier step made cannot stand in for the shipped ones
               rm -rf "$MIRAGE_SERVE_CACHE_DIR" ;;
     warm) for m in ${WARM_MODELS:?set WARM_MODELS to registry names}; do  # issue 7: the shipped cache
             step "warm_$m" 300 mirage-serve warm "$m" --layers 2 --batch "${WARM_BATCH:-1,2,4,8,16}"

@@ -76,7 +76,12 @@ PAIRED_LAUNCH: Knob[bool] = Knob(
     "run k_proj and v_proj as one launch where patch() times it faster (decision and kernels kept in the "
     "kernel cache); 0 keeps two launches")
 
-KNOBS: tuple[Knob, ...] = (CACHE_DIR, CACHE_READ_ONLY, PDL, PAIRED_LAUNCH)
+RESEARCH: Knob[bool] = Knob(
+    "MIRAGE_SERVE_RESEARCH", parse_bool, False,
+    "search again, where patch() profiles on the GPU, the programs the shipped kernel cache has: the shipped "
+    "μGraph competes with the new candidates and the fastest goes to the user cache (for refreshing kernels_cache/)")
+
+KNOBS: tuple[Knob, ...] = (CACHE_DIR, CACHE_READ_ONLY, PDL, PAIRED_LAUNCH, RESEARCH)
 
 
 def describe() -> str:

@@ -67,7 +67,8 @@ def default_budget(budget, backend: str):
     return SearchBudget(max_seconds=CPU_SEARCH_SECONDS)
 
 
-def choose(program: KernelGraph, *, budget, arch: str, cache=None, key=None, seed=None, pick=None) -> Choice:
+def choose(program: KernelGraph, *, budget, arch: str, cache=None, key=None, seed=None, pick=None,
+           research: bool = False) -> Choice:
     """The μGraph to run for ``program``. ``budget=0`` skips the search (tests, quick starts).
 
     ``cache`` is a ``mirage_serve.cache.KernelCache`` and ``key`` its ``CacheKey`` for this program,
@@ -76,22 +77,39 @@ def choose(program: KernelGraph, *, budget, arch: str, cache=None, key=None, see
     shape (and re-verified by the search) instead of searching again. ``pick(result) -> Pick``:
     times the result's candidates on the device and returns the fastest (None: the search's best);
     its launch configuration and timings are stored with the entry, so a cache hit needs no profiling.
+    ``research`` (with ``pick``): a hit in the shipped cache is searched again, its μGraph one more
+    candidate for the profiler, and the winner is stored (``knobs.RESEARCH``) — a search changed
+    since the shipped entry was made can then only replace it with something measured faster.
     """
     if cache is None or key is None:
-        return _choose(program, budget, arch, None, None, seed, pick)
+        return _choose(program, budget, arch, None, None, seed, pick, False)
     # Concurrent patchers of one model: one searches each program, the others wait, then hit.
     with cache.lock(key):
-        return _choose(program, budget, arch, cache, key, seed, pick)
+        return _choose(program, budget, arch, cache, key, seed, pick, research and pick is not None)
 
 
-def _choose(program: KernelGraph, budget, arch: str, cache, key, seed, pick) -> Choice:
+class _WithIncumbent:
+    """A search result whose candidates start with the μGraph a cache entry held (research mode)."""
+
+    def __init__(self, result, incumbent: KernelGraph):
+        self.result, self.incumbent = result, incumbent
+
+    def candidates(self) -> list[KernelGraph]:
+        return [self.incumbent] + [g for g in self.result.candidates() if g != self.incumbent]
+
+    def __getattr__(self, name):
+        return getattr(self.result, name)
+
+
+def _choose(program: KernelGraph, budget, arch: str, cache, key, seed, pick, research: bool) -> Choice:
     t0 = time.perf_counter()
+    incumbent = None
 
     def done(graph, source, note, result=None):
         launch, profile, meta, ver = None, "", {"program_digest": digest(program), "source": source}, None
         if source in ("search", "reinstantiated"):
             if pick is not None:
-                chosen = pick(result)
+                chosen = pick(result if incumbent is None else _WithIncumbent(result, incumbent))
                 graph, launch, profile, ver = chosen.graph, chosen.launch, chosen.note, chosen.verification
                 meta.update(launch={k: list(v) for k, v in launch.items()}, median_us=chosen.median_us,
                             profile=profile)
@@ -106,22 +124,32 @@ def _choose(program: KernelGraph, budget, arch: str, cache, key, seed, pick) -> 
                 cache.put(key, CacheEntry(to_text(graph), {}, {}, meta))
         return Choice(graph, source, note, time.perf_counter() - t0, result, launch, profile, ver)
 
+    cached = None
     if cache is not None and key is not None:
         entry = cache.get(key)
         if entry is not None:
             launch = entry.meta.get("launch")
             ver = (Verification(True, f"verified when cached: {entry.meta.get('verdict', '')}", 0.0)
                    if entry.meta.get("verified") is True else None)
-            return Choice(from_text(entry.ugraph_text), "cache", f"cache entry {key.dirname()}",
-                          time.perf_counter() - t0, None,
-                          {k: tuple(v) for k, v in launch.items()} if isinstance(launch, dict) else None,
-                          entry.meta.get("profile", ""), ver, entry)
+            cached = Choice(from_text(entry.ugraph_text), "cache", f"cache entry {key.dirname()}",
+                            time.perf_counter() - t0, None,
+                            {k: tuple(v) for k, v in launch.items()} if isinstance(launch, dict) else None,
+                            entry.meta.get("profile", ""), ver, entry)
+            # Research re-searches shipped entries only: a user entry's key holds the digest of the
+            # superopt source that made it, so it is this search's own result already.
+            if not research or entry.origin != "shipped":
+                return cached
+            incumbent = cached.graph
+
+    def fallback(note: str, result=None) -> Choice:  # research mode keeps the entry it could not beat
+        return cached if cached is not None else done(program, "fallback", note, result)
+
     if budget == 0:
-        return done(program, "fallback", "search disabled (search_budget=0)")
+        return fallback("search disabled (search_budget=0)")
     try:
         from superopt.search import superoptimize
     except ImportError:
-        return done(program, "fallback", "superopt.search is not installed")
+        return fallback("superopt.search is not installed")
     if seed is not None:
         try:
             result = seed.reinstantiate(program)
@@ -138,9 +166,9 @@ def _choose(program: KernelGraph, budget, arch: str, cache, key, seed, pick) -> 
         result = superoptimize(program, **kwargs)
         best = _best(result)
     except Exception as e:  # a search failure must not stop the patch: the program still runs
-        return done(program, "fallback", f"search failed: {type(e).__name__}: {e}")
+        return fallback(f"search failed: {type(e).__name__}: {e}")
     if best is None:
-        return done(program, "fallback", "search found no μGraph", result)
+        return fallback("search found no μGraph", result)
     return done(best, "search", "searched", result)
 
 

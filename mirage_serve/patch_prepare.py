@@ -134,6 +134,7 @@ class Preparer:
         self._selector = None  # superopt.runtime.select.Selector, opened on the first GPU profile
         self._pairings: dict = {}  # device -> Pairing (patch_pairing)
         self.paired_launch = knobs.PAIRED_LAUNCH.get()  # k and v as one launch where faster (patch_pairing)
+        self.research = knobs.RESEARCH.get()  # search cached programs again (optimize.choose)
 
     def close(self) -> None:
         """Stop the profiler's build workers (patch() calls this when it is done, success or not)."""
@@ -157,7 +158,12 @@ class Preparer:
                 if ver is not None and ver.ok:
                     base = next((x.median_us for x in ranked if x.ugraph == result.best), float("nan"))
                     note = (f"fastest of {len(ranked)} timed: {r.median_us:.1f} µs "
-                            f"(cost model's pick {base:.1f} µs)")
+                            f"(cost model's pick {base:.1f} µs")
+                    incumbent = getattr(result, "incumbent", None)  # optimize.choose's research mode
+                    if incumbent is not None:
+                        was = next((x.median_us for x in ranked if x.ugraph == incumbent), float("nan"))
+                        note += f"; the cached μGraph {was:.1f} µs" + (", kept" if r.ugraph == incumbent else "")
+                    note += ")"
                     return optimize.Pick(r.ugraph, dict(r.launch), r.median_us, note, ver, tuple(timings(ranked)))
             return optimize.Pick(result.best, {}, float("nan"), f"no candidate ran ({ranked[0].error})",
                                  timings=tuple(timings(ranked)))
@@ -341,7 +347,8 @@ class Preparer:
         search_arch = arch if device.type == "cuda" else "sm_90"
         profiled = self.backend == "triton" and device.type == "cuda"
         choice = optimize.choose(program, budget=self.budget, arch=search_arch, cache=self.cache, key=key,
-                                 seed=seed, pick=self._pick(program, device) if profiled else None)
+                                 seed=seed, pick=self._pick(program, device) if profiled else None,
+                                 research=self.research)
         ver = optimize.verification_of(program, choice, self.cache, key)
         self.report.searches += choice.source == "search"
         self.report.reinstantiated += choice.source == "reinstantiated"

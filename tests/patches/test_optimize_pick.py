@@ -57,3 +57,51 @@ def test_a_reinstantiation_left_with_only_the_program_searches_afresh():
 
     choice = optimize.choose(program, budget=SearchBudget(max_seconds=20), arch="sm_90", seed=Seed())
     assert choice.source == "search" and choice.graph != program
+
+
+def test_research_offers_the_shipped_graph_to_the_profiler_and_stores_the_winner(tmp_path):
+    # knobs.RESEARCH: a shipped program is searched again; its μGraph is the first candidate timed
+    program = _program()
+    key = CacheKey(digest(program), "b2", "bf16", "sm90", "triton", versions_now(), "mlp_out-m2")
+    budget = SearchBudget(max_seconds=20)
+    offered = []
+
+    def pick_at(index):
+        def pick(result):
+            cands = result.candidates()
+            offered.append(cands)
+            g = [c for c in cands if c != program][index]
+            return optimize.Pick(g, {"k0": (4, 3)}, 2.0 + len(offered), f"pick {len(offered)}")
+        return pick
+
+    maker = KernelCache(tmp_path / "maker", shipped_dir=False)
+    first = optimize.choose(program, budget=budget, arch="sm_90", cache=maker, key=key, pick=pick_at(-1))
+    assert maker.export_shipped(tmp_path / "shipped") == 1
+
+    def fresh():  # an empty user cache over the shipped one
+        import shutil
+        shutil.rmtree(tmp_path / "user", ignore_errors=True)
+        return KernelCache(tmp_path / "user", shipped_dir=tmp_path / "shipped")
+
+    # without research, or without a profiler to decide, the shipped entry is simply used
+    assert optimize.choose(program, budget=budget, arch="sm_90", cache=fresh(), key=key,
+                           pick=pick_at(0)).source == "cache" and len(offered) == 1
+    assert optimize.choose(program, budget=budget, arch="sm_90", cache=fresh(), key=key,
+                           research=True).source == "cache"
+
+    cache = fresh()
+    kept = optimize.choose(program, budget=budget, arch="sm_90", cache=cache, key=key, pick=pick_at(0),
+                           research=True)
+    assert kept.source == "search" and offered[1][0] == first.graph  # the shipped μGraph competes first
+    assert offered[1].count(first.graph) == 1 and kept.graph == first.graph
+    assert cache.get(key).origin == "user" and cache.get(key).meta["profile"] == "pick 2"
+    # the user entry is this search's own result: researching again hits it
+    assert optimize.choose(program, budget=budget, arch="sm_90", cache=cache, key=key, pick=pick_at(0),
+                           research=True).source == "cache" and len(offered) == 2
+
+    cache = fresh()
+    replaced = optimize.choose(program, budget=budget, arch="sm_90", cache=cache, key=key, pick=pick_at(1),
+                               research=True)
+    assert replaced.graph != first.graph
+    entry = cache.get(key)
+    assert entry.ugraph_text == to_text(replaced.graph) and entry.meta["median_us"] == 5.0
