@@ -48,13 +48,17 @@ class Selector:
         self.configs = tuple(configs)
         self._pool = None
 
-    def pick(self, candidates: Sequence[KernelGraph], inputs: Sequence[torch.Tensor]) -> list[ProfileResult]:
-        """Every candidate timed (best first); errors (e.g. out of shared memory) rank last."""
+    def pick(self, candidates: Sequence[KernelGraph], inputs: Sequence[torch.Tensor],
+             sweep_also: Sequence[KernelGraph] = ()) -> list[ProfileResult]:
+        """Every candidate timed (best first); errors (e.g. out of shared memory) rank last.
+        ``sweep_also``: candidates whose launches are swept wherever their probes rank (an
+        incumbent whose best launch is known to be one the probes leave out)."""
         unique = list({to_text(g): g for g in candidates}.values())
         self._prebuild([(g, c) for g in unique for c in PROBE
                         if c is None or (applies(g, c) and launch_fits(g, *c[:2]))], inputs)
         first = profile_candidates(unique, inputs, configs=PROBE)
         top = [r.ugraph for r in first if r.error is None][:SWEEP_TOP]
+        top += [g for g in sweep_also if g not in top]
         # configs whose shared memory cannot fit are skipped by the timing pass: do not build them
         self._prebuild([(g, c) for g in top for c in self.configs if applies(g, c) and launch_fits(g, *c[:2])],
                        inputs)

@@ -178,3 +178,26 @@ def test_profile_timings_name_each_candidate_its_launch_time_and_cost():
     assert rows[1] == [layout(b), "OutOfResources: shared memory"]
     assert layout(a) == "grid 1x4x1 t128 f3 [8,32] [32,20] [32,20]"
     assert layout(FIXTURES["gated_mlp"]().program) == "matmul; silu; matmul; mul"  # views left out
+
+
+def test_selector_sweeps_the_launches_of_a_graph_it_is_told_to(monkeypatch):
+    # research mode's shipped μGraph: slow at every probe launch, fastest at one the sweep holds
+    from superopt.runtime import select
+    from superopt.runtime.profile import ProfileResult
+
+    graphs = [FIXTURES[n]().ugraph for n in sorted(FIXTURES)[:5]]
+
+    def fake_profile(ugraphs, inputs, configs, **_):
+        out = []
+        for g in ugraphs:
+            i = graphs.index(g)
+            us, config = min((((5.0 if (i == 4 and c == (4, 4)) else 20.0 + i), c) for c in configs),
+                             key=lambda t: t[0])
+            out.append(ProfileResult(i, g, {"k": config}, us))
+        return sorted(out, key=lambda r: r.median_us)
+
+    monkeypatch.setattr(select, "profile_candidates", fake_profile)
+    monkeypatch.setattr(select, "launch_fits", lambda g, *c: True)
+    sel = select.Selector(torch.device("cpu"), workers=1)
+    assert sel.pick(graphs, [])[0].ugraph is graphs[0]  # ranked 5th at the probes: never swept
+    assert sel.pick(graphs, [], sweep_also=[graphs[4]])[0].ugraph is graphs[4]
