@@ -81,7 +81,12 @@ RESEARCH: Knob[bool] = Knob(
     "search again, where patch() profiles on the GPU, the programs the shipped kernel cache has: the shipped "
     "μGraph competes with the new candidates and the fastest goes to the user cache (for refreshing kernels_cache/)")
 
-KNOBS: tuple[Knob, ...] = (CACHE_DIR, CACHE_READ_ONLY, PDL, PAIRED_LAUNCH, RESEARCH)
+FUSED_RESIDUAL: Knob[bool] = Knob(
+    "MIRAGE_SERVE_FUSED_RESIDUAL", parse_bool, False,
+    "add the decoder layer's residual inside the o_proj and down_proj kernels (Llama-style layers whose forward "
+    "patch() recognizes; new programs, searched on first use); off until measured on a GPU")
+
+KNOBS: tuple[Knob, ...] = (CACHE_DIR, CACHE_READ_ONLY, PDL, PAIRED_LAUNCH, RESEARCH, FUSED_RESIDUAL)
 
 
 def describe() -> str:

@@ -172,6 +172,25 @@ def _choose(program: KernelGraph, budget, arch: str, cache, key, seed, pick, res
     return done(best, "search", "searched", result)
 
 
+def profile_timings(ranked) -> list[list]:
+    """Every candidate the GPU profiler timed (``superopt.runtime.profile.ProfileResult``s) as
+    ``[layout, launch, µs, cost model µs]`` (or ``[layout, error]``), best first: what a cache entry
+    keeps of the profiling that chose it, to compare the cost model's ranking with the GPU's later
+    without timing anything again."""
+    from superopt.ir import layout
+    from superopt.runtime.profile import config_label
+    from superopt.search.cost import graph_cost
+
+    out = []
+    for r in ranked:
+        if r.error is not None and r.median_us == float("inf"):
+            out.append([layout(r.ugraph), r.error[:160]])
+            continue
+        launch = " ".join(sorted({config_label(tuple(c)) for c in r.launch.values()})) or "default"
+        out.append([layout(r.ugraph), launch, round(r.median_us, 2), round(graph_cost(r.ugraph), 2)])
+    return out
+
+
 def verification_of(program: KernelGraph, choice: Choice, cache=None, key=None) -> Verification:
     """``choice``'s verification against ``program``, verifying now if it has none yet.
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 import weakref
+from dataclasses import replace
 from typing import Sequence
 
 import torch
@@ -24,7 +25,9 @@ from superopt.runtime import grid_dependency
 
 from . import backends, knobs
 from .patch_prepare import Preparer, SiteError
-from .patch_wiring import Record, install, restore
+from .patch_residual import ResidualSlot, layer_forward
+from .patch_residual import unsupported as residual_unsupported
+from .patch_wiring import Record, install, restore, set_forward
 from .report import PatchReport, SiteReport
 from .sites import find_layers
 
@@ -33,6 +36,8 @@ __all__ = ["PatchError", "patch", "unpatch", "is_patched"]
 _CPU_NOTE = ("backend torch: μGraphs run in the torch interpreter; this is for testing the patch "
              "path on CPU and gives no speed-up")
 
+_RESIDUAL_NOTE = ("residual adds: in the o_proj / down_proj kernels of {n}/{of} layers (the layer's forward hands "
+                  "them the residual; MIRAGE_SERVE_FUSED_RESIDUAL)")
 _GRAPHS_NOTE = ("decode steps replay CUDA graphs on an owned static KV cache; HF's auto-compile is "
                 "off for this model (it would compile around the graphs)")
 
@@ -149,14 +154,17 @@ def patch(model: torch.nn.Module, *, backend: str = "auto", cache_dir=None, sear
         report.supported, report.note = False, why + "; the model was left unchanged"
         return report
     layers_path, layers = found
-    left = "; ".join(f"{b}: {w}" for b, w in family.not_patched)
-    report.note = "; ".join(x for x in (report.note, left) if x)
+    fused, why_not = _residual_layers(family, layers) if knobs.FUSED_RESIDUAL.get() else (set(), "")
+    left = "; ".join(f"{b}: {w}" for b, w in family.not_patched if not (b == "residual" and fused))
+    report.note = "; ".join(x for x in (report.note, left, why_not) if x)
 
     prep = Preparer(report, backend, dtype, buckets, search_budget, _open_cache(cache_dir, report))
     plans = []
     try:
         for i, layer in enumerate(layers):
             for site in family.sites:
+                if i in fused and site.name in family.residual_sites:
+                    site = replace(site, residual=True)
                 sr = SiteReport(i, site.name, tuple(f"{layers_path}.{i}.{p}" for p in site.paths()))
                 report.sites.append(sr)
                 try:
@@ -173,9 +181,18 @@ def patch(model: torch.nn.Module, *, backend: str = "auto", cache_dir=None, sear
         decode_attention = device.type == "cuda" or interpreting()
     records: list[Record] = []
     try:  # every swap, or none: a failure undoes all of them
+        slots: dict[int, tuple] = {}  # id(layer) -> (layer, {site name: ResidualSlot})
         for layer, site, runtime, sr in plans:
-            install(layer, site, runtime, records)
+            slot = None
+            if getattr(site, "residual", False):
+                slot = slots.setdefault(id(layer), (layer, {}))[1].setdefault(site.name, ResidualSlot())
+            install(layer, site, runtime, records, slot)
             sr.patched = True
+        for layer, by_name in slots.values():  # the layer hands its residual to the projections
+            attn_site, mlp_site = family.residual_sites
+            set_forward(layer, layer_forward(layer, by_name.get(attn_site), by_name.get(mlp_site)), records)
+        if slots:
+            report.note = "; ".join(x for x in (report.note, _RESIDUAL_NOTE.format(n=len(slots), of=len(layers))) if x)
         if decode_attention and family.attention:
             _install_attention(model, layers, family.attention, records, report)
         if cuda_graphs:
@@ -194,6 +211,23 @@ def patch(model: torch.nn.Module, *, backend: str = "auto", cache_dir=None, sear
         _PATCHED[model] = records
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _residual_layers(family, layers) -> tuple[set[int], str]:
+    """The layers whose residual adds can move into their projections (``patch_residual``), and
+    why the others cannot (for the report)."""
+    if not family.residual_sites:
+        return set(), "residual adds not fused (the family declares no residual sites)"
+    by_site = {s.name: s for s in family.sites}
+    attn, mlp = (by_site[n].proj.rsplit(".", 1)[0] for n in family.residual_sites)
+    fused, why = set(), {}
+    for i, layer in enumerate(layers):
+        reason = residual_unsupported(layer, attn, mlp)
+        if reason is None:
+            fused.add(i)
+        else:
+            why.setdefault(reason, i)
+    return fused, "; ".join(f"residual adds not fused ({r})" for r in why)
 
 
 def _install_attention(model, layers, attn_name: str, records: list[Record], report: PatchReport) -> None:

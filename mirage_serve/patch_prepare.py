@@ -39,10 +39,13 @@ class SiteError(Exception):
 
 
 class SiteRuntime:
-    """Runs a site's kernel on activations ``x: [..., D]`` with at most ``max(buckets)`` rows."""
+    """Runs a site's kernel on activations ``x: [..., D]`` with at most ``max(buckets)`` rows (and,
+    for a projection with the residual fused in, the residual ``r: [..., residual_dim]``)."""
 
-    def __init__(self, dim: int, dtype: torch.dtype, device: torch.device, kernels: dict[int, BucketKernel]):
+    def __init__(self, dim: int, dtype: torch.dtype, device: torch.device, kernels: dict[int, BucketKernel],
+                 residual_dim: int | None = None):
         self.dim, self.dtype, self.device = dim, dtype, device
+        self.residual_dim = residual_dim
         self.kernels = dict(sorted(kernels.items()))
         self.max_rows = max(self.kernels)
         self.differentiable = all(k.executor.differentiable for k in self.kernels.values())
@@ -51,24 +54,33 @@ class SiteRuntime:
         self._by_rows = [None] + [next((b, calls[b]) for b in self.kernels if b >= m)
                                   for m in range(1, self.max_rows + 1)]
 
-    def eligible(self, module: torch.nn.Module, x) -> bool:
+    def eligible(self, module: torch.nn.Module, x, r=None) -> bool:
         if module.training or not isinstance(x, torch.Tensor) or x.dim() < 1:
             return False
         if x.dtype != self.dtype or x.device != self.device or x.shape[-1] != self.dim:
             return False
         if not 1 <= x.numel() // self.dim <= self.max_rows:
             return False  # prefill-sized inputs run the original module
+        if self.residual_dim is not None:  # the residual: same rows, the projection's output size
+            if not isinstance(r, torch.Tensor) or r.dtype != self.dtype or r.device != self.device:
+                return False
+            if r.shape[:-1] != x.shape[:-1] or r.shape[-1] != self.residual_dim:
+                return False
+            if torch.is_grad_enabled() and r.requires_grad and not self.differentiable:
+                return False
         return self.differentiable or not (torch.is_grad_enabled() and x.requires_grad)
 
-    def run(self, x: torch.Tensor) -> list[torch.Tensor]:
+    def run(self, x: torch.Tensor, r: torch.Tensor | None = None) -> list[torch.Tensor]:
         lead = x.shape[:-1]
         m = x.numel() // self.dim
         rows, call = self._by_rows[m]
-        x2 = x.reshape(m, self.dim)  # x2: [M, D], padded with zero rows up to the bucket
+        acts = [x.reshape(m, self.dim)]  # [M, D] (and the residual [M, N]), padded with zero rows up to the bucket
+        if self.residual_dim is not None:
+            acts.append(r.reshape(m, self.residual_dim))
         if rows > m:
-            x2 = torch.cat([x2, x2.new_zeros(rows - m, self.dim)])
-            return [o[:m].reshape(*lead, o.shape[-1]) for o in call(x2)]
-        return [o.reshape(*lead, o.shape[-1]) for o in call(x2)]
+            acts = [torch.cat([a, a.new_zeros(rows - m, a.shape[1])]) for a in acts]
+            return [o[:m].reshape(*lead, o.shape[-1]) for o in call(*acts)]
+        return [o.reshape(*lead, o.shape[-1]) for o in call(*acts)]
 
 
 class PartsRuntime:
@@ -119,6 +131,13 @@ def _dim(head: torch.nn.Module) -> int:
     return w.shape[0]
 
 
+def _out_dim(head: torch.nn.Module) -> int:
+    """The output size of a projection whose result the residual is added to."""
+    if not isinstance(head, torch.nn.Linear):
+        raise SiteError(f"a residual is fused only into a Linear projection, not {type(head).__qualname__}")
+    return head.out_features
+
+
 class Preparer:
     """Prepares sites for one patch() call, sharing work across layers."""
 
@@ -145,7 +164,6 @@ class Preparer:
     def _pick(self, program, device):
         """``optimize.choose``'s profiler: the fastest verified candidate of a search result on ``device``."""
         def pick(result) -> optimize.Pick:
-            from superopt.runtime.profile import timings
             from superopt.runtime.select import Selector
             if self._selector is None:
                 self._selector = Selector(device)
@@ -155,6 +173,7 @@ class Preparer:
             incumbent = getattr(result, "incumbent", None)  # optimize.choose's research mode
             # the shipped μGraph's launches are all timed: its best may be one the probes leave out
             ranked = self._selector.pick(cands, inputs, sweep_also=[incumbent] if incumbent is not None else [])
+            timings = tuple(optimize.profile_timings(ranked))
             for r in ranked:
                 ver = optimize.verify(program, r.ugraph) if r.error is None else None
                 if ver is not None and ver.ok:
@@ -165,9 +184,9 @@ class Preparer:
                         was = next((x.median_us for x in ranked if x.ugraph == incumbent), float("nan"))
                         note += f"; the shipped μGraph {was:.1f} µs" + (", kept" if r.ugraph == incumbent else "")
                     note += ")"
-                    return optimize.Pick(r.ugraph, dict(r.launch), r.median_us, note, ver, tuple(timings(ranked)))
+                    return optimize.Pick(r.ugraph, dict(r.launch), r.median_us, note, ver, timings)
             return optimize.Pick(result.best, {}, float("nan"), f"no candidate ran ({ranked[0].error})",
-                                 timings=tuple(timings(ranked)))
+                                 timings=timings)
         return pick
 
     def prepare(self, layer: torch.nn.Module, site: NormSite | ProjSite, sr: SiteReport) -> SiteRuntime:
@@ -210,7 +229,9 @@ class Preparer:
             parts.append((name, per_bucket, outputs))
             kernels, launches = kernels + sr.kernels, launches + sr.launches
         merged = self._merge_twins(parts, device, sr) if self.paired_launch else [p[1:] for p in parts]
-        runtimes = [(SiteRuntime(dim, self.dtype, device, per_bucket), outputs) for per_bucket, outputs in merged]
+        residual_dim = _out_dim(wrapper.head) if wrapper.residual else None
+        runtimes = [(SiteRuntime(dim, self.dtype, device, per_bucket, residual_dim), outputs)
+                    for per_bucket, outputs in merged]
         sr.kernels, sr.launches, sr.parts = kernels, launches, len(runtimes)
         if len(runtimes) == 1:
             return runtimes[0][0]
@@ -281,14 +302,16 @@ class Preparer:
         if not ver.ok:
             raise SiteError(f"verification failed: {ver.verdict}")
         by_name = dict(zip((v.name for v in program.inputs), ex.sources))
-        feeds = []
+        feeds, acts = [], []
         for v in choice.graph.inputs:
             src = by_name.get(v.name)
             if src is None:
                 raise SiteError(f"μGraph input %{v.name} is not an input of the program")
+            if src[0] == "arg":
+                acts.append(src[1])
             feeds.append(None if src[0] == "arg" else
                          (wrapper.get_parameter(src[1]) if src[0] == "parameter" else wrapper.get_buffer(src[1])))
-        return BucketKernel(executor, tuple(feeds), m)
+        return BucketKernel(executor, tuple(feeds), m, acts=tuple(acts))
 
     def _trace(self, wrapper, name: str, dim: int, m: int, device) -> Extracted:
         """The site's program at ``m`` rows: from the program memo of the cache (a warm patch
@@ -299,13 +322,17 @@ class Preparer:
         fp = fingerprint(wrapper, name, m, self.dtype)
         ex = memo.get(fp)
         if ex is None:
-            x = torch.randn(m, dim, generator=self._rng).to(device, self.dtype)
             try:
-                ex = extract(wrapper, (x,), f"{name}_m{m}")
+                ex = extract(wrapper, self._example(wrapper, dim, m, device), f"{name}_m{m}")
             except ExtractError as e:
                 raise SiteError(f"extraction failed: {e}") from None
             memo.put(fp, ex)
         return ex
+
+    def _example(self, wrapper, dim: int, m: int, device, dtype=None) -> tuple[torch.Tensor, ...]:
+        """Random activations for the site at ``m`` rows: ``x`` (and the residual, if it takes one)."""
+        dims = (dim, _out_dim(wrapper.head)) if wrapper.residual else (dim,)
+        return tuple(torch.randn(m, d, generator=self._rng).to(device, dtype or self.dtype) for d in dims)
 
     def _at_rows(self, name: str, sig, m: int) -> Extracted | None:
         """The program ``name`` already extracted at another bucket, re-typed for ``m`` rows
@@ -313,9 +340,9 @@ class Preparer:
         done = next((ex for (n, sg, _), ex in self._extracted.items() if n == name and sg == sig), None)
         if done is None:
             return None
-        rows_input = next(v.name for v, src in zip(done.graph.inputs, done.sources) if src[0] == "arg")
+        rows_inputs = [v.name for v, src in zip(done.graph.inputs, done.sources) if src[0] == "arg"]
         try:
-            return Extracted(with_rows(done.graph, rows_input, m, f"{name}_m{m}"), done.sources)
+            return Extracted(with_rows(done.graph, rows_inputs, m, f"{name}_m{m}"), done.sources)
         except RowsError:
             return None
 
@@ -386,14 +413,14 @@ class Preparer:
             raise SiteError(f"no tolerance for dtype {self.dtype}")
         worst, like_input = 0.0, True
         for m in runtime.kernels:
-            x = torch.randn(m, runtime.dim, generator=self._rng).to(self.dtype)
+            acts = self._example(wrapper, runtime.dim, m, "cpu")
             with torch.no_grad():
-                got = runtime.run(x.to(runtime.device))
-                want = ref_mod(x.to(runtime.device, torch.float64))
+                got = runtime.run(*[a.to(runtime.device) for a in acts])
+                want = ref_mod(*[a.to(runtime.device, torch.float64) for a in acts])
             for g, w in zip(got, want):
                 err = ((g.double() - w).norm() / w.norm().clamp_min(1e-300)).item()
                 worst = max(worst, err) if err == err else float("inf")
-            like_input = like_input and got[0].shape == x.shape and got[0].dtype == x.dtype
+            like_input = like_input and got[0].shape == acts[0].shape and got[0].dtype == acts[0].dtype
         sr.check_error = worst
         if isinstance(runtime, PartsRuntime):
             runtime.norm_like_input = like_input and runtime.norm_part is not None

@@ -25,6 +25,7 @@ import torch
 from torch.nn.modules import module as nn_module
 
 from .patch_prepare import PartsRuntime, SiteRuntime
+from .patch_residual import ResidualSlot, proj_forward
 from .sites import NormSite, ProjSite
 
 _MISSING = object()
@@ -127,11 +128,16 @@ def _consumer_forward(module, i: int, tail, handoff: _Handoff):
 
 
 def install(layer: torch.nn.Module, site: NormSite | ProjSite, runtime: SiteRuntime,
-            records: list[Record]) -> None:
-    """Swap the forwards of one site's modules in ``layer``; appends what it changed to ``records``."""
+            records: list[Record], residual_slot: ResidualSlot | None = None) -> None:
+    """Swap the forwards of one site's modules in ``layer``; appends what it changed to ``records``.
+    A projection with the residual fused in (``site.residual``) takes it from ``residual_slot``,
+    which the layer's forward fills (``patch_residual``)."""
     if isinstance(site, ProjSite):
         proj = layer.get_submodule(site.proj)
-        set_forward(proj, _proj_forward(proj, runtime), records)
+        if site.residual:
+            set_forward(proj, proj_forward(proj, runtime, residual_slot), records)
+        else:
+            set_forward(proj, _proj_forward(proj, runtime), records)
         return
     handoff = _Handoff()
     norm = layer.get_submodule(site.norm)

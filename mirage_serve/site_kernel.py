@@ -12,18 +12,27 @@ class BucketKernel:
     """The kernel of one site at one bucket of M rows: its executor and its inputs in order."""
 
     executor: backends.Executor
-    feeds: tuple  # per μGraph input: a parameter tensor, or None where the activation x goes
+    feeds: tuple  # per μGraph input: a parameter tensor, or None where an activation goes
     rows: int
     bound: Callable | None = None  # a call on the activations replacing the executor's (patch_pairing)
+    acts: tuple = (0,)  # per None in ``feeds``, in order: which activation (0: x, 1: the residual)
 
 
 def bound_call(k: BucketKernel):
-    """``k``'s executor as a call on the activations alone (its weights bound once, where the
-    executor can: ``CompiledGraph.bind``), or ``k.bound`` where given."""
+    """``k``'s executor as a call on the activations alone, ``call(x)`` or ``call(x, r)`` (its
+    weights bound once, where the executor can: ``CompiledGraph.bind``), or ``k.bound`` where given."""
     if k.bound is not None:
         return k.bound
     bind = getattr(k.executor.run, "bind", None)
     if bind is not None:
-        return bind(k.feeds)
-    feeds, run = k.feeds, k.executor.run
-    return lambda x2: run(*[x2 if f is None else f for f in feeds])
+        call = bind(k.feeds)
+    else:
+        feeds, run = k.feeds, k.executor.run
+
+        def call(*given):
+            it = iter(given)
+            return run(*[next(it) if f is None else f for f in feeds])
+    if k.acts == tuple(range(len(k.acts))):  # the μGraph takes the activations in their own order
+        return call
+    order = k.acts
+    return lambda *acts: call(*[acts[i] for i in order])

@@ -40,6 +40,7 @@ class NormSite:
 class ProjSite:
     name: str
     proj: str
+    residual: bool = False  # traced as ``(x, r) -> proj(x) + r``: the layer's residual add fused in
 
     def paths(self) -> tuple[str, ...]:
         return (self.proj,)
@@ -54,6 +55,9 @@ class Family:
     sites: tuple[NormSite | ProjSite, ...]
     not_patched: tuple[tuple[str, str], ...] = field(default=())  # (block, why) per layer
     attention: str | None = None  # the layer's attention module, for the decode-attention fast path
+    # (attention projection site, MLP projection site) whose outputs the layer adds to its residual
+    # stream: with MIRAGE_SERVE_FUSED_RESIDUAL the adds move into them (patch_residual)
+    residual_sites: tuple[str, str] | None = None
 
 
 def llama_like(model_types: tuple[str, ...], mlp_norm: str = "post_attention_layernorm",
@@ -69,6 +73,7 @@ def llama_like(model_types: tuple[str, ...], mlp_norm: str = "post_attention_lay
             ProjSite("mlp_out", "mlp.down_proj"),
         ),
         attention="self_attn",
+        residual_sites=("attn_out", "mlp_out"),
         not_patched=(
             ("residual", "residual adds stay in the decoder layer's forward (o_proj / down_proj "
                          "are fused without them)"),
@@ -89,15 +94,20 @@ def find_layers(model: nn.Module, family: Family) -> tuple[str, nn.ModuleList] |
 
 class SiteModule(nn.Module):
     """The traced form of a site: ``x -> (norm(x), consumer outputs…)`` or ``x -> proj(x)``;
-    with ``norm_output=False``, ``x -> (consumer outputs…)``."""
+    with ``norm_output=False``, ``x -> (consumer outputs…)``; with ``residual``, a projection
+    ``(x, r) -> proj(x) + r`` (``r``: the decoder layer's residual stream, [M, out])."""
 
-    def __init__(self, head: nn.Module, consumers: list[nn.Module], norm_output: bool = True):
+    def __init__(self, head: nn.Module, consumers: list[nn.Module], norm_output: bool = True,
+                 residual: bool = False):
         super().__init__()
         self.head = head
         self.consumers = nn.ModuleList(consumers)
         self.norm_output = norm_output
+        self.residual = residual
 
-    def forward(self, x):  # x: [M, D]
+    def forward(self, x, r=None):  # x: [M, D]
+        if self.residual:
+            return (r + self.head(x),)  # the layer's own order: residual + hidden_states
         if not len(self.consumers):
             return (self.head(x),)
         n = self.head(x)
@@ -137,7 +147,7 @@ def _without(module: nn.Module, child: str) -> nn.Module:
 
 def site_module(layer: nn.Module, site: NormSite | ProjSite) -> SiteModule:
     if isinstance(site, ProjSite):
-        return SiteModule(layer.get_submodule(site.proj), [])
+        return SiteModule(layer.get_submodule(site.proj), [], residual=site.residual)
     cons = [layer.get_submodule(c.path) for c in site.consumers]
     cons = [_without(m, c.tail) if c.tail else m for m, c in zip(cons, site.consumers)]
     return SiteModule(layer.get_submodule(site.norm), cons)

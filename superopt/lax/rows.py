@@ -9,8 +9,9 @@ an inferred type does not come out with ``m`` rows, ``with_rows`` refuses and th
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Sequence
 
-from ..ir import KernelGraph, Node, TensorType, Value, check, infer_type
+from ..ir import KernelGraph, Node, ShapeError, TensorType, Value, check, infer_type
 
 _SHAPE_ATTR_OPS = frozenset({"reshape"})            # attributes that may spell the rows count
 _DIM_ATTR_OPS = frozenset({"slice", "concat", "split"})
@@ -20,14 +21,19 @@ class RowsError(ValueError):
     """The program cannot be re-typed for another rows count by inference alone."""
 
 
-def with_rows(program: KernelGraph, rows_input: str, m: int, name: str) -> KernelGraph:
-    """``program`` for ``m`` rows of input ``rows_input`` (its dim 0), renamed ``name``."""
-    given = next((v for v in program.inputs if v.name == rows_input), None)
-    if given is None:
-        raise RowsError(f"{program.name}: no input %{rows_input}")
-    old_rows = given.type.shape[0]
-    rows_values = {rows_input}  # values whose dim 0 is the rows dim
-    inputs = tuple(Value(v.name, TensorType((m,) + v.type.shape[1:], v.type.dtype)) if v is given else v
+def with_rows(program: KernelGraph, rows_inputs: str | Sequence[str], m: int, name: str) -> KernelGraph:
+    """``program`` for ``m`` rows of input(s) ``rows_inputs`` (dim 0 of each, all with the same rows:
+    the activations, e.g. ``x`` and a residual), renamed ``name``."""
+    names = [rows_inputs] if isinstance(rows_inputs, str) else list(rows_inputs)
+    given = [v for v in program.inputs if v.name in names]
+    missing = set(names) - {v.name for v in given}
+    if missing or not given:
+        raise RowsError(f"{program.name}: no input %{(sorted(missing) or ['(none named)'])[0]}")
+    old_rows = given[0].type.shape[0]
+    if any(v.type.shape[:1] != (old_rows,) for v in given):
+        raise RowsError(f"{program.name}: inputs {names} do not share their rows")
+    rows_values = set(names)  # values whose dim 0 is the rows dim
+    inputs = tuple(Value(v.name, TensorType((m,) + v.type.shape[1:], v.type.dtype)) if v.name in rows_values else v
                    for v in program.inputs)
     types = {v.name: v.type for v in inputs}
     nodes = []
@@ -40,7 +46,10 @@ def with_rows(program: KernelGraph, rows_input: str, m: int, name: str) -> Kerne
             continue
         if _may_spell_rows(n, len(types[n.args[0]].shape)):
             raise RowsError(f"{program.name}: {n.op} with attributes that may depend on the rows")
-        t = infer_type(n.op, [types[a] for a in n.args], n.attrs)
+        try:
+            t = infer_type(n.op, [types[a] for a in n.args], n.attrs)
+        except ShapeError as e:  # e.g. an operand that keeps the old rows: not re-typed here
+            raise RowsError(f"{program.name}: %{n.out.name}: {e}") from None
         old = n.out.type.shape
         if not (t.shape and old and old[0] == old_rows and t.shape[0] == m and t.shape[1:] == old[1:]):
             raise RowsError(f"{program.name}: %{n.out.name} does not keep the rows as dim 0")

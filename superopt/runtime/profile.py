@@ -73,23 +73,6 @@ def config_label(c: tuple | None) -> str:
     return f"w{c[0]}s{c[1]}" + ("p" if len(c) > 2 and c[2] else "")
 
 
-def timings(ranked: Sequence[ProfileResult]) -> list[list]:
-    """Every timed candidate as ``[layout, launch, µs, cost model µs]`` (or ``[layout, error]``),
-    best first: what a cache entry keeps of the profiling that chose it, to compare the cost model's
-    ranking with the GPU's later without timing anything again."""
-    from ..ir import layout
-    from ..search.cost import graph_cost
-
-    out = []
-    for r in ranked:
-        if r.error is not None and r.median_us == float("inf"):
-            out.append([layout(r.ugraph), r.error[:160]])
-            continue
-        launch = " ".join(sorted({config_label(tuple(c)) for c in r.launch.values()})) or "default"
-        out.append([layout(r.ugraph), launch, round(r.median_us, 2), round(graph_cost(r.ugraph), 2)])
-    return out
-
-
 def applies(g: KernelGraph, config: tuple) -> bool:
     """Whether ``config`` changes anything for ``g``: a prefetch variant needs a kernel with a for-loop."""
     return len(config) < 3 or not config[2] or any(n.block.forloop > 1 for n in g.customized_nodes())

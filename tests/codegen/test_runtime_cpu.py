@@ -166,20 +166,6 @@ def test_selector_sweeps_a_candidate_that_is_slow_only_at_its_default_launch(mon
     assert ranked[0].ugraph is graphs[3] and ranked[0].median_us == 17.0
 
 
-def test_profile_timings_name_each_candidate_its_launch_time_and_cost():
-    # what a cache entry keeps of the profiling: one row per candidate, errors with their reason
-    from superopt.ir import layout
-    from superopt.runtime.profile import ProfileResult, timings
-
-    a, b = FIXTURES["gated_mlp"]().ugraph, FIXTURES["llama_qkv"]().ugraph
-    rows = timings([ProfileResult(0, a, {"k0": (2, 3, 1)}, 12.345),
-                    ProfileResult(1, b, error="OutOfResources: shared memory")])
-    assert rows[0][:3] == [layout(a), "w2s3p", 12.35] and rows[0][3] > 0
-    assert rows[1] == [layout(b), "OutOfResources: shared memory"]
-    assert layout(a) == "grid 1x4x1 t128 f3 [8,32] [32,20] [32,20]"
-    assert layout(FIXTURES["gated_mlp"]().program) == "matmul; silu; matmul; mul"  # views left out
-
-
 def test_selector_sweeps_the_launches_of_a_graph_it_is_told_to(monkeypatch):
     # research mode's shipped μGraph: slow at every probe launch, fastest at one the sweep holds
     from superopt.runtime import select

@@ -50,3 +50,26 @@ def test_refuses_what_inference_alone_cannot_retype(build):
 def test_an_unknown_rows_input_is_refused():
     with pytest.raises(RowsError, match="no input"):
         with_rows(_program(lambda p, x, w: p.matmul(x, w)), "y", 2, "p_m2")
+
+
+class LinearResidual(torch.nn.Module):
+    """o_proj with the decoder layer's residual add fused in: ``(x, r) -> r + x Wᵀ``."""
+
+    def __init__(self, d, n):
+        super().__init__()
+        self.proj = torch.nn.Linear(d, n, bias=False)
+
+    def forward(self, x, r):
+        return r + self.proj(x)
+
+
+@pytest.mark.parametrize("m", [1, 5])
+def test_two_activations_are_retyped_together(m):
+    module = LinearResidual(24, 20)
+    base = extract(module, (torch.randn(7, 24), torch.randn(7, 20)), "p_m7")
+    want = extract(module, (torch.randn(m, 24), torch.randn(m, 20)), f"p_m{m}")
+    rows = [v.name for v, src in zip(base.graph.inputs, base.sources) if src[0] == "arg"]
+    assert len(rows) == 2
+    assert with_rows(base.graph, rows, m, f"p_m{m}") == want.graph
+    with pytest.raises(RowsError):  # the residual left at 7 rows: the add cannot be re-typed
+        with_rows(base.graph, rows[:1], m, f"p_m{m}")

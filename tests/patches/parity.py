@@ -62,7 +62,11 @@ def _param_memory(model) -> tuple[int, set]:
     return nbytes, ptrs
 
 
-def check_family(config, monkeypatch) -> mirage_serve.PatchReport:
+def check_family(config, monkeypatch, fused_residual: bool = False) -> mirage_serve.PatchReport:
+    """``fused_residual``: with MIRAGE_SERVE_FUSED_RESIDUAL=1, every layer's o_proj and down_proj
+    sites must take the residual (patch_residual) on decode-sized forwards."""
+    if fused_residual:
+        monkeypatch.setenv("MIRAGE_SERVE_FUSED_RESIDUAL", "1")
     model = build(config)
     ids1, ids3, mask3 = prompts(config.vocab_size, pad=0)
     short = ids3[:, -1:]  # [3, 1]: a decode-sized forward that goes through the kernels
@@ -82,11 +86,19 @@ def check_family(config, monkeypatch) -> mirage_serve.PatchReport:
     assert list(model.state_dict()) == keys
     assert _param_memory(model) == mem  # same storages, no fused copies
 
-    calls = []
+    calls, with_residual = [], []
     run = patch_prepare.SiteRuntime.run
-    monkeypatch.setattr(patch_prepare.SiteRuntime, "run", lambda self, x: calls.append(x.shape) or run(self, x))
+    monkeypatch.setattr(patch_prepare.SiteRuntime, "run", lambda self, x, *r: (
+        calls.append(x.shape), with_residual.append(bool(r)))[0] or run(self, x, *r))
     with torch.no_grad():
         got_short = model(short).logits
+    layers = len({s.layer for s in report.sites})
+    if fused_residual:
+        assert sum(with_residual) == 2 * layers, str(report)
+        assert f"residual adds: in the o_proj / down_proj kernels of {layers}/{layers} layers" in report.note
+        assert {s.site for s in report.sites if s.program} >= {"attn_out", "mlp_out"}
+    else:
+        assert not any(with_residual)
     # every site of every layer ran its kernels: a norm site runs each group of consumers as a
     # program of its own (sites.site_parts) and defers its norm program (patch_wiring)
     runs = programs_per_forward(report)

@@ -105,3 +105,18 @@ def test_research_offers_the_shipped_graph_to_the_profiler_and_stores_the_winner
     assert replaced.graph != first.graph
     entry = cache.get(key)
     assert entry.ugraph_text == to_text(replaced.graph) and entry.meta["median_us"] == 5.0
+
+
+def test_profile_timings_name_each_candidate_its_launch_time_and_cost():
+    # what a cache entry keeps of the profiling: one row per candidate, errors with their reason
+    from superopt.ir import layout
+    from superopt.runtime.profile import ProfileResult
+    from tests.fixtures.ugraphs import FIXTURES
+
+    a, b = FIXTURES["gated_mlp"]().ugraph, FIXTURES["llama_qkv"]().ugraph
+    rows = optimize.profile_timings([ProfileResult(0, a, {"k0": (2, 3, 1)}, 12.345),
+                                     ProfileResult(1, b, error="OutOfResources: shared memory")])
+    assert rows[0][:3] == [layout(a), "w2s3p", 12.35] and rows[0][3] > 0
+    assert rows[1] == [layout(b), "OutOfResources: shared memory"]
+    assert layout(a) == "grid 1x4x1 t128 f3 [8,32] [32,20] [32,20]"
+    assert layout(FIXTURES["gated_mlp"]().program) == "matmul; silu; matmul; mul"  # views left out

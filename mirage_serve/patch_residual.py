@@ -1,0 +1,185 @@
+"""The decoder layer's two residual adds, fused into o_proj and down_proj (``MIRAGE_SERVE_FUSED_RESIDUAL``).
+
+A Llama-style layer computes ``h = x + o_proj(attn(norm(x)))`` and ``h + down_proj(mlp(norm(h)))``:
+two torch add kernels per layer (64 per Llama-3-8B decode step, ~1.5 µs each, and each one breaks
+the chain of programmatic dependent launches between our kernels). Here the projection sites
+are prepared as ``(x, r) -> r + x Wᵀ`` programs (``sites.ProjSite(residual=True)``: searched,
+verified and cached like any other), and the layer's ``forward`` is replaced by one that hands
+the residual ``r`` to the projection instead of adding it afterwards.
+
+The replacement is installed only where it is the layer's own forward, statement for statement:
+the class's ``forward`` must parse to ``LAYER_TEMPLATE`` (annotations and docstrings aside) —
+the same text in Llama, Mistral, Qwen2 and Qwen3 on transformers 5.17–5.23 — and the attention
+and MLP must return their projection's output unchanged (``… = self.o_proj(…)`` then ``return
+…, …``; ``return self.down_proj(…)``). At run time a hand-off (``ResidualSlot``) makes the fusion
+safe call by call: the projection takes the residual only when it runs its kernel on that call,
+and the layer adds the residual itself whenever the projection did not (prefill-sized inputs,
+a fallback, another module in between); a projection output that does not come back to the layer
+unchanged raises rather than let a residual be added twice.
+"""
+from __future__ import annotations
+
+import ast
+import functools
+import inspect
+import textwrap
+
+import torch
+
+LAYER_TEMPLATE = '''
+def forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
+            use_cache=False, position_embeddings=None, **kwargs):
+    residual = hidden_states
+    hidden_states = self.input_layernorm(hidden_states)
+    hidden_states, _ = self.self_attn(
+        hidden_states=hidden_states,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        past_key_values=past_key_values,
+        use_cache=use_cache,
+        position_embeddings=position_embeddings,
+        **kwargs,
+    )
+    hidden_states = residual + hidden_states
+    residual = hidden_states
+    hidden_states = self.post_attention_layernorm(hidden_states)
+    hidden_states = self.mlp(hidden_states)
+    hidden_states = residual + hidden_states
+    return hidden_states
+'''
+
+
+class ResidualSlot:
+    """Hands one residual from a layer's forward to one projection call, and says whether it was used."""
+
+    __slots__ = ("residual", "out")
+
+    def __init__(self):
+        self.residual = self.out = None
+
+    def offer(self, r: torch.Tensor) -> None:
+        self.residual, self.out = r, None
+
+    def take(self) -> torch.Tensor | None:
+        """The residual offered for this call (once), or None."""
+        r, self.residual = self.residual, None
+        return r
+
+    def clear(self) -> None:
+        self.residual = self.out = None
+
+    def added(self, returned: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """``residual + returned``, unless the projection already added it into ``returned``."""
+        out = self.out
+        self.clear()
+        if out is None:
+            return residual + returned
+        if returned is not out:
+            raise RuntimeError("mirage_serve: a projection that added the layer's residual in its kernel did "
+                               "not return its output to the layer unchanged; unpatch() the model and report "
+                               "this model type")
+        return returned
+
+
+def proj_forward(module: torch.nn.Module, runtime, slot: ResidualSlot):
+    """``module.forward`` running ``r + x Wᵀ`` in one kernel when ``slot`` holds a residual for it."""
+    original = module.forward
+
+    def forward(x, *args, **kwargs):
+        r = slot.take()
+        if r is None or args or kwargs or not runtime.eligible(module, x, r):
+            return original(x, *args, **kwargs)
+        out = runtime.run(x, r)[0]
+        slot.out = out
+        return out
+    return forward
+
+
+def layer_forward(layer: torch.nn.Module, attn: ResidualSlot | None, mlp: ResidualSlot | None):
+    """``LAYER_TEMPLATE`` with each residual handed to its projection (a missing slot: the add)."""
+    attn, mlp = attn or ResidualSlot(), mlp or ResidualSlot()
+
+    def forward(hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
+                use_cache=False, position_embeddings=None, **kwargs):
+        residual = hidden_states
+        hidden_states = layer.input_layernorm(hidden_states)
+        attn.offer(residual)
+        try:
+            hidden_states, _ = layer.self_attn(
+                hidden_states=hidden_states, attention_mask=attention_mask, position_ids=position_ids,
+                past_key_values=past_key_values, use_cache=use_cache, position_embeddings=position_embeddings,
+                **kwargs)
+            hidden_states = attn.added(hidden_states, residual)
+            residual = hidden_states
+            hidden_states = layer.post_attention_layernorm(hidden_states)
+            mlp.offer(residual)
+            hidden_states = layer.mlp(hidden_states)
+            return mlp.added(hidden_states, residual)
+        finally:  # nothing offered outlives the call (an exception, a projection never called)
+            attn.clear()
+            mlp.clear()
+    return forward
+
+
+def unsupported(layer: torch.nn.Module, attn_path: str, mlp_path: str) -> str | None:
+    """Why ``layer``'s residual adds cannot be fused (its forward is not ``LAYER_TEMPLATE``, or its
+    attention / MLP does not return its projection's output as it is), or None."""
+    return _unsupported(type(layer), type(layer.get_submodule(attn_path)), type(layer.get_submodule(mlp_path)))
+
+
+@functools.lru_cache(maxsize=None)
+def _unsupported(layer_cls: type, attn_cls: type, mlp_cls: type) -> str | None:
+    fn = _function(layer_cls.forward)
+    if fn is None or _normalized(fn) != _normalized(ast.parse(LAYER_TEMPLATE).body[0]):
+        return f"{layer_cls.__qualname__}.forward is not the Llama-style layer forward this fusion mirrors"
+    if not _returns_projection(_function(attn_cls.forward), "o_proj", tuple_first=True):
+        return f"{attn_cls.__qualname__}.forward does not return o_proj's output as it is"
+    if not _returns_projection(_function(mlp_cls.forward), "down_proj", tuple_first=False):
+        return f"{mlp_cls.__qualname__}.forward does not return down_proj's output as it is"
+    return None
+
+
+def _function(fn) -> ast.FunctionDef | None:
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError):  # no source (compiled, built in): not fused
+        return None
+    node = tree.body[0] if tree.body else None
+    return node if isinstance(node, ast.FunctionDef) else None
+
+
+def _normalized(fn: ast.FunctionDef) -> str:
+    """The function without annotations, decorators and docstring, as an AST dump."""
+    fn = ast.parse(ast.unparse(fn)).body[0]  # a copy
+    fn.decorator_list, fn.returns = [], None
+    for a in fn.args.args + fn.args.kwonlyargs + [x for x in (fn.args.vararg, fn.args.kwarg) if x]:
+        a.annotation = None
+    body = fn.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        fn.body = body[1:]
+    return ast.dump(fn, annotate_fields=False)
+
+
+def _is_call_of(node, attr: str) -> bool:
+    f = node.func if isinstance(node, ast.Call) else None
+    return (isinstance(f, ast.Attribute) and f.attr == attr and isinstance(f.value, ast.Name)
+            and f.value.id == "self")
+
+
+def _returns_projection(fn: ast.FunctionDef | None, attr: str, tuple_first: bool) -> bool:
+    """Whether ``fn`` ends by returning ``self.<attr>(…)``'s result untouched (first of a tuple, or
+    alone), directly or through one assignment just before the return."""
+    if fn is None or not fn.body or not isinstance(fn.body[-1], ast.Return):
+        return False
+    value = fn.body[-1].value
+    if tuple_first:
+        if not isinstance(value, ast.Tuple) or not value.elts:
+            return False
+        value = value.elts[0]
+    if _is_call_of(value, attr):
+        return True
+    if not isinstance(value, ast.Name) or len(fn.body) < 2:
+        return False
+    prev = fn.body[-2]
+    return (isinstance(prev, ast.Assign) and len(prev.targets) == 1 and isinstance(prev.targets[0], ast.Name)
+            and prev.targets[0].id == value.id and _is_call_of(prev.value, attr))

@@ -1,0 +1,97 @@
+"""MIRAGE_SERVE_FUSED_RESIDUAL: the decoder layer's residual adds inside the o_proj / down_proj kernels.
+
+Parity of whole patched models with the fusion on is in test_llama / test_qwen2 (``check_family``);
+here: which layers it applies to, the hand-off's guards, and a kernel taking two activations.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import Gemma2Config, LlamaConfig
+from transformers.models.gemma2.modeling_gemma2 import Gemma2Attention, Gemma2DecoderLayer, Gemma2MLP
+from transformers.models.llama.modeling_llama import LlamaAttention, LlamaDecoderLayer, LlamaMLP
+from transformers.models.mistral.modeling_mistral import MistralAttention, MistralDecoderLayer, MistralMLP
+from transformers.models.phi3.modeling_phi3 import Phi3Attention, Phi3DecoderLayer, Phi3MLP
+from transformers.models.qwen2.modeling_qwen2 import Qwen2Attention, Qwen2DecoderLayer, Qwen2MLP
+from transformers.models.qwen3.modeling_qwen3 import Qwen3Attention, Qwen3DecoderLayer, Qwen3MLP
+
+import mirage_serve
+from mirage_serve.backends import Executor
+from mirage_serve.patch_residual import ResidualSlot, _unsupported
+from mirage_serve.site_kernel import BucketKernel, bound_call
+
+from .parity import build
+
+
+@pytest.mark.parametrize("classes", [(LlamaDecoderLayer, LlamaAttention, LlamaMLP),
+                                     (MistralDecoderLayer, MistralAttention, MistralMLP),
+                                     (Qwen2DecoderLayer, Qwen2Attention, Qwen2MLP),
+                                     (Qwen3DecoderLayer, Qwen3Attention, Qwen3MLP)])
+def test_the_llama_style_layers_are_recognized(classes):
+    assert _unsupported(*classes) is None
+
+
+def test_other_layers_and_changed_returns_are_refused():
+    assert "Gemma2DecoderLayer.forward is not" in _unsupported(Gemma2DecoderLayer, Gemma2Attention, Gemma2MLP)
+    assert "Phi3DecoderLayer.forward is not" in _unsupported(Phi3DecoderLayer, Phi3Attention, Phi3MLP)
+
+    class ScaledAttention(LlamaAttention):  # the projection's output is not what the layer receives
+        def forward(self, hidden_states, *args, **kwargs):
+            out, w = super().forward(hidden_states, *args, **kwargs)
+            return out * 2, w
+
+    class ScaledMLP(LlamaMLP):
+        def forward(self, x):
+            return 0.5 * self.down_proj(x)
+
+    assert "does not return o_proj" in _unsupported(LlamaDecoderLayer, ScaledAttention, LlamaMLP)
+    assert "does not return down_proj" in _unsupported(LlamaDecoderLayer, LlamaAttention, ScaledMLP)
+
+
+def test_the_slot_adds_the_residual_unless_the_projection_did():
+    slot = ResidualSlot()
+    r, y = torch.ones(2, 3), torch.full((2, 3), 2.0)
+    slot.offer(r)
+    assert torch.equal(slot.added(y, r), r + y)  # the projection never took it: the layer adds
+    slot.offer(r)
+    assert slot.take() is r and slot.take() is None  # handed out once
+    slot.out = y
+    assert slot.added(y, r) is y  # the projection's output already holds the residual
+    slot.offer(r)
+    slot.take()
+    slot.out = y
+    with pytest.raises(RuntimeError, match="did not return its output to the layer unchanged"):
+        slot.added(y.clone(), r)
+
+
+def test_a_kernel_gets_its_activations_in_its_own_input_order():
+    # a μGraph may list the residual before x: bound_call maps the site's (x, r) onto its inputs
+    w = torch.tensor(7.0)
+
+    def run(*args):
+        return list(args)
+
+    k = BucketKernel(Executor(run, "stand-in", False, 0, 0.0), (None, w, None), 1, acts=(1, 0))
+    x, r = torch.tensor(1.0), torch.tensor(2.0)
+    assert bound_call(k)(x, r) == [r, w, x]
+    plain = BucketKernel(Executor(run, "stand-in", False, 0, 0.0), (w, None), 1)
+    assert bound_call(plain)(x) == [w, x]
+
+
+def test_a_family_without_the_layer_template_is_patched_as_before(monkeypatch):
+    monkeypatch.setenv("MIRAGE_SERVE_FUSED_RESIDUAL", "1")
+    cfg = Gemma2Config(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+    model = build(cfg)
+    report = mirage_serve.patch(model, backend="torch", search_budget=0, batch_sizes=(2,))
+    assert "residual adds: in the" not in report.note and "residual adds not fused" in report.note
+    assert not any("forward" in layer.__dict__ for layer in model.model.layers)
+
+
+def test_the_layer_forward_is_the_original_one_when_the_knob_is_off():
+    cfg = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+    model = build(cfg)
+    report = mirage_serve.patch(model, backend="torch", search_budget=0, batch_sizes=(2,))
+    assert "residual adds: in the" not in report.note
+    assert not any("forward" in layer.__dict__ for layer in model.model.layers)
