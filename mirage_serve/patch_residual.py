@@ -92,6 +92,7 @@ def proj_forward(module: torch.nn.Module, runtime, slot: ResidualSlot):
         out = runtime.run(x, r)[0]
         slot.out = out
         return out
+    forward.residual_slot = slot  # for a caller that must see the projection alone (attention_fast)
     return forward
 
 

@@ -5,6 +5,8 @@ so ``attention_interp_run`` can set TRITON_INTERPRET first.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 from transformers import Gemma3TextConfig, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config, Qwen3Config
 
@@ -108,9 +110,15 @@ def family_case(name, config, how="install"):
         ids, mask = ids1, None
     with torch.no_grad():
         ref_seq, ref_logits = _decode(model, ids, mask)
-        if how == "patch":
-            report = mirage_serve.patch(model, backend="torch", search_budget=0, batch_sizes=(4,))
+        if how in ("patch", "patch_residual"):
+            fused = how == "patch_residual"  # the layer's residual adds inside o_proj/down_proj too
+            os.environ["MIRAGE_SERVE_FUSED_RESIDUAL"] = "1" if fused else "0"
+            try:
+                report = mirage_serve.patch(model, backend="torch", search_budget=0, batch_sizes=(4,))
+            finally:
+                os.environ.pop("MIRAGE_SERVE_FUSED_RESIDUAL")
             assert report.patched, str(report)
+            assert ("residual adds: in the" in report.note) == fused, report.note
         else:
             layers = model.model.layers
             install_fast_attention(layers, "self_attn", model.config, [])
@@ -130,7 +138,7 @@ def family_case(name, config, how="install"):
     out = {"tokens_equal": bool(torch.equal(seq, ref_seq)),
            "logits_err": float((logits - ref_logits).norm() / ref_logits.norm()),
            "fast_calls": len(calls), "masks": sorted(set(calls)), "verdicts": attention_verdicts(model)}
-    if how == "patch":  # unpatch takes the attention forwards away with the sites
+    if how in ("patch", "patch_residual"):  # unpatch takes the attention forwards away with the sites
         mirage_serve.unpatch(model)
         with torch.no_grad():
             again, again_logits = _decode(model, ids, mask)

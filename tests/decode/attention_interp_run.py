@@ -9,7 +9,8 @@ set before triton is imported). Two parts:
 * ``family/<name>``: a tiny random model of each family, fp32, a left-padded batch of 3 decoded
   for 16 steps on a static cache with the fast path installed, against the same model without it
   — tokens identical, logits close, how many steps took the fast path, the first-use verdicts;
-  ``family/llama_patched`` goes through ``mirage_serve.patch`` (sites + attention), and
+  ``family/llama_patched`` goes through ``mirage_serve.patch`` (sites + attention; ``_residual``
+  with the residual adds in the projections), and
   ``family/llama_mutant`` runs a deliberately wrong kernel (scale off by 10%) that the first-use
   check must refuse, with the tokens still right.
 """
@@ -34,6 +35,7 @@ def main() -> None:
                 result[f"kernel/{name}/{dtype}"] = f"{type(e).__name__}: {e}"
     cases = [(n, c, "install") for n, c in FAMILIES.items()]
     cases += [("llama_patched", FAMILIES["llama"], "patch"), ("llama_mutant", FAMILIES["llama"], "mutant"),
+              ("llama_patched_residual", FAMILIES["llama"], "patch_residual"),
               ("llama_unpadded", FAMILIES["llama"], "unpadded")]
     for name, config, how in cases:
         try:

@@ -42,7 +42,7 @@ def test_kernels_match_float64(interp, case, dtype):
     assert r["advanced"], "the cache's length counter did not advance by one"
 
 
-@pytest.mark.parametrize("name", list(FAMILIES) + ["llama_patched", "llama_unpadded"])
+@pytest.mark.parametrize("name", list(FAMILIES) + ["llama_patched", "llama_patched_residual", "llama_unpadded"])
 def test_family_decodes_hf_tokens_through_the_fast_path(interp, name):
     r = interp[f"family/{name}"]
     assert not isinstance(r, str), r
