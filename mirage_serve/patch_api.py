@@ -185,7 +185,8 @@ def patch(model: torch.nn.Module, *, backend: str = "auto", cache_dir=None, sear
         for layer, site, runtime, sr in plans:
             slot = None
             if getattr(site, "residual", False):
-                slot = slots.setdefault(id(layer), (layer, {}))[1].setdefault(site.name, ResidualSlot())
+                slot = slots.setdefault(id(layer), (layer, {}))[1].setdefault(
+                    site.name, ResidualSlot(layer.get_submodule(site.proj)))
             install(layer, site, runtime, records, slot)
             sr.patched = True
         for layer, by_name in slots.values():  # the layer hands its residual to the projections

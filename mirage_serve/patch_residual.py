@@ -25,6 +25,7 @@ import inspect
 import textwrap
 
 import torch
+from torch.nn.modules import module as nn_module
 
 LAYER_TEMPLATE = '''
 def forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
@@ -49,13 +50,40 @@ def forward(self, hidden_states, attention_mask=None, position_ids=None, past_ke
 '''
 
 
+def hooked(modules) -> bool:
+    """Whether a forward hook (global or on one of ``modules``) could see a tensor that differs from
+    the original forward's: a deferred norm's placeholder (patch_wiring), a projection's output with
+    the residual already in it. transformers records ``output_hidden_states`` and ``output_attentions``
+    with such hooks."""
+    if nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks:
+        return True
+    return any(m._forward_pre_hooks or any(not _idle(h) for h in m._forward_hooks.values()) for m in modules)
+
+
+def _idle(hook) -> bool:
+    """A transformers output-capturing hook that records nothing on this call: installed on the
+    layers by the first ``output_hidden_states`` (or ``output_attentions``) call and left there, it
+    records only the outputs the current call asked for. (Private transformers API: anything
+    unexpected counts the hook as active.)"""
+    if getattr(hook, "__name__", "") != "output_capturing_hook":
+        return False
+    try:
+        from transformers.utils.output_capturing import _active_collector
+        key = hook.__closure__[hook.__code__.co_freevars.index("key")].cell_contents
+        collected = _active_collector.get()
+    except (ImportError, AttributeError, ValueError, IndexError, TypeError):
+        return False
+    return collected is None or key not in collected
+
+
 class ResidualSlot:
     """Hands one residual from a layer's forward to one projection call, and says whether it was used."""
 
-    __slots__ = ("residual", "out")
+    __slots__ = ("residual", "out", "proj")
 
-    def __init__(self):
+    def __init__(self, proj: torch.nn.Module | None = None):
         self.residual = self.out = None
+        self.proj = proj  # the projection module it feeds (its hooks matter)
 
     def offer(self, r: torch.Tensor) -> None:
         self.residual, self.out = r, None
@@ -99,12 +127,17 @@ def proj_forward(module: torch.nn.Module, runtime, slot: ResidualSlot):
 def layer_forward(layer: torch.nn.Module, attn: ResidualSlot | None, mlp: ResidualSlot | None):
     """``LAYER_TEMPLATE`` with each residual handed to its projection (a missing slot: the add)."""
     attn, mlp = attn or ResidualSlot(), mlp or ResidualSlot()
+    watched = [layer, layer.self_attn, layer.mlp] + [m for m in (attn.proj, mlp.proj) if m is not None]
 
     def forward(hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
                 use_cache=False, position_embeddings=None, **kwargs):
+        # A hook may read the projections' outputs or keep the layer's (hidden states are
+        # recorded so): then nothing is offered and the layer adds as the original does.
+        fuse = not hooked(watched)
         residual = hidden_states
         hidden_states = layer.input_layernorm(hidden_states)
-        attn.offer(residual)
+        if fuse:
+            attn.offer(residual)
         try:
             hidden_states, _ = layer.self_attn(
                 hidden_states=hidden_states, attention_mask=attention_mask, position_ids=position_ids,
@@ -113,7 +146,8 @@ def layer_forward(layer: torch.nn.Module, attn: ResidualSlot | None, mlp: Residu
             hidden_states = attn.added(hidden_states, residual)
             residual = hidden_states
             hidden_states = layer.post_attention_layernorm(hidden_states)
-            mlp.offer(residual)
+            if fuse:
+                mlp.offer(residual)
             hidden_states = layer.mlp(hidden_states)
             return mlp.added(hidden_states, residual)
         finally:  # nothing offered outlives the call (an exception, a projection never called)

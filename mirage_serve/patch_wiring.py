@@ -22,10 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch.nn.modules import module as nn_module
 
 from .patch_prepare import PartsRuntime, SiteRuntime
-from .patch_residual import ResidualSlot, proj_forward
+from .patch_residual import ResidualSlot, hooked, proj_forward
 from .sites import NormSite, ProjSite
 
 _MISSING = object()
@@ -89,13 +88,6 @@ def _proj_forward(module, runtime: SiteRuntime):
     return forward
 
 
-def _hooked(modules) -> bool:
-    """Whether a forward hook (global or on one of ``modules``) could see a deferred norm output."""
-    if nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks:
-        return True
-    return any(m._forward_hooks or m._forward_pre_hooks for m in modules)
-
-
 def _norm_forward(module, runtime: SiteRuntime, handoff: _Handoff, watched: list):
     original = module.forward
     deferrable = isinstance(runtime, PartsRuntime)
@@ -104,7 +96,7 @@ def _norm_forward(module, runtime: SiteRuntime, handoff: _Handoff, watched: list
         handoff.pending = None
         if args or kwargs or not runtime.eligible(module, x):
             return original(x, *args, **kwargs)
-        if deferrable and runtime.norm_like_input and not _hooked(watched):
+        if deferrable and runtime.norm_like_input and not hooked(watched):
             rest = runtime.run_consumers(x)
             n = torch.empty_like(x)
             handoff.pending = (n, x, runtime.run_norm)

@@ -95,3 +95,30 @@ def test_the_layer_forward_is_the_original_one_when_the_knob_is_off():
     report = mirage_serve.patch(model, backend="torch", search_budget=0, batch_sizes=(2,))
     assert "residual adds: in the" not in report.note
     assert not any("forward" in layer.__dict__ for layer in model.model.layers)
+
+
+def test_recorded_hidden_states_are_not_fused(monkeypatch):
+    # output_hidden_states is recorded by forward hooks on the layers: with a hook the layer adds
+    # as the original does, and every recorded state is its own tensor with the original's value
+    from mirage_serve import patch_prepare
+
+    monkeypatch.setenv("MIRAGE_SERVE_FUSED_RESIDUAL", "1")
+    cfg = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+    model = build(cfg)
+    short = torch.randint(1, 97, (3, 1), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want = model(short, output_hidden_states=True).hidden_states
+    mirage_serve.patch(model, backend="torch", search_budget=0, batch_sizes=(4,))
+    residuals = []
+    run = patch_prepare.SiteRuntime.run
+    monkeypatch.setattr(patch_prepare.SiteRuntime, "run", lambda self, x, *r: residuals.append(bool(r))
+                        or run(self, x, *r))
+    with torch.no_grad():
+        got = model(short, output_hidden_states=True).hidden_states
+        assert not any(residuals)
+        model(short)
+    assert sum(residuals) == 2 * 3  # without the hooks, every layer fused both adds
+    assert len({h.untyped_storage().data_ptr() for h in got}) == len(got)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
