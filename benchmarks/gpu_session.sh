@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # One device call: the integrated GPU checks, each step time-boxed, logs under $OUT.
 #   bash benchmarks/gpu_session.sh STEP [STEP ...]      (steps below; $OUT must be set)
-# Steps: tests | tests-pdl | registry | warm-patch | cold | overhead | alone-rounds | alone | decode-qwen | decode-llama | decode-qwen3 | nopdl-qwen | nopdl-llama | unpaired-qwen | unpaired-llama | profile-qwen | profile-llama | cuda |
+# Steps: tests | tests-pdl | registry | warm-patch | cold | overhead | alone-rounds | alone | decode-qwen | decode-llama | decode-qwen3 | nopdl-qwen | nopdl-llama | unpaired-qwen | unpaired-llama | residual-qwen | residual-llama | profile-qwen | profile-llama | cuda |
 # blocks | research | warm. Every step's limit is cut to what is left before DEADLINE (default 560 s: a device command may run 600 s,
 # and the tars at the end need a few seconds); a step with under 20 s left is skipped.
-# (environment: MIRAGE_SERVE_PDL, MIRAGE_SERVE_PAIRED_LAUNCH, NEW_TOKENS, LLAMA_BATCH, BASELINES; overhead: OVERHEAD (MODEL:BATCH ...); warm: WARM_MODELS, WARM_BATCH; it leaves $OUT/shipped.tar,
+# (environment: MIRAGE_SERVE_PDL, MIRAGE_SERVE_PAIRED_LAUNCH, MIRAGE_SERVE_FUSED_RESIDUAL, NEW_TOKENS, LLAMA_BATCH, BASELINES; overhead: OVERHEAD (MODEL:BATCH ...); warm: WARM_MODELS, WARM_BATCH; it leaves $OUT/shipped.tar,
 # entries in kernels_cache/ form to untar into the repo's kernels_cache/; blocks: BLOCKS_LIMIT (s, default 400), BLOCKS_SUITE (llama, paper, all), BLOCKS_ONLY (row label substrings)). The kernel cache is $MIRAGE_SERVE_CACHE_DIR
 # (default /tmp/ms_cache) while running and is tarred to $OUT/cache.tar at the end,
 # so searched μGraphs found on the GPU can be brought back (for kernels_cache/); a cache.tar in the
@@ -66,11 +66,13 @@ while [ $# -gt 0 ]; do
                     --markdown "$OUT/decode.md" --json-dir "$OUT" ;;
     tests-pdl) step tests_pdl 120 python -m pytest -q -m gpu -p no:cacheprovider tests/codegen/test_triton_gpu.py \
                  -k "pdl or wait" ;;
-    nopdl-qwen|nopdl-llama|unpaired-qwen|unpaired-llama)  # the same decode as a variant, to compare on one
-      # machine: nopdl-*: without programmatic dependent launch; unpaired-*: k_proj and v_proj as two launches
+    nopdl-qwen|nopdl-llama|unpaired-qwen|unpaired-llama|residual-qwen|residual-llama)  # the same decode as a
+      # variant, to compare on one machine: nopdl-*: without programmatic dependent launch; unpaired-*: k_proj and
+      # v_proj as two launches; residual-*: the residual adds inside o_proj/down_proj (searched on first use)
       m=Qwen2.5-0.5B; b=1,8; [ "${1#*-}" = llama ] && m=Llama-3.1-8B b=${LLAMA_BATCH:-1}
-      variant=MIRAGE_SERVE_PDL=0; [ "${1%%-*}" = unpaired ] && variant=MIRAGE_SERVE_PAIRED_LAUNCH=0
-      export "$variant"; step "$1" 200 python benchmarks/bench_decode.py --models "$m" --batch "$b" \
+      case ${1%%-*} in nopdl) variant=MIRAGE_SERVE_PDL=0 ;; unpaired) variant=MIRAGE_SERVE_PAIRED_LAUNCH=0 ;;
+                       residual) variant=MIRAGE_SERVE_FUSED_RESIDUAL=1 ;; esac
+      export "$variant"; step "$1" 330 python benchmarks/bench_decode.py --models "$m" --batch "$b" \
         --new-tokens "${NEW_TOKENS:-64}" --repeats 2 --baselines eager --markdown "$OUT/${1%%-*}.md"
       unset "${variant%%=*}" ;;
     profile-qwen) step profile_qwen 120 python benchmarks/profile_decode_step.py Qwen2.5-0.5B ;;

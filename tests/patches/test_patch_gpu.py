@@ -113,6 +113,30 @@ def test_tiny_llama_triton_generate(searched, tmp_path):
     mirage_serve.unpatch(model)
 
 
+@pytest.mark.gpu
+def test_tiny_llama_fused_residual_generate(tmp_path, monkeypatch):
+    """MIRAGE_SERVE_FUSED_RESIDUAL on the GPU path: searched (x, r) projections, the layer's hand-off
+    inside CUDA-graph replays, and the decode attention's first-use check still passing."""
+    from transformers import LlamaConfig
+
+    from mirage_serve.decode.attention_fast import attention_verdicts
+
+    monkeypatch.setenv("MIRAGE_SERVE_FUSED_RESIDUAL", "1")
+    cfg = LlamaConfig(vocab_size=1001, hidden_size=256, intermediate_size=688, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2)
+    model = build(cfg).to("cuda", torch.bfloat16)
+    ids = torch.randint(1, 1001, (3, 9), device="cuda")
+    want = model.generate(ids, max_new_tokens=STEPS, min_new_tokens=STEPS, do_sample=False, pad_token_id=0)
+    report = mirage_serve.patch(model, search_budget=_budget(), batch_sizes=(1, 4), cache_dir=tmp_path)
+    print(report)
+    assert not report.unpatched and "residual adds: in the o_proj / down_proj kernels of 2/2" in report.note
+    assert all(s.launches == 1 for s in report.sites if s.site in ("attn_out", "mlp_out")), str(report)
+    got = model.generate(ids, max_new_tokens=STEPS, min_new_tokens=STEPS, do_sample=False, pad_token_id=0)
+    assert set(attention_verdicts(model).values()) == {"ok"}, attention_verdicts(model)
+    mirage_serve.unpatch(model)
+    _assert_same_tokens_ties_aside(model, got, want)
+
+
 def _assert_same_tokens_ties_aside(model, got, want) -> None:
     """Greedy tokens equal, except that the first divergence may be a bf16 near-tie.
 
