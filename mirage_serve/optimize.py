@@ -38,7 +38,7 @@ class Pick:
     median_us: float
     note: str
     verification: "Verification | None" = None  # the pick's, when the profiler verified it
-    timings: tuple = ()  # every candidate timed (superopt.runtime.profile.timings), kept with the entry
+    timings: tuple = ()  # every candidate timed (profile_timings), kept with the entry
 
 
 @dataclass(frozen=True)

@@ -153,7 +153,7 @@ class Preparer:
         self._selector = None  # superopt.runtime.select.Selector, opened on the first GPU profile
         self._pairings: dict = {}  # device -> Pairing (patch_pairing)
         self.paired_launch = knobs.PAIRED_LAUNCH.get()  # k and v as one launch where faster (patch_pairing)
-        self.research = knobs.RESEARCH.get()  # search cached programs again (optimize.choose)
+        self.research = knobs.RESEARCH.get()  # search shipped programs again (optimize.choose)
 
     def close(self) -> None:
         """Stop the profiler's build workers (patch() calls this when it is done, success or not)."""
