@@ -138,6 +138,11 @@ def _out_dim(head: torch.nn.Module) -> int:
     return head.out_features
 
 
+def activation_dims(wrapper) -> tuple[int, ...]:
+    """The last dim of each activation a site module takes: ``x``, and the residual if it adds one."""
+    return (_dim(wrapper.head), _out_dim(wrapper.head)) if wrapper.residual else (_dim(wrapper.head),)
+
+
 class Preparer:
     """Prepares sites for one patch() call, sharing work across layers."""
 
@@ -323,16 +328,15 @@ class Preparer:
         ex = memo.get(fp)
         if ex is None:
             try:
-                ex = extract(wrapper, self._example(wrapper, dim, m, device), f"{name}_m{m}")
+                ex = extract(wrapper, self._example(wrapper, m, device), f"{name}_m{m}")
             except ExtractError as e:
                 raise SiteError(f"extraction failed: {e}") from None
             memo.put(fp, ex)
         return ex
 
-    def _example(self, wrapper, dim: int, m: int, device, dtype=None) -> tuple[torch.Tensor, ...]:
+    def _example(self, wrapper, m: int, device) -> tuple[torch.Tensor, ...]:
         """Random activations for the site at ``m`` rows: ``x`` (and the residual, if it takes one)."""
-        dims = (dim, _out_dim(wrapper.head)) if wrapper.residual else (dim,)
-        return tuple(torch.randn(m, d, generator=self._rng).to(device, dtype or self.dtype) for d in dims)
+        return tuple(torch.randn(m, d, generator=self._rng).to(device, self.dtype) for d in activation_dims(wrapper))
 
     def _at_rows(self, name: str, sig, m: int) -> Extracted | None:
         """The program ``name`` already extracted at another bucket, re-typed for ``m`` rows
@@ -413,7 +417,7 @@ class Preparer:
             raise SiteError(f"no tolerance for dtype {self.dtype}")
         worst, like_input = 0.0, True
         for m in runtime.kernels:
-            acts = self._example(wrapper, runtime.dim, m, "cpu")
+            acts = self._example(wrapper, m, "cpu")
             with torch.no_grad():
                 got = runtime.run(*[a.to(runtime.device) for a in acts])
                 want = ref_mod(*[a.to(runtime.device, torch.float64) for a in acts])

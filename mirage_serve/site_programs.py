@@ -17,17 +17,22 @@ import torch
 from superopt.ir import KernelGraph
 
 
-def layer_programs(name: str, rows: tuple[int, ...]) -> Iterator[tuple[str, int, KernelGraph]]:
+def layer_programs(name: str, rows: tuple[int, ...], fused_residual: bool | None = None
+                   ) -> Iterator[tuple[str, int, KernelGraph]]:
     """(site program label, rows, program) for every site part of one layer of registry model
-    ``name`` at each row count (a label can repeat: k and v share one)."""
+    ``name`` at each row count (a label can repeat: k and v share one). ``fused_residual`` (default:
+    ``MIRAGE_SERVE_FUSED_RESIDUAL``): the projections with the layer's residual add, where
+    ``patch()`` would fuse it (``patch_residual``)."""
+    from dataclasses import replace
+
     from transformers import AutoModelForCausalLM
 
     from superopt.lax.extract import extract
     from superopt.lax.rows import with_rows
 
-    from . import registry
-    from .patch_api import _adapters
-    from .patch_prepare import _dim
+    from . import knobs, registry
+    from .patch_api import _adapters, _residual_layers
+    from .patch_prepare import activation_dims
     from .sites import find_layers, site_module, site_parts
 
     facts = dict(registry.get(name).config, num_hidden_layers=1)
@@ -38,11 +43,15 @@ def layer_programs(name: str, rows: tuple[int, ...]) -> Iterator[tuple[str, int,
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
     family = _adapters()[0](cfg.model_type)
     _, layers = find_layers(model, family)
+    fused = knobs.FUSED_RESIDUAL.get() if fused_residual is None else fused_residual
+    residual = fused and 0 in _residual_layers(family, layers)[0]
     top = max(rows)
     for site in family.sites:
+        if residual and site.name in family.residual_sites:
+            site = replace(site, residual=True)
         for label, part, _ in site_parts(site.name, site_module(layers[0], site)):
-            x = torch.randn(top, _dim(part.head), dtype=torch.bfloat16)  # the site's own input size
-            ex = extract(part, (x,), f"{label}_m{top}")
-            rows_input = next(v.name for v, src in zip(ex.graph.inputs, ex.sources) if src[0] == "arg")
+            acts = tuple(torch.randn(top, d, dtype=torch.bfloat16) for d in activation_dims(part))
+            ex = extract(part, acts, f"{label}_m{top}")
+            rows_inputs = [v.name for v, src in zip(ex.graph.inputs, ex.sources) if src[0] == "arg"]
             for m in rows:
-                yield label, m, ex.graph if m == top else with_rows(ex.graph, rows_input, m, f"{label}_m{m}")
+                yield label, m, ex.graph if m == top else with_rows(ex.graph, rows_inputs, m, f"{label}_m{m}")

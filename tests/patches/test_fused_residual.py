@@ -122,3 +122,19 @@ def test_recorded_hidden_states_are_not_fused(monkeypatch):
     assert len({h.untyped_storage().data_ptr() for h in got}) == len(got)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+
+
+def test_layer_programs_name_the_residual_programs_patch_would_search():
+    # what shipped_coverage / search_candidates see with the fusion on: the projections take r too
+    from mirage_serve.site_programs import layer_programs
+    from superopt.ir import digest
+
+    plain = {(label, m): g for label, m, g in layer_programs("SmolLM2-135M", (1, 2), fused_residual=False)}
+    fused = {(label, m): g for label, m, g in layer_programs("SmolLM2-135M", (1, 2), fused_residual=True)}
+    assert plain.keys() == fused.keys()
+    for key, g in fused.items():
+        if key[0] in ("attn_out", "mlp_out"):
+            assert len(g.inputs) == 3 and digest(g) != digest(plain[key])  # weight, x, residual
+            assert [v.type.shape[0] for v in g.inputs if v.name.startswith("x")] == [key[1]] * 2
+        else:
+            assert digest(g) == digest(plain[key])
