@@ -1,0 +1,80 @@
+"""How well the search's cost model ranked what the GPU profiler then measured, from a kernel cache.
+
+    python benchmarks/cost_vs_measured.py CACHE_DIR [--label attn_in]
+
+Every entry ``patch()`` profiled keeps the profiler's timings (``meta.timings``: each candidate's
+layout, launch, measured µs and the cost model's µs; since the ninth session). Per entry: how many
+candidates ran, the rank correlation of estimate and measurement, the cost model's pick as
+measured against the fastest, and the fastest's layout. Runs on a CPU, e.g. on the ``cache.tar``
+a ``gpu_session.sh`` call brings back — a tool for work on the cost model
+(``superopt/search/cost.py``), whose ranking decides which designs reach the profiler at all.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def rank_correlation(a: list[float], b: list[float]) -> float:
+    """Spearman's rho (ties broken by order): 1 when ``a`` orders the items as ``b`` does."""
+    def ranks(xs):
+        order = sorted(range(len(xs)), key=xs.__getitem__)
+        r = [0] * len(xs)
+        for i, j in enumerate(order):
+            r[j] = i
+        return r
+    ra, rb = ranks(a), ranks(b)
+    n = len(a)
+    if n < 2:
+        return float("nan")
+    d2 = sum((x - y) ** 2 for x, y in zip(ra, rb))
+    return 1 - 6 * d2 / (n * (n * n - 1))
+
+
+def entry_summary(label: str, timings: list[list]) -> dict | None:
+    """The comparison for one entry's ``timings`` rows (errors skipped); None with fewer than 2 timed."""
+    ran = [t for t in timings if len(t) == 4]
+    if len(ran) < 2:
+        return None
+    measured, cost = [t[2] for t in ran], [t[3] for t in ran]
+    pick = min(ran, key=lambda t: t[3])
+    best = min(ran, key=lambda t: t[2])
+    return dict(label=label, timed=len(ran), failed=len(timings) - len(ran), rho=rank_correlation(cost, measured),
+                pick_us=pick[2], best_us=best[2], best_layout=best[0], best_launch=best[1])
+
+
+def summaries(cache_dir: Path, label: str = "") -> list[dict]:
+    out = []
+    for meta_file in sorted(cache_dir.glob("*/meta.json")):
+        meta = json.loads(meta_file.read_text()).get("meta", {})
+        timings = meta.get("timings")
+        if not timings or label not in meta_file.parent.name:
+            continue
+        s = entry_summary(meta_file.parent.name, timings)
+        if s is not None:
+            out.append(s)
+    return out
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("cache_dir", type=Path)
+    ap.add_argument("--label", default="", help="only entries whose directory name contains this")
+    args = ap.parse_args(argv)
+    rows = summaries(args.cache_dir, args.label)
+    if not rows:
+        raise SystemExit(f"no entry under {args.cache_dir} keeps profiler timings (meta.timings)")
+    print("| entry | timed | rank corr | cost model's pick µs | fastest µs | pick / fastest | fastest (layout, launch) |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['label']} | {r['timed']} | {r['rho']:+.2f} | {r['pick_us']:.1f} | {r['best_us']:.1f} | "
+              f"{r['pick_us'] / r['best_us']:.2f}× | {r['best_layout']}, {r['best_launch']} |")
+    close = sum(r["pick_us"] <= 1.1 * r["best_us"] for r in rows)
+    rhos = sorted(r["rho"] for r in rows)
+    print(f"\n{len(rows)} entries: the cost model's pick within 10% of the fastest in {close}; "
+          f"median rank correlation {rhos[len(rhos) // 2]:+.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,40 @@
+"""benchmarks/cost_vs_measured.py: the cost model's ranking against the profiler's, per cache entry."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "cost_vs_measured.py"
+_spec = importlib.util.spec_from_file_location("cost_vs_measured", _PATH)
+cvm = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = cvm
+_spec.loader.exec_module(cvm)
+
+
+def test_rank_correlation_is_one_for_the_same_order_and_minus_one_reversed():
+    assert cvm.rank_correlation([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert cvm.rank_correlation([1, 2, 3, 4], [40, 30, 20, 10]) == pytest.approx(-1.0)
+
+
+def test_summary_compares_the_cost_models_pick_with_the_fastest(tmp_path, capsys):
+    rows = [["grid 4x1x1", "w2s3", 9.0, 1.0],     # the cost model's pick, 3x the fastest
+            ["grid 8x1x1", "w4s3p", 3.0, 2.0],
+            ["grid 16x1x1", "w2s3", 6.0, 3.0],
+            ["grid 2x1x1", "OutOfResources: shared memory"]]
+    for name, timings in (("attn_in-m8-abc", rows), ("norm-m8-def", None)):
+        (tmp_path / name).mkdir()
+        meta = {"meta": {"timings": timings} if timings else {}}
+        (tmp_path / name / "meta.json").write_text(json.dumps(meta))
+    [s] = cvm.summaries(tmp_path)
+    assert (s["timed"], s["failed"], s["pick_us"], s["best_us"]) == (3, 1, 9.0, 3.0)
+    assert s["best_layout"] == "grid 8x1x1" and s["rho"] == pytest.approx(-0.5)
+    cvm.main([str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "| attn_in-m8-abc | 3 | -0.50 | 9.0 | 3.0 | 3.00× | grid 8x1x1, w4s3p |" in out
+    assert "1 entries: the cost model's pick within 10% of the fastest in 0" in out
+    with pytest.raises(SystemExit, match="keeps profiler timings"):
+        cvm.main([str(tmp_path), "--label", "mlp"])
