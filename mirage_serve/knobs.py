@@ -82,9 +82,9 @@ RESEARCH: Knob[bool] = Knob(
     "μGraph competes with the new candidates and the fastest goes to the user cache (for refreshing kernels_cache/)")
 
 FUSED_RESIDUAL: Knob[bool] = Knob(
-    "MIRAGE_SERVE_FUSED_RESIDUAL", parse_bool, False,
+    "MIRAGE_SERVE_FUSED_RESIDUAL", parse_bool, True,
     "add the decoder layer's residual inside the o_proj and down_proj kernels (Llama-style layers whose forward "
-    "patch() recognizes; new programs, searched on first use); off until measured on a GPU")
+    "patch() recognizes); 0 leaves the adds to the layer")
 
 KNOBS: tuple[Knob, ...] = (CACHE_DIR, CACHE_READ_ONLY, PDL, PAIRED_LAUNCH, RESEARCH, FUSED_RESIDUAL)
 
