@@ -1,5 +1,5 @@
 """Which registry models the shipped kernels_cache/ covers: per model, the site programs of one
-decoder layer at each batch bucket, and whether a shipped entry holds each (sm90, bf16, triton).
+decoder layer at each batch bucket (with and without the fused residual adds), and whether a shipped entry holds each (sm90, bf16, triton).
 
     python benchmarks/shipped_coverage.py [MODEL ...] [--batch 1,2,4,8,16] [--remove attn_in,attn_in_1] [--prune]
 
@@ -20,12 +20,24 @@ from pathlib import Path
 
 
 def programs(name: str, buckets: tuple[int, ...]):
-    """(site program label, bucket, program digest) of one layer of registry model ``name``."""
+    """(site program label, bucket, program digest) of one layer of registry model ``name``, with the
+    residual adds in o_proj / down_proj and without (``MIRAGE_SERVE_FUSED_RESIDUAL=0``, or a layer
+    whose forward ``patch()`` does not recognise, e.g. after a transformers upgrade)."""
     from mirage_serve.site_programs import layer_programs
     from superopt.ir import digest
 
-    for label, m, g in layer_programs(name, buckets):
-        yield label, m, digest(g)
+    for fused in (True, False):
+        for label, m, g in layer_programs(name, buckets, fused_residual=fused):
+            yield label, m, digest(g)
+
+
+def paired_in_use(shipped: Path, used: set[str]) -> set[str]:
+    """The paired-launch entries (k/v as one launch) of the programs in ``used``: they are keyed by
+    the chosen μGraph and launch, not by a program, so they are matched by their μGraph text."""
+    texts = {(shipped / d / "ugraph.txt").read_text() for d in used if (shipped / d / "ugraph.txt").is_file()}
+    return {p.name for p in shipped.iterdir()
+            if p.name.split("-")[-2:-1] == ["paired"] and (p / "ugraph.txt").is_file()
+            and (p / "ugraph.txt").read_text() in texts}
 
 
 def main(argv=None) -> None:
@@ -67,6 +79,7 @@ def main(argv=None) -> None:
         print(f"{name:18} {len(seen) - len(missing):3}/{len(seen):3} programs shipped"
               + (f"; missing: {', '.join(missing)}" if missing else ""))
     if args.prune:
+        used |= paired_in_use(Path(args.shipped), used)
         unused = sorted(p for p in Path(args.shipped).iterdir() if (p / "meta.json").is_file() and p.name not in used)
         for p in unused:
             shutil.rmtree(p)

@@ -1,4 +1,5 @@
-"""Shared test set-up: no network, and the `gpu` marker skips with a reason where there is no GPU."""
+"""Shared test set-up: no network, a kernel cache of the test session's own, the knobs at their defaults,
+and the `gpu` marker skips with a reason where there is no GPU."""
 from __future__ import annotations
 
 import functools
@@ -30,3 +31,23 @@ def pytest_collection_modifyitems(config, items):
             reason = reason or _cuda_reason()
             if reason:
                 item.add_marker(pytest.mark.skip(reason=f"gpu test skipped: {reason}"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_kernel_cache(tmp_path_factory):
+    # Never the developer's (or the GPU session's) cache: a test's tiny-model entries leaked into a
+    # `warm` export once. One per session, so tests still share their searches (tests/patches
+    # narrows it to one per test).
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MIRAGE_SERVE_CACHE_DIR", str(tmp_path_factory.mktemp("kernel_cache")))
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _default_knobs(monkeypatch):
+    # no knob of the developer's environment changes an outcome (a test that wants one sets it)
+    from mirage_serve.knobs import CACHE_DIR, KNOBS
+
+    for knob in KNOBS:
+        if knob is not CACHE_DIR:
+            monkeypatch.delenv(knob.name, raising=False)

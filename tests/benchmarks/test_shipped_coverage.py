@@ -22,4 +22,18 @@ def test_every_program_of_the_model_has_a_shipped_entry(model, capsys):
         coverage.main([model])
     out = capsys.readouterr().out
     assert done.value.code == 0, out
-    assert "30/ 30 programs shipped" in out
+    # 30 programs (6 site programs x 5 buckets) with the residual adds fused, and the 10 unfused
+    # o_proj / down_proj programs a layer falls back to
+    assert "40/ 40 programs shipped" in out
+
+
+def test_prune_keeps_the_paired_entries_of_used_programs_only(tmp_path):
+    def entry(name, text):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "ugraph.txt").write_text(text)
+
+    entry("attn_in_1-m1-aaaa", "graph kv\n")
+    entry("attn_in_1_m1_fused-paired-bbbb", "graph kv\n")
+    entry("attn_in_1_m1_fused-paired-cccc", "graph another\n")
+    entry("mlp_in-m1-dddd", "graph another\n")  # not in use: its paired twin goes too
+    assert coverage.paired_in_use(tmp_path, {"attn_in_1-m1-aaaa"}) == {"attn_in_1_m1_fused-paired-bbbb"}

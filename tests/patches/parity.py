@@ -63,10 +63,10 @@ def _param_memory(model) -> tuple[int, set]:
 
 
 def check_family(config, monkeypatch, fused_residual: bool = False) -> mirage_serve.PatchReport:
-    """``fused_residual``: with MIRAGE_SERVE_FUSED_RESIDUAL=1, every layer's o_proj and down_proj
-    sites must take the residual (patch_residual) on decode-sized forwards."""
-    if fused_residual:
-        monkeypatch.setenv("MIRAGE_SERVE_FUSED_RESIDUAL", "1")
+    """``fused_residual``: every layer's o_proj and down_proj sites must take the residual
+    (patch_residual, the default) on decode-sized forwards; False: with MIRAGE_SERVE_FUSED_RESIDUAL=0,
+    none may."""
+    monkeypatch.setenv("MIRAGE_SERVE_FUSED_RESIDUAL", "1" if fused_residual else "0")
     model = build(config)
     ids1, ids3, mask3 = prompts(config.vocab_size, pad=0)
     short = ids3[:, -1:]  # [3, 1]: a decode-sized forward that goes through the kernels

@@ -88,7 +88,8 @@ def test_a_family_without_the_layer_template_is_patched_as_before(monkeypatch):
     assert not any("forward" in layer.__dict__ for layer in model.model.layers)
 
 
-def test_the_layer_forward_is_the_original_one_when_the_knob_is_off():
+def test_the_layer_forward_is_the_original_one_when_the_knob_is_off(monkeypatch):
+    monkeypatch.setenv("MIRAGE_SERVE_FUSED_RESIDUAL", "0")
     cfg = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=8)
     model = build(cfg)

@@ -157,7 +157,7 @@ def test_prefill_training_and_repatch(monkeypatch):
         _patch(model)
     calls = []
     run = patch_prepare.SiteRuntime.run
-    monkeypatch.setattr(patch_prepare.SiteRuntime, "run", lambda self, x: calls.append(1) or run(self, x))
+    monkeypatch.setattr(patch_prepare.SiteRuntime, "run", lambda self, x, *r: calls.append(1) or run(self, x, *r))
     _logits(model, torch.tensor([[5, 17, 3]]))  # 3 tokens > largest bucket: prefill, original modules
     assert not calls
     model.train()

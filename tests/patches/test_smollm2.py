@@ -58,7 +58,7 @@ def test_smollm2_same_greedy_text(monkeypatch):
     assert not report.unpatched, str(report)
     calls = []
     run = patch_prepare.SiteRuntime.run
-    monkeypatch.setattr(patch_prepare.SiteRuntime, "run", lambda self, x: calls.append(1) or run(self, x))
+    monkeypatch.setattr(patch_prepare.SiteRuntime, "run", lambda self, x, *r: calls.append(1) or run(self, x, *r))
     got = _greedy(model, tok, batch)
     assert len(calls) == 15 * programs_per_forward(report)  # every decode step after the prefill ran every program
     assert got == want
