@@ -235,7 +235,9 @@ def _install_attention(model, layers, attn_name: str, records: list[Record], rep
     from .decode.attention_fast import install_fast_attention
 
     fast = install_fast_attention(layers, attn_name, model.config, records)
-    note = (f"decode attention: {len(fast)}/{len(layers)} layers run RoPE + cache write + "
+    normed = sum(f.qk_norm is not None for f in fast.values())
+    note = (f"decode attention: {len(fast)}/{len(layers)} layers run "
+            f"{f'q/k RMSNorm ({normed} layers) + ' if normed else ''}RoPE + cache write + "
             f"flash-decoding kernels on static KV caches (hand-written, not searched; each checked "
             f"against its module's own forward on first use); other calls stay original")
     report.note = "; ".join(x for x in (report.note, note) if x)

@@ -3,8 +3,9 @@
 ``install_fast_attention(layers, config, records)`` sets an instance ``forward`` on each decoder
 layer's attention module. A call that is one decode step (one new token per row) on an
 initialised ``StaticLayer`` of an HF cache runs: the q/k/v projections (the patched fused
-kernels), the module's own q/k norms if it has them, then ``attention_launch.decode_attention``
-(RoPE + cache write + flash-decoding, two launches), then ``o_proj``. Every other call — prefill,
+kernels), then ``attention_launch.decode_attention`` (the per-head q/k RMSNorm where the module has
+one of HF's usual form, RoPE, cache write, flash-decoding: two launches), then ``o_proj``. Per-head
+norms of another form (Gemma 3's ``1 + weight``) run as the module's own, before the kernels. Every other call — prefill,
 dynamic or sliding caches, training, ``torch.compile`` tracing, a mask we cannot read — runs the
 module's original forward.
 
@@ -52,6 +53,39 @@ def unsupported(module: torch.nn.Module, config) -> str | None:
     return None
 
 
+def _rms_eps(norm: torch.nn.Module, d: int) -> float | None:
+    """eps, if ``norm`` computes HF's usual RMSNorm of its last dim (``weight * (x * rsqrt(mean(x²)
+    + eps)).to(dtype)`` with float32 statistics), else None. Judged on a probe input, since the
+    module's class says little: Gemma 3's per-head norm, same attributes, scales by 1 + weight."""
+    w = getattr(norm, "weight", None)
+    eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
+    if not isinstance(w, torch.Tensor) or tuple(w.shape) != (d,) or not isinstance(eps, float):
+        return None
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, d, generator=g).to(w.device, w.dtype)
+    with torch.no_grad():
+        got = norm(x)
+        xf = x.float()
+        want = w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(w.dtype)
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return None
+    tol = tolerance(w.dtype, w.is_cuda) or 1e-2
+    err = float((got.double() - want.double()).norm() / want.double().norm().clamp_min(1e-30))
+    return eps if err <= tol else None
+
+
+def fused_qk_norm(module) -> tuple | None:
+    """(q weight, k weight, eps) when the decode kernel can apply ``module``'s q_norm and k_norm
+    itself (both HF's usual RMSNorm over the head dim, one eps), else None."""
+    qn, kn = getattr(module, "q_norm", None), getattr(module, "k_norm", None)
+    if qn is None or kn is None:
+        return None
+    eps = {_rms_eps(n, module.head_dim) for n in (qn, kn)}
+    if len(eps) != 1 or None in eps:
+        return None
+    return qn.weight, kn.weight, eps.pop()
+
+
 class FastAttention:
     """The fast path of one attention module and its first-use verdict."""
 
@@ -60,6 +94,7 @@ class FastAttention:
         self.original = original
         self.hq = config.num_attention_heads
         self.hkv = getattr(config, "num_key_value_heads", None) or self.hq
+        self.qk_norm = fused_qk_norm(module)  # None: the module's own norms run (if it has any)
         self.verdict: str | None = None  # None: not checked yet; "ok" or why not
         self.cpu_ok = interpreting()  # Triton's CPU interpreter runs the kernels on CPU tensors (tests)
 
@@ -114,9 +149,9 @@ class FastAttention:
             q, k, v = qkv.split((self.hq * d, self.hkv * d, self.hkv * d), dim=-1)
         else:
             q, k, v = m.q_proj(x), m.k_proj(x), m.v_proj(x)
-        if hasattr(m, "q_norm"):
+        if self.qk_norm is None and getattr(m, "q_norm", None) is not None:
             q = m.q_norm(q.view(b, 1, self.hq, d))
-        if hasattr(m, "k_norm"):
+        if self.qk_norm is None and getattr(m, "k_norm", None) is not None:
             k = m.k_norm(k.view(b, 1, self.hkv, d))
         return (t.reshape(b, -1) for t in (q, k, v))
 
@@ -124,7 +159,7 @@ class FastAttention:
         x, cos, sin, layer, mask, pos, advance = step
         q, k, v = self._projections(x)
         out = decode_attention(q, k, v, cos, sin, layer.keys, layer.values, pos, mask,
-                               self.module.scaling, advance)
+                               self.module.scaling, advance, qk_norm=self.qk_norm)
         return self.module.o_proj(out.view(x.shape[0], 1, -1))
 
     def __call__(self, *args, **kwargs):

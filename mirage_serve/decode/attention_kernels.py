@@ -5,7 +5,7 @@ cache's index_copy, a mask, repeat_kv copies on older transformers, SDPA, a tran
 
 1. ``_attend_split``: flash-decoding. Program (row, kv head, split) runs the whole GQA group of
    that kv head against one slice of the cache — K and V read in place, once per group — with an
-   online softmax. RoPE (HF's rotate-half convention, each product rounded to the model dtype as
+   online softmax. The per-head q/k RMSNorm of models that have one (Qwen3) and RoPE (HF's rotate-half convention, each product rounded to the model dtype as
    HF's eager ops round it) is applied to q in registers by every program; the program whose
    slice holds the new token's slot rotates k, writes k and v to the cache and adds the token to
    its softmax from registers (nothing reads that slot before the write). The slot is read from
@@ -26,11 +26,26 @@ BLOCK_N = 64  # cache positions per loop iteration
 
 
 @triton.jit
-def _rope(ptr, d, partner, sign, ok, cos, sin, dt):
-    """x·cos + rotate_half(x)·sin for the vector at ``ptr`` ([..., D] indexed by ``d``), with
-    rotate_half(x)[i] = -x[i + D/2] (i < D/2) or x[i - D/2]; products and sum rounded to ``dt``."""
+def _head(ptr, d, partner, ok, w_ptr, eps, D: tl.constexpr, NORM: tl.constexpr, AXIS: tl.constexpr, dt):
+    """The head vector(s) at ``ptr`` ([..., D] indexed by ``d``, reduced along ``AXIS``) and their
+    rotate-half partners, in float32. NORM: RMS-normalised first, as the module's q_norm / k_norm
+    does it in HF (float32 statistics, the normalised value rounded to ``dt``, times the weight,
+    rounded again); the partner is a permutation of the same head, so it shares the statistic."""
     x = tl.load(ptr + d, mask=ok, other=0.0).to(tl.float32)
     xp = tl.load(ptr + partner, mask=ok, other=0.0).to(tl.float32)
+    if NORM:
+        rs = tl.rsqrt(tl.sum(x * x, AXIS, keep_dims=True) / D + eps)
+        w = tl.load(w_ptr + d, mask=ok, other=0.0).to(tl.float32)
+        wp = tl.load(w_ptr + partner, mask=ok, other=0.0).to(tl.float32)
+        x = (w * (x * rs).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+        xp = (wp * (xp * rs).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+    return x, xp
+
+
+@triton.jit
+def _rope(x, xp, sign, cos, sin, dt):
+    """x·cos + rotate_half(x)·sin, with rotate_half(x)[i] = -x[i + D/2] (i < D/2) or x[i - D/2]
+    (``xp`` the partner, ``sign`` its sign); products and sum rounded to ``dt``."""
     a = (x * cos).to(dt).to(tl.float32)
     b = (sign * xp * sin).to(dt).to(tl.float32)
     return (a + b).to(dt)
@@ -38,13 +53,14 @@ def _rope(ptr, d, partner, sign, ok, cos, sin, dt):
 
 @triton.jit
 def _attend_split(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr, mask_ptr,
-                  o_ptr, m_ptr, l_ptr,
+                  o_ptr, m_ptr, l_ptr, qn_ptr, kn_ptr,
                   q_sb, k_sb, v_sb, cs_sb, c_sb, c_sh, c_sn, mk_sb, mk_sn, o_sb, o_sh, o_ss, ml_sb, ml_sh,
-                  scale, chunk,
+                  scale, eps, chunk,
                   HKV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr,
                   BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                  MASK_KIND: tl.constexpr, PDL: tl.constexpr):
+                  MASK_KIND: tl.constexpr, QK_NORM: tl.constexpr, PDL: tl.constexpr):
     """MASK_KIND: 0 none (attend to every written slot), 1 boolean (True = attend), 2 additive.
+    QK_NORM: q and k RMS-normalised per head before RoPE (weights ``qn_ptr``, ``kn_ptr``, ``eps``).
     PDL: launched with programmatic dependent launch (superopt.runtime.grid_dependency)."""
     if PDL:  # nothing is read or written before the kernel before this one is complete
         tl.extra.cuda.gdc_wait()
@@ -69,12 +85,14 @@ def _attend_split(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr
     sin = tl.load(sin_ptr + row * cs_sb + d, mask=d_ok, other=0.0).to(tl.float32)
     heads = kv * GROUP + g
     qd_ok = g_ok[:, None] & d_ok[None, :]
-    q = _rope(q_ptr + row * q_sb + heads[:, None] * D, d[None, :], partner[None, :], sign[None, :], qd_ok,
-              cos[None, :], sin[None, :], dt)                                  # [BLOCK_G, BLOCK_D]
+    qx, qp = _head(q_ptr + row * q_sb + heads[:, None] * D, d[None, :], partner[None, :], qd_ok,
+                   qn_ptr, eps, D, QK_NORM, 1, dt)
+    q = _rope(qx, qp, sign[None, :], cos[None, :], sin[None, :], dt)             # [BLOCK_G, BLOCK_D]
     # The new token's k and v (only the program whose slice holds its slot uses them) are loaded
     # here, not where they are used: that program is the kernel's critical path, and its loads
     # then overlap the cache tiles' instead of following them.
-    k_new = _rope(k_ptr + row * k_sb + kv * D, d, partner, sign, d_ok, cos, sin, dt)   # [BLOCK_D]
+    kx, kp = _head(k_ptr + row * k_sb + kv * D, d, partner, d_ok, kn_ptr, eps, D, QK_NORM, 0, dt)
+    k_new = _rope(kx, kp, sign, cos, sin, dt)                                         # [BLOCK_D]
     v_new = tl.load(v_ptr + row * v_sb + kv * D + d, mask=d_ok, other=0.0)
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)

@@ -38,11 +38,12 @@ def split_plan(rows: int, kv_heads: int, capacity: int, sms: int) -> tuple[int, 
 
 
 def decode_attention(q, k, v, cos, sin, keys, values, pos, mask, scale: float,
-                     advance: torch.Tensor | None = None) -> torch.Tensor:
+                     advance: torch.Tensor | None = None, qk_norm: tuple | None = None) -> torch.Tensor:
     """One decode step: RoPE, cache write at ``pos``, attention over slots ``0..pos``.
 
     ``advance``: a device counter incremented by one after the step (the cache's own length), or
-    None when the caller's cache keeps its length elsewhere."""
+    None when the caller's cache keeps its length elsewhere. ``qk_norm``: (q weight [d], k weight
+    [d], eps) of a per-head RMSNorm applied to q and k before RoPE, or None."""
     b, hkv, cap, d = keys.shape
     hq = q.shape[1] // d
     group = hq // hkv
@@ -59,14 +60,15 @@ def decode_attention(q, k, v, cos, sin, keys, values, pos, mask, scale: float,
         kind = 1 if mask.dtype == torch.bool else 2
         mask_t, mk_sb, mk_sn = mask, (mask.stride(0) if mask.shape[0] > 1 else 0), mask.stride(1)
     block_d = max(16, triton.next_power_of_2(d))  # tl.dot needs K ≥ 16
+    q_w, k_w, eps = qk_norm if qk_norm is not None else (q, k, 0.0)  # unread without QK_NORM
     _attend_split[(b * hkv, splits)](
-        q, k, v, cos, sin, keys, values, pos, mask_t, o_part, m_part, l_part,
+        q, k, v, cos, sin, keys, values, pos, mask_t, o_part, m_part, l_part, q_w, k_w,
         q.stride(0), k.stride(0), v.stride(0), cos.stride(0) if cos.shape[0] > 1 else 0,
         keys.stride(0), keys.stride(1), keys.stride(2), mk_sb, mk_sn,
         o_part.stride(0), o_part.stride(1), o_part.stride(2), m_part.stride(0), m_part.stride(1),
-        float(scale), chunk,
+        float(scale), float(eps), chunk,
         HKV=hkv, GROUP=group, D=d, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d,
-        BLOCK_N=BLOCK_N, MASK_KIND=kind, PDL=pdl, num_warps=4, **options)
+        BLOCK_N=BLOCK_N, MASK_KIND=kind, QK_NORM=qk_norm is not None, PDL=pdl, num_warps=4, **options)
 
     out = torch.empty(b, hq * d, dtype=q.dtype, device=dev)
     _combine[(b * hq,)](

@@ -10,13 +10,20 @@ import os
 import torch
 from transformers import Gemma3TextConfig, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config, Qwen3Config
 
-# (rows, q heads, kv heads, head dim, capacity, slot, mask kind)
+# (rows, q heads, kv heads, head dim, capacity, slot, mask kind, per-head q/k RMSNorm)
 KERNEL_CASES = {
-    "mha_first_slot": (1, 4, 4, 32, 64, 0, "none"),
-    "gqa7_bool_padded": (3, 14, 2, 64, 200, 131, "bool"),
-    "d96_additive_last_slot": (2, 6, 2, 96, 130, 129, "additive"),
-    "many_splits_broadcast_mask": (2, 3, 1, 16, 1000, 517, "bool1"),
+    "mha_first_slot": (1, 4, 4, 32, 64, 0, "none", False),
+    "gqa7_bool_padded": (3, 14, 2, 64, 200, 131, "bool", False),
+    "d96_additive_last_slot": (2, 6, 2, 96, 130, 129, "additive", False),
+    "many_splits_broadcast_mask": (2, 3, 1, 16, 1000, 517, "bool1", False),
+    "qk_norm_gqa4": (2, 8, 2, 64, 150, 77, "bool", True),
+    "qk_norm_d96_padded_lanes": (1, 3, 1, 96, 70, 69, "none", True),
 }
+EPS = 1e-6
+
+
+def _rms(x, w):  # x: [b, H, d]; HF's RMSNorm over the head dim, in float64
+    return w * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS)
 
 
 def _rope(x, cos, sin):  # x: [b, H, d]; cos, sin: [b, d] — HF's rotate-half convention
@@ -25,13 +32,16 @@ def _rope(x, cos, sin):  # x: [b, H, d]; cos, sin: [b, d] — HF's rotate-half c
     return x * cos[:, None] + rot * sin[:, None]
 
 
-def kernel_case(rows, hq, hkv, d, cap, slot, kind, dtype, device="cpu", seed=0):
+def kernel_case(rows, hq, hkv, d, cap, slot, kind, qk_norm, dtype, device="cpu", seed=0):
     g = torch.Generator().manual_seed(seed)
     rnd = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
     q, k, v = rnd(rows, hq * d), rnd(rows, hkv * d), rnd(rows, hkv * d)
     ang = rnd(rows, d // 2).repeat(1, 2) * 3
     cos, sin = ang.cos(), ang.sin()
     keys, values = rnd(rows, hkv, cap, d), rnd(rows, hkv, cap, d)
+    qw, kw = 1.0 + 0.3 * rnd(d), 1.0 + 0.3 * rnd(d)
+    if qk_norm:
+        q, k = q * 3.0, k * 0.2  # heads with an RMS far from 1, so a missing norm would show
     valid = torch.ones(rows, cap, dtype=torch.bool)
     valid[:, slot + 1:] = False
     if kind in ("bool", "additive"):
@@ -44,16 +54,20 @@ def kernel_case(rows, hq, hkv, d, cap, slot, kind, dtype, device="cpu", seed=0):
     from mirage_serve.decode.attention_launch import decode_attention
 
     t = getattr(torch, dtype)
-    args = [x.to(t).to(device) for x in (q, k, v, cos, sin, keys, values)]
-    q, k, v, cos, sin, keys, values = (x.double().cpu() for x in args)  # the reference sees the rounded inputs
+    args = [x.to(t).to(device) for x in (q, k, v, cos, sin, keys, values, qw, kw)]
+    q, k, v, cos, sin, keys, values, qw, kw = (x.double().cpu() for x in args)  # the reference sees the rounded inputs
     kc, vc = args[5].clone(), args[6].clone()
     counter = torch.tensor(slot, dtype=torch.int64, device=device)
     m4 = None if mask is None else (mask.to(t) if kind == "additive" else mask).to(device)
-    out = decode_attention(*args[:5], kc, vc, counter, m4, d ** -0.5, advance=counter).cpu()
+    norm = (args[7], args[8], EPS) if qk_norm else None
+    out = decode_attention(*args[:5], kc, vc, counter, m4, d ** -0.5, advance=counter, qk_norm=norm).cpu()
     kc, vc, args = kc.cpu(), vc.cpu(), [x.cpu() for x in args]
 
-    qr = _rope(q.view(rows, hq, d), cos, sin)
-    kr = _rope(k.view(rows, hkv, d), cos, sin)
+    q, k = q.view(rows, hq, d), k.view(rows, hkv, d)
+    if qk_norm:
+        q, k = _rms(q, qw), _rms(k, kw)
+    qr = _rope(q, cos, sin)
+    kr = _rope(k, cos, sin)
     keys[:, :, slot], values[:, :, slot] = kr, v.view(rows, hkv, d)
     kx = keys.repeat_interleave(hq // hkv, 1)
     vx = values.repeat_interleave(hq // hkv, 1)
@@ -135,9 +149,12 @@ def family_case(name, config, how="install"):
             seq, logits = _decode(model, ids, mask)
         finally:
             attention_fast.decode_attention = real
+    fused_norms = sum(m.__dict__["forward"].qk_norm is not None for m in model.modules()
+                      if isinstance(m.__dict__.get("forward"), attention_fast.FastAttention))
     out = {"tokens_equal": bool(torch.equal(seq, ref_seq)),
            "logits_err": float((logits - ref_logits).norm() / ref_logits.norm()),
-           "fast_calls": len(calls), "masks": sorted(set(calls)), "verdicts": attention_verdicts(model)}
+           "fast_calls": len(calls), "masks": sorted(set(calls)), "verdicts": attention_verdicts(model),
+           "qk_norm_fused": fused_norms}
     if how in ("patch", "patch_residual"):  # unpatch takes the attention forwards away with the sites
         mirage_serve.unpatch(model)
         with torch.no_grad():

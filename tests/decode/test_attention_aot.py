@@ -24,23 +24,26 @@ def _compile(fn, types: dict, consts: dict, num_warps: int):
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
 
 
-# (dtype, kv heads, group, head dim, mask kind): Llama-3-8B, Qwen2.5-0.5B, Phi-3 (d 96), Gemma (d 256)
-CASES = [("bfloat16", 8, 4, 128, 1), ("bfloat16", 2, 7, 64, 2), ("float16", 32, 1, 96, 0), ("bfloat16", 1, 8, 256, 1)]
+# (dtype, kv heads, group, head dim, mask kind, q/k norm): Llama-3-8B, Qwen2.5-0.5B, Phi-3 (d 96), Gemma (d 256),
+# Qwen3-8B
+CASES = [("bfloat16", 8, 4, 128, 1, False), ("bfloat16", 2, 7, 64, 2, False), ("float16", 32, 1, 96, 0, False),
+         ("bfloat16", 1, 8, 256, 1, False), ("bfloat16", 8, 4, 128, 1, True)]
 
 
-@pytest.mark.parametrize("dtype,hkv,group,d,mask", CASES)
-def test_attention_kernels_compile_for_sm90(dtype, hkv, group, d, mask):
+@pytest.mark.parametrize("dtype,hkv,group,d,mask,qk_norm", CASES)
+def test_attention_kernels_compile_for_sm90(dtype, hkv, group, d, mask, qk_norm):
     from mirage_serve.decode.attention_kernels import BLOCK_N, _attend_split, _combine
     from triton import next_power_of_2 as _pow2
 
     t = PTR[dtype]
     block_d = max(16, _pow2(d))
-    types = {n: t for n in ("q_ptr", "k_ptr", "v_ptr", "cos_ptr", "sin_ptr", "kc_ptr", "vc_ptr")}
+    types = {n: t for n in ("q_ptr", "k_ptr", "v_ptr", "cos_ptr", "sin_ptr", "kc_ptr", "vc_ptr", "qn_ptr", "kn_ptr")}
     types.update({"pos_ptr": "*i64", "mask_ptr": {0: "*i64", 1: "*i1", 2: t}[mask],
-                  "o_ptr": "*fp32", "m_ptr": "*fp32", "l_ptr": "*fp32", "scale": "fp32"})
+                  "o_ptr": "*fp32", "m_ptr": "*fp32", "l_ptr": "*fp32", "scale": "fp32", "eps": "fp32"})
     pdl = mask != 0  # both ways: with programmatic dependent launch (as on sm_90+) and without
     k = _compile(_attend_split, types, dict(HKV=hkv, GROUP=group, D=d, BLOCK_G=max(16, _pow2(group)),
-                                            BLOCK_D=block_d, BLOCK_N=BLOCK_N, MASK_KIND=mask, PDL=pdl), 4)
+                                            BLOCK_D=block_d, BLOCK_N=BLOCK_N, MASK_KIND=mask, QK_NORM=qk_norm,
+                                            PDL=pdl), 4)
     assert k.asm["cubin"] and "mma.sync" in k.asm["ptx"]  # q·Kᵀ and p·V on tensor cores
     c = _compile(_combine, {"o_ptr": "*fp32", "m_ptr": "*fp32", "l_ptr": "*fp32", "out_ptr": t, "len_ptr": "*i64"},
                  dict(HQ=hkv * group, D=d, SPLITS=5, BLOCK_S=8, BLOCK_D=block_d, ADVANCE=True, PDL=pdl), 1)

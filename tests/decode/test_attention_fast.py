@@ -53,6 +53,8 @@ def test_family_decodes_hf_tokens_through_the_fast_path(interp, name):
     assert r["fast_calls"] == 15 * len(r["verdicts"]), r
     # SDPA's boolean mask, or eager attention's additive one
     assert r["masks"] == (["float32"] if name == "qwen2_eager_mask" else ["bool"]), r["masks"]
+    # Qwen3's per-head q/k RMSNorms run inside the kernel; Gemma 3's (1 + weight) form stays the module's
+    assert r["qk_norm_fused"] == (len(r["verdicts"]) if name == "qwen3" else 0), r
 
 
 def test_unpatch_removes_the_attention_path(interp):
