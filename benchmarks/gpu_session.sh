@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: the integrated GPU checks, each step time-boxed, logs under $OUT.
 #   bash benchmarks/gpu_session.sh STEP [STEP ...]      (steps below; $OUT must be set)
-# Steps: tests | tests-pdl | registry | warm-patch | cold | overhead | alone-rounds | alone | decode-qwen | decode-llama | decode-qwen3 | nopdl-qwen | nopdl-llama | unpaired-qwen | unpaired-llama | unfused-qwen | unfused-llama | profile-qwen | profile-llama | cuda |
+# Steps: tests | tests-pdl | registry | warm-patch | cold | overhead | alone-rounds | alone | decode-qwen | decode-llama | decode-qwen3 | {nopdl,unpaired,unfused}-{qwen,llama,qwen3} | profile-qwen | profile-llama | profile-qwen3 | cuda |
 # blocks | research | warm. Every step's limit is cut to what is left before DEADLINE (default 560 s: a device command may run 600 s,
 # and the tars at the end need a few seconds); a step with under 20 s left is skipped.
 # (environment: MIRAGE_SERVE_PDL, MIRAGE_SERVE_PAIRED_LAUNCH, MIRAGE_SERVE_FUSED_RESIDUAL, NEW_TOKENS, LLAMA_BATCH, BASELINES; overhead: OVERHEAD (MODEL:BATCH ...); warm: WARM_MODELS, WARM_BATCH; it leaves $OUT/shipped.tar,
@@ -66,10 +66,11 @@ while [ $# -gt 0 ]; do
                     --markdown "$OUT/decode.md" --json-dir "$OUT" ;;
     tests-pdl) step tests_pdl 120 python -m pytest -q -m gpu -p no:cacheprovider tests/codegen/test_triton_gpu.py \
                  -k "pdl or wait" ;;
-    nopdl-qwen|nopdl-llama|unpaired-qwen|unpaired-llama|unfused-qwen|unfused-llama)  # the same decode as a
+    nopdl-*|unpaired-*|unfused-*)  # the same decode as a
       # variant, to compare on one machine: nopdl-*: without programmatic dependent launch; unpaired-*: k_proj and
       # v_proj as two launches; unfused-*: the layer's residual adds as torch adds, not in o_proj/down_proj
-      m=Qwen2.5-0.5B; b=1,8; [ "${1#*-}" = llama ] && m=Llama-3.1-8B b=${LLAMA_BATCH:-1}
+      case ${1#*-} in qwen) m=Qwen2.5-0.5B b=1,8 ;; qwen3) m=Qwen3-8B b=1,8 ;; llama) m=Llama-3.1-8B b=${LLAMA_BATCH:-1} ;;
+                      *) echo "unknown step $1"; shift; continue ;; esac
       case ${1%%-*} in nopdl) variant=MIRAGE_SERVE_PDL=0 ;; unpaired) variant=MIRAGE_SERVE_PAIRED_LAUNCH=0 ;;
                        unfused) variant=MIRAGE_SERVE_FUSED_RESIDUAL=0 ;; esac
       export "$variant"; step "$1" 330 python benchmarks/bench_decode.py --models "$m" --batch "$b" \
@@ -77,6 +78,7 @@ while [ $# -gt 0 ]; do
       unset "${variant%%=*}" ;;
     profile-qwen) step profile_qwen 120 python benchmarks/profile_decode_step.py Qwen2.5-0.5B ;;
     profile-llama) step profile_llama 200 python benchmarks/profile_decode_step.py Llama-3.1-8B ;;
+    profile-qwen3) step profile_qwen3 200 python benchmarks/profile_decode_step.py Qwen3-8B ;;
     cuda) step cuda 200 python -m tests.codegen_cuda.device_check "$OUT" ;;
     research) export MIRAGE_SERVE_RESEARCH=1  # every later step's patch() searches the shipped programs
               # again; a shipped entry's μGraph competes with the new candidates and the faster goes to the
