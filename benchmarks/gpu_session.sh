@@ -2,9 +2,9 @@
 # One device call: the integrated GPU checks, each step time-boxed, logs under $OUT.
 #   bash benchmarks/gpu_session.sh STEP [STEP ...]      (steps below; $OUT must be set)
 # Steps: tests | tests-pdl | registry | warm-patch | cold | overhead | alone-rounds | alone | decode-qwen | decode-llama | decode-qwen3 | {nopdl,unpaired,unfused}-{qwen,llama,qwen3} | profile-qwen | profile-llama | profile-qwen3 | cuda |
-# blocks | research | warm. Every step's limit is cut to what is left before DEADLINE (default 560 s: a device command may run 600 s,
+# blocks | research | unship | warm. Every step's limit is cut to what is left before DEADLINE (default 560 s: a device command may run 600 s,
 # and the tars at the end need a few seconds); a step with under 20 s left is skipped.
-# (environment: MIRAGE_SERVE_PDL, MIRAGE_SERVE_PAIRED_LAUNCH, MIRAGE_SERVE_FUSED_RESIDUAL, NEW_TOKENS, LLAMA_BATCH, BASELINES; overhead: OVERHEAD (MODEL:BATCH ...); warm: WARM_MODELS, WARM_BATCH; it leaves $OUT/shipped.tar,
+# (environment: MIRAGE_SERVE_PDL, MIRAGE_SERVE_PAIRED_LAUNCH, MIRAGE_SERVE_FUSED_RESIDUAL, NEW_TOKENS, LLAMA_BATCH, BASELINES; overhead: OVERHEAD (MODEL:BATCH ...); unship: UNSHIP (MODEL:LABELS ..., shipped entries to delete in this copy, so later steps search them); warm: WARM_MODELS, WARM_BATCH; it leaves $OUT/shipped.tar,
 # entries in kernels_cache/ form to untar into the repo's kernels_cache/; blocks: BLOCKS_LIMIT (s, default 400), BLOCKS_SUITE (llama, paper, all), BLOCKS_ONLY (row label substrings)). The kernel cache is $MIRAGE_SERVE_CACHE_DIR
 # (default /tmp/ms_cache) while running and is tarred to $OUT/cache.tar at the end,
 # so searched μGraphs found on the GPU can be brought back (for kernels_cache/); a cache.tar in the
@@ -84,6 +84,9 @@ while [ $# -gt 0 ]; do
               # again; a shipped entry's μGraph competes with the new candidates and the faster goes to the
               # user cache, emptied here so entries an earlier step made cannot stand in for the shipped ones
               rm -rf "$MIRAGE_SERVE_CACHE_DIR" ;;
+    unship) for ml in ${UNSHIP:?set UNSHIP to MODEL:LABELS ...}; do  # e.g. Qwen3-8B:attn_in: later steps search them
+              step "unship_${ml%%:*}" 60 python benchmarks/shipped_coverage.py "${ml%%:*}" --remove "${ml#*:}"
+            done ;;
     warm) DEADLINE=$((DEADLINE - 40))  # the export below must still run when the models use up the time
           for m in ${WARM_MODELS:?set WARM_MODELS to registry names}; do  # issue 7: the shipped cache
             step "warm_$m" 300 mirage-serve warm "$m" --layers 2 --batch "${WARM_BATCH:-1,2,4,8,16}"
