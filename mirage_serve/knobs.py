@@ -79,7 +79,8 @@ PAIRED_LAUNCH: Knob[bool] = Knob(
 RESEARCH: Knob[bool] = Knob(
     "MIRAGE_SERVE_RESEARCH", parse_bool, False,
     "search again, where patch() profiles on the GPU, the programs the shipped kernel cache has: the shipped "
-    "μGraph competes with the new candidates and the fastest goes to the user cache (for refreshing kernels_cache/)")
+    "μGraph competes with the new candidates, stays unless one is at least 5% faster, and the winner goes to the user "
+    "cache (for refreshing kernels_cache/)")
 
 FUSED_RESIDUAL: Knob[bool] = Knob(
     "MIRAGE_SERVE_FUSED_RESIDUAL", parse_bool, True,

@@ -179,11 +179,14 @@ class Preparer:
             # the shipped μGraph's launches are all timed: its best may be one the probes leave out
             ranked = self._selector.pick(cands, inputs, sweep_also=[incumbent] if incumbent is not None else [])
             timings = tuple(optimize.profile_timings(ranked))
+            if incumbent is not None:
+                ranked = optimize.incumbent_first(ranked, incumbent)
             for r in ranked:
                 ver = optimize.verify(program, r.ugraph) if r.error is None else None
                 if ver is not None and ver.ok:
                     base = next((x.median_us for x in ranked if x.ugraph == result.best), float("nan"))
-                    note = (f"fastest of {len(ranked)} timed: {r.median_us:.1f} µs "
+                    fastest = min(x.median_us for x in ranked)
+                    note = (f"fastest of {len(ranked)} timed: {fastest:.1f} µs "
                             f"(cost model's pick {base:.1f} µs")
                     if incumbent is not None:
                         was = next((x.median_us for x in ranked if x.ugraph == incumbent), float("nan"))

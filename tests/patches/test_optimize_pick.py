@@ -120,3 +120,23 @@ def test_profile_timings_name_each_candidate_its_launch_time_and_cost():
     assert rows[1] == [layout(b), "OutOfResources: shared memory"]
     assert layout(a) == "grid 1x4x1 t128 f3 [8,32] [32,20] [32,20]"
     assert layout(FIXTURES["gated_mlp"]().program) == "matmul; silu; matmul; mul"  # views left out
+
+
+def test_research_replaces_the_shipped_graph_only_when_clearly_faster():
+    from superopt.runtime.profile import ProfileResult
+    from tests.fixtures.ugraphs import FIXTURES
+
+    shipped, new, broken = (FIXTURES[n]().ugraph for n in ("gated_mlp", "llama_qkv", "rmsnorm_matmul"))
+
+    def ranked(new_us, shipped_us):  # as the profiler returns them: fastest first, errors last
+        rows = sorted([ProfileResult(0, new, median_us=new_us), ProfileResult(1, shipped, median_us=shipped_us)],
+                      key=lambda r: r.median_us)
+        return rows + [ProfileResult(2, broken, error="OutOfResources")]
+
+    assert optimize.incumbent_first(ranked(9.8, 10.0), shipped)[0].ugraph is shipped    # 2% is noise
+    assert optimize.incumbent_first(ranked(9.4, 10.0), shipped)[0].ugraph is new        # 6% is not
+    assert optimize.incumbent_first(ranked(11.0, 10.0), shipped)[0].ugraph is shipped
+    assert [r.ugraph for r in optimize.incumbent_first(ranked(9.8, 10.0), shipped)] == [shipped, new, broken]
+    # a shipped graph that failed to run cannot be kept
+    failed = [ProfileResult(0, new, median_us=9.9), ProfileResult(1, shipped, error="OutOfResources")]
+    assert optimize.incumbent_first(failed, shipped)[0].ugraph is new
