@@ -81,8 +81,9 @@ while [ $# -gt 0 ]; do
     profile-qwen3) step profile_qwen3 200 python benchmarks/profile_decode_step.py Qwen3-8B ;;
     cuda) step cuda 200 python -m tests.codegen_cuda.device_check "$OUT" ;;
     research) export MIRAGE_SERVE_RESEARCH=1  # every later step's patch() searches the shipped programs
-              # again; a shipped entry's μGraph competes with the new candidates and the faster goes to the
-              # user cache, emptied here so entries an earlier step made cannot stand in for the shipped ones
+              # again; a shipped entry's μGraph competes with the new candidates (kept unless one is 5% faster)
+              # and the winner goes to the user cache, emptied here so entries an earlier step made cannot
+              # stand in for the shipped ones
               rm -rf "$MIRAGE_SERVE_CACHE_DIR" ;;
     unship) for ml in ${UNSHIP:?set UNSHIP to MODEL:LABELS ...}; do  # e.g. Qwen3-8B:attn_in: later steps search them
               step "unship_${ml%%:*}" 60 python benchmarks/shipped_coverage.py "${ml%%:*}" --remove "${ml#*:}"

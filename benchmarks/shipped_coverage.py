@@ -1,5 +1,6 @@
 """Which registry models the shipped kernels_cache/ covers: per model, the site programs of one
-decoder layer at each batch bucket (with and without the fused residual adds), and whether a shipped entry holds each (sm90, bf16, triton).
+decoder layer at each batch bucket (with and without the fused residual adds), and whether a
+shipped entry holds each (sm90, bf16, triton).
 
     python benchmarks/shipped_coverage.py [MODEL ...] [--batch 1,2,4,8,16] [--remove attn_in,attn_in_1] [--prune]
 

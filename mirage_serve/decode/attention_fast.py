@@ -5,9 +5,9 @@ layer's attention module. A call that is one decode step (one new token per row)
 initialised ``StaticLayer`` of an HF cache runs: the q/k/v projections (the patched fused
 kernels), then ``attention_launch.decode_attention`` (the per-head q/k RMSNorm where the module has
 one of HF's usual form, RoPE, cache write, flash-decoding: two launches), then ``o_proj``. Per-head
-norms of another form (Gemma 3's ``1 + weight``) run as the module's own, before the kernels. Every other call — prefill,
-dynamic or sliding caches, training, ``torch.compile`` tracing, a mask we cannot read — runs the
-module's original forward.
+norms of another form (Gemma 3's ``1 + weight``) run as the module's own, before the kernels.
+Every other call — prefill, dynamic or sliding caches, training, ``torch.compile`` tracing, a mask
+we cannot read — runs the module's original forward.
 
 This path is hand-written (RoPE in HF's rotate-half form, softmax attention with the module's
 ``scaling``), not extracted from the model's code, so it is never trusted blindly: the first

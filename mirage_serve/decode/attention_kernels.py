@@ -5,10 +5,11 @@ cache's index_copy, a mask, repeat_kv copies on older transformers, SDPA, a tran
 
 1. ``_attend_split``: flash-decoding. Program (row, kv head, split) runs the whole GQA group of
    that kv head against one slice of the cache — K and V read in place, once per group — with an
-   online softmax. The per-head q/k RMSNorm of models that have one (Qwen3) and RoPE (HF's rotate-half convention, each product rounded to the model dtype as
-   HF's eager ops round it) is applied to q in registers by every program; the program whose
-   slice holds the new token's slot rotates k, writes k and v to the cache and adds the token to
-   its softmax from registers (nothing reads that slot before the write). The slot is read from
+   online softmax. The per-head q/k RMSNorm of models that have one (Qwen3) and RoPE (HF's
+   rotate-half convention, each product rounded to the model dtype as HF's eager ops round it) are
+   applied to q in registers by every program; the program whose slice holds the new token's slot
+   normalises and rotates k, writes k and v to the cache and adds the token to its softmax from
+   registers (nothing reads that slot before the write). The slot is read from
    device memory (``pos_ptr``), so no step needs a host sync; splits past it return at once.
    Partial outputs in float32.
 2. ``_combine``: the splits' partial softmaxes merged into the attention output, in the layout
