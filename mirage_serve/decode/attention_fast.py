@@ -80,6 +80,10 @@ def fused_qk_norm(module) -> tuple | None:
     qn, kn = getattr(module, "q_norm", None), getattr(module, "k_norm", None)
     if qn is None or kn is None:
         return None
+    proj = getattr(module, "q_proj", None) or getattr(module, "qkv_proj", None)
+    dtype = getattr(getattr(proj, "weight", None), "dtype", None)
+    if any(getattr(getattr(n, "weight", None), "dtype", None) != dtype for n in (qn, kn)):
+        return None  # e.g. float32 norm weights in a bf16 model: HF's output is then float32, the kernel's bf16
     eps = {_rms_eps(n, module.head_dim) for n in (qn, kn)}
     if len(eps) != 1 or None in eps:
         return None

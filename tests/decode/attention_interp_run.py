@@ -10,7 +10,8 @@ set before triton is imported). Two parts:
   for 16 steps on a static cache with the fast path installed, against the same model without it
   — tokens identical, logits close, how many steps took the fast path, the first-use verdicts;
   ``family/llama_patched`` goes through ``mirage_serve.patch`` (sites + attention; ``_residual``
-  with the residual adds in the projections), and
+  with the residual adds in the projections; ``qwen3_patched`` as the defaults run Qwen3: residual adds fused,
+  q/k norms in the attention kernel), and
   ``family/llama_mutant`` runs a deliberately wrong kernel (scale off by 10%) that the first-use
   check must refuse, with the tokens still right.
 """
@@ -36,7 +37,7 @@ def main() -> None:
     cases = [(n, c, "install") for n, c in FAMILIES.items()]
     cases += [("llama_patched", FAMILIES["llama"], "patch"), ("llama_mutant", FAMILIES["llama"], "mutant"),
               ("llama_patched_residual", FAMILIES["llama"], "patch_residual"),
-              ("llama_unpadded", FAMILIES["llama"], "unpadded")]
+              ("llama_unpadded", FAMILIES["llama"], "unpadded"), ("qwen3_patched", FAMILIES["qwen3"], "patch_residual")]
     for name, config, how in cases:
         try:
             result[f"family/{name}"] = family_case(name, config, how)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import Gemma2Config, LlamaConfig
+from transformers import Gemma2Config, Gemma3TextConfig, LlamaConfig, Qwen3Config
 
-from mirage_serve.decode.attention_fast import unsupported
+from mirage_serve.decode.attention_fast import fused_qk_norm, unsupported
 from mirage_serve.decode.attention_launch import BLOCK_N, split_plan
 
 from .attention_cases import FAMILIES, KERNEL_CASES
@@ -42,7 +42,8 @@ def test_kernels_match_float64(interp, case, dtype):
     assert r["advanced"], "the cache's length counter did not advance by one"
 
 
-@pytest.mark.parametrize("name", list(FAMILIES) + ["llama_patched", "llama_patched_residual", "llama_unpadded"])
+@pytest.mark.parametrize("name", list(FAMILIES) + ["llama_patched", "llama_patched_residual", "llama_unpadded",
+                                                   "qwen3_patched"])
 def test_family_decodes_hf_tokens_through_the_fast_path(interp, name):
     r = interp[f"family/{name}"]
     assert not isinstance(r, str), r
@@ -54,7 +55,7 @@ def test_family_decodes_hf_tokens_through_the_fast_path(interp, name):
     # SDPA's boolean mask, or eager attention's additive one
     assert r["masks"] == (["float32"] if name == "qwen2_eager_mask" else ["bool"]), r["masks"]
     # Qwen3's per-head q/k RMSNorms run inside the kernel; Gemma 3's (1 + weight) form stays the module's
-    assert r["qk_norm_fused"] == (len(r["verdicts"]) if name == "qwen3" else 0), r
+    assert r["qk_norm_fused"] == (len(r["verdicts"]) if name.startswith("qwen3") else 0), r
 
 
 def test_unpatch_removes_the_attention_path(interp):
@@ -93,3 +94,22 @@ def test_unsupported_attention_is_named():
                           num_attention_heads=4, num_key_value_heads=2, head_dim=8)
     assert "softcapping" in unsupported(_attn(gemma2), gemma2)
     assert "no q/k/v" in unsupported(torch.nn.Linear(2, 2), llama)
+
+
+def test_qk_norm_is_fused_only_in_hf_usual_form_and_the_model_dtype():
+    qwen3 = Qwen3Config(vocab_size=32, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-5)
+    attn = _attn(qwen3)
+    with torch.no_grad():
+        attn.q_norm.weight.uniform_(0.5, 1.5)
+    q_w, k_w, eps = fused_qk_norm(attn)
+    assert q_w is attn.q_norm.weight and k_w is attn.k_norm.weight and eps == 1e-5
+    attn.to(torch.bfloat16)
+    assert fused_qk_norm(attn) is not None
+    attn.k_norm.float()  # float32 norm weights in a bf16 model: HF returns float32 there, the kernel would not
+    assert fused_qk_norm(attn) is None
+    gemma3 = Gemma3TextConfig(vocab_size=32, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+    assert fused_qk_norm(_attn(gemma3)) is None  # scales by 1 + weight
+    assert fused_qk_norm(_attn(LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=48,
+                                           num_hidden_layers=1, num_attention_heads=4))) is None
