@@ -113,28 +113,47 @@ def test_tiny_llama_triton_generate(searched, tmp_path):
     mirage_serve.unpatch(model)
 
 
+def _generate_patched(cfg, tmp_path):
+    """(report, model's greedy tokens unpatched, patched) of a tiny bf16 model, batch 3, patched for
+    buckets 1 and 4 with the decode fast path; the model is unpatched again afterwards."""
+    from mirage_serve.decode.attention_fast import attention_verdicts
+
+    model = build(cfg).to("cuda", torch.bfloat16)
+    ids = torch.randint(1, cfg.vocab_size, (3, 9), device="cuda")
+    want = model.generate(ids, max_new_tokens=STEPS, min_new_tokens=STEPS, do_sample=False, pad_token_id=0)
+    report = mirage_serve.patch(model, search_budget=_budget(), batch_sizes=(1, 4), cache_dir=tmp_path)
+    print(report)
+    got = model.generate(ids, max_new_tokens=STEPS, min_new_tokens=STEPS, do_sample=False, pad_token_id=0)
+    assert set(attention_verdicts(model).values()) == {"ok"}, attention_verdicts(model)
+    mirage_serve.unpatch(model)
+    _assert_same_tokens_ties_aside(model, got, want)
+    return report
+
+
 @pytest.mark.gpu
 def test_tiny_llama_fused_residual_generate(tmp_path, monkeypatch):
     """MIRAGE_SERVE_FUSED_RESIDUAL on the GPU path: searched (x, r) projections, the layer's hand-off
     inside CUDA-graph replays, and the decode attention's first-use check still passing."""
     from transformers import LlamaConfig
 
-    from mirage_serve.decode.attention_fast import attention_verdicts
-
     monkeypatch.setenv("MIRAGE_SERVE_FUSED_RESIDUAL", "1")
-    cfg = LlamaConfig(vocab_size=1001, hidden_size=256, intermediate_size=688, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2)
-    model = build(cfg).to("cuda", torch.bfloat16)
-    ids = torch.randint(1, 1001, (3, 9), device="cuda")
-    want = model.generate(ids, max_new_tokens=STEPS, min_new_tokens=STEPS, do_sample=False, pad_token_id=0)
-    report = mirage_serve.patch(model, search_budget=_budget(), batch_sizes=(1, 4), cache_dir=tmp_path)
-    print(report)
+    report = _generate_patched(LlamaConfig(vocab_size=1001, hidden_size=256, intermediate_size=688,
+                                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2),
+                               tmp_path)
     assert not report.unpatched and "residual adds: in the o_proj / down_proj kernels of 2/2" in report.note
     assert all(s.launches == 1 for s in report.sites if s.site in ("attn_out", "mlp_out")), str(report)
-    got = model.generate(ids, max_new_tokens=STEPS, min_new_tokens=STEPS, do_sample=False, pad_token_id=0)
-    assert set(attention_verdicts(model).values()) == {"ok"}, attention_verdicts(model)
-    mirage_serve.unpatch(model)
-    _assert_same_tokens_ties_aside(model, got, want)
+
+
+@pytest.mark.gpu
+def test_tiny_qwen3_generate_with_qk_norm_in_the_attention_kernel(tmp_path):
+    """Qwen3's per-head q/k RMSNorm inside the decode-attention kernel (bf16, in CUDA graphs), checked
+    against each attention module's own forward on first use and by the greedy tokens."""
+    from transformers import Qwen3Config
+
+    report = _generate_patched(Qwen3Config(vocab_size=1001, hidden_size=256, intermediate_size=688,
+                                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                           head_dim=64), tmp_path)
+    assert not report.unpatched and "q/k RMSNorm (2 layers)" in report.note, report.note
 
 
 def _assert_same_tokens_ties_aside(model, got, want) -> None:
