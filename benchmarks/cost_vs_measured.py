@@ -8,6 +8,12 @@ candidates ran, the rank correlation of estimate and measurement, the cost model
 measured against the fastest, and the fastest's layout. Runs on a CPU, e.g. on the ``cache.tar``
 a ``gpu_session.sh`` call brings back — a tool for work on the cost model
 (``superopt/search/cost.py``), whose ranking decides which designs reach the profiler at all.
+
+``--rescore`` replaces each timed row's cost column by what the cost model says *now*: the search
+runs again on the CPU for the registry models' site programs whose entries keep timings (largest
+bucket searched, the others re-instantiated, as ``patch()`` does), its candidates are matched to
+the rows by layout, and each is costed afresh. Edit the cost model, run it on ``kernels_cache/``,
+and see whether its ranking of designs the GPU already timed got better, without a GPU.
 """
 from __future__ import annotations
 
@@ -44,16 +50,56 @@ def entry_summary(label: str, timings: list[list]) -> dict | None:
                 pick_us=pick[2], best_us=best[2], best_layout=best[0], best_launch=best[1])
 
 
-def summaries(cache_dir: Path, label: str = "") -> list[dict]:
+def summaries(cache_dir: Path, label: str = "", costs: dict | None = None) -> list[dict]:
+    """One ``entry_summary`` per entry that keeps timings; ``costs`` (``rescored``): program digest ->
+    {layout: cost µs} replacing the stored cost column (rows it has no layout for are left out)."""
     out = []
     for meta_file in sorted(cache_dir.glob("*/meta.json")):
         meta = json.loads(meta_file.read_text()).get("meta", {})
         timings = meta.get("timings")
         if not timings or label not in meta_file.parent.name:
             continue
+        if costs is not None:
+            now = costs.get(meta.get("program_digest"))
+            if now is None:
+                continue
+            timings = [t[:3] + [now[t[0]]] for t in timings if len(t) == 4 and t[0] in now]
         s = entry_summary(meta_file.parent.name, timings)
         if s is not None:
             out.append(s)
+    return out
+
+
+def rescored(cache_dir: Path, models: list[str], buckets: tuple[int, ...] = (1, 2, 4, 8, 16)) -> dict:
+    """Program digest -> {layout: the current cost model's µs} for the candidates the search offers
+    now, for every site program of ``models`` (registry names) that an entry with timings holds."""
+    from mirage_serve.site_programs import layer_programs
+    from superopt.ir import digest, layout
+    from superopt.search import superoptimize
+    from superopt.search.cost import graph_cost
+
+    timed = {json.loads(f.read_text()).get("meta", {}).get("program_digest")
+             for f in cache_dir.glob("*/meta.json") if '"timings"' in f.read_text()}
+    out: dict[str, dict] = {}
+    for name in models:
+        for fused in (True, False):
+            by_label: dict[str, dict] = {}
+            for label, m, g in layer_programs(name, buckets, fused_residual=fused):
+                by_label.setdefault(label, {})[m] = g
+            for by_m in by_label.values():
+                if not any(digest(g) in timed and digest(g) not in out for g in by_m.values()):
+                    continue
+                seed = None
+                for m in sorted(by_m, reverse=True):  # as patch() does: the largest searched
+                    g = by_m[m]
+                    try:
+                        result = seed.reinstantiate(g) if seed is not None else None
+                    except Exception:  # a structure that does not fit: patch() searches afresh too
+                        result = None
+                    result = result or superoptimize(g)
+                    seed = seed or result
+                    if digest(g) in timed:
+                        out[digest(g)] = {layout(c): round(graph_cost(c), 2) for c in result.candidates()}
     return out
 
 
@@ -61,8 +107,14 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("cache_dir", type=Path)
     ap.add_argument("--label", default="", help="only entries whose directory name contains this")
+    ap.add_argument("--rescore", nargs="*", metavar="MODEL",
+                    help="cost the timed designs with the current cost model (registry models; none: all)")
     args = ap.parse_args(argv)
-    rows = summaries(args.cache_dir, args.label)
+    costs = None
+    if args.rescore is not None:
+        from mirage_serve import registry
+        costs = rescored(args.cache_dir, args.rescore or registry.names())
+    rows = summaries(args.cache_dir, args.label, costs)
     if not rows:
         raise SystemExit(f"no entry under {args.cache_dir} keeps profiler timings (meta.timings)")
     print("| entry | timed | rank corr | cost model's pick µs | fastest µs | pick / fastest | fastest (layout, launch) |")

@@ -38,3 +38,28 @@ def test_summary_compares_the_cost_models_pick_with_the_fastest(tmp_path, capsys
     assert "1 entries: the cost model's pick within 10% of the fastest in 0" in out
     with pytest.raises(SystemExit, match="keeps profiler timings"):
         cvm.main([str(tmp_path), "--label", "mlp"])
+
+
+def test_rescore_costs_the_timed_designs_with_the_current_cost_model(tmp_path):
+    # an entry whose timings rows carry a stale cost column: --rescore searches the program again,
+    # matches its candidates to the rows by layout and costs them now
+    from mirage_serve.site_programs import layer_programs
+    from superopt.ir import digest, layout
+    from superopt.search import superoptimize
+    from superopt.search.cost import graph_cost
+
+    [program] = [g for label, m, g in layer_programs("SmolLM2-135M", (1,), fused_residual=True)
+                 if label == "attn_out"]
+    designs = superoptimize(program).candidates()[:3]
+    rows = [[layout(g), "w4s3", us, 99.0] for g, us in zip(designs, (3.0, 1.0, 2.0))]
+    rows.append(["grid 9x9x9 t128 f1 [1]", "w4s3", 0.5, 0.1])  # a design the search no longer offers
+    (tmp_path / "attn_out-m1-abc").mkdir()
+    meta = {"meta": {"program_digest": digest(program), "timings": rows}}
+    (tmp_path / "attn_out-m1-abc" / "meta.json").write_text(json.dumps(meta))
+
+    costs = cvm.rescored(tmp_path, ["SmolLM2-135M"], buckets=(1,))
+    assert costs[digest(program)][layout(designs[0])] == pytest.approx(graph_cost(designs[0]), abs=0.01)
+    [s] = cvm.summaries(tmp_path, costs=costs)
+    assert s["timed"] == 3 and s["best_us"] == 1.0  # the unmatched row is left out
+    pick = min(range(3), key=lambda i: graph_cost(designs[i]))
+    assert s["pick_us"] == (3.0, 1.0, 2.0)[pick]
