@@ -13,7 +13,9 @@ a ``gpu_session.sh`` call brings back — a tool for work on the cost model
 runs again on the CPU for the registry models' site programs whose entries keep timings (largest
 bucket searched, the others re-instantiated, as ``patch()`` does), its candidates are matched to
 the rows by layout, and each is costed afresh. Edit the cost model, run it on ``kernels_cache/``,
-and see whether its ranking of designs the GPU already timed got better, without a GPU.
+and see whether its ranking of designs the GPU already timed got better, without a GPU — and,
+since the profiler times every design the search offers, whether the fastest of them is still
+offered (a change to the ranking also changes which designs are verified and offered).
 """
 from __future__ import annotations
 
@@ -59,14 +61,17 @@ def summaries(cache_dir: Path, label: str = "", costs: dict | None = None) -> li
         timings = meta.get("timings")
         if not timings or label not in meta_file.parent.name:
             continue
+        offered = None
         if costs is not None:
             now = costs.get(meta.get("program_digest"))
             if now is None:
                 continue
-            timings = [t[:3] + [now[t[0]]] for t in timings if len(t) == 4 and t[0] in now]
+            ran = [t for t in timings if len(t) == 4]
+            offered = bool(ran) and min(ran, key=lambda t: t[2])[0] in now
+            timings = [t[:3] + [now[t[0]]] for t in ran if t[0] in now]
         s = entry_summary(meta_file.parent.name, timings)
         if s is not None:
-            out.append(s)
+            out.append(dict(s, fastest_offered=offered))
     return out
 
 
@@ -126,6 +131,9 @@ def main(argv=None) -> None:
     rhos = sorted(r["rho"] for r in rows)
     print(f"\n{len(rows)} entries: the cost model's pick within 10% of the fastest in {close}; "
           f"median rank correlation {rhos[len(rhos) // 2]:+.2f}")
+    if costs is not None:  # what matters most: the profiler times every design the search offers
+        kept = sum(bool(r["fastest_offered"]) for r in rows)
+        print(f"the fastest design the GPU timed is still offered to the profiler in {kept} of {len(rows)} entries")
 
 
 if __name__ == "__main__":

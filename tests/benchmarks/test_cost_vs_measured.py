@@ -61,5 +61,6 @@ def test_rescore_costs_the_timed_designs_with_the_current_cost_model(tmp_path):
     assert costs[digest(program)][layout(designs[0])] == pytest.approx(graph_cost(designs[0]), abs=0.01)
     [s] = cvm.summaries(tmp_path, costs=costs)
     assert s["timed"] == 3 and s["best_us"] == 1.0  # the unmatched row is left out
+    assert s["fastest_offered"] is False  # the 0.5 µs design is not offered any more
     pick = min(range(3), key=lambda i: graph_cost(designs[i]))
     assert s["pick_us"] == (3.0, 1.0, 2.0)[pick]
