@@ -101,7 +101,8 @@ def rescored(cache_dir: Path, models: list[str], buckets: tuple[int, ...] = (1, 
                         result = seed.reinstantiate(g) if seed is not None else None
                     except Exception:  # a structure that does not fit: patch() searches afresh too
                         result = None
-                    result = result or superoptimize(g)
+                    if result is None or all(c == g for c, _ in result.ranked):  # only the program left
+                        result = superoptimize(g)
                     seed = seed or result
                     if digest(g) in timed:
                         out[digest(g)] = {layout(c): round(graph_cost(c), 2) for c in result.candidates()}

@@ -114,8 +114,9 @@ def test_tiny_llama_triton_generate(searched, tmp_path):
 
 
 def _generate_patched(cfg, tmp_path):
-    """(report, model's greedy tokens unpatched, patched) of a tiny bf16 model, batch 3, patched for
-    buckets 1 and 4 with the decode fast path; the model is unpatched again afterwards."""
+    """The report of patching a tiny bf16 model for buckets 1 and 4 with the decode fast path, after
+    checking a batch of 3 greedy continuations against the unpatched model's (ties aside) and every
+    attention module's first-use verdict; the model is unpatched again afterwards."""
     from mirage_serve.decode.attention_fast import attention_verdicts
 
     model = build(cfg).to("cuda", torch.bfloat16)
