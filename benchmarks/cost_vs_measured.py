@@ -83,8 +83,8 @@ def rescored(cache_dir: Path, models: list[str], buckets: tuple[int, ...] = (1, 
     from superopt.search import superoptimize
     from superopt.search.cost import graph_cost
 
-    timed = {json.loads(f.read_text()).get("meta", {}).get("program_digest")
-             for f in cache_dir.glob("*/meta.json") if '"timings"' in f.read_text()}
+    metas = [json.loads(f.read_text()).get("meta", {}) for f in cache_dir.glob("*/meta.json")]
+    timed = {m.get("program_digest") for m in metas if m.get("timings")}
     out: dict[str, dict] = {}
     for name in models:
         for fused in (True, False):
