@@ -8,8 +8,10 @@ Runs on the CPU in a minute or two: each model is built with one decoder layer a
 vocabulary (bf16), its site programs are extracted as patch() extracts them, and their shipped
 cache keys are looked up. A miss means a user of that model pays a search on first patch();
 `mirage-serve warm MODEL` on the GPU machine, exported into kernels_cache/, fills it.
-``--remove LABELS`` deletes the listed site programs' shipped entries of the named models, so that
-the next ``warm`` searches them again (after a change to the search or its cost model).
+``--remove LABELS`` deletes the listed site programs' shipped entries of the named models, and their
+entries in the user cache (``MIRAGE_SERVE_CACHE_DIR``; an earlier patch copied shipped hits there, and
+they would stand in for the shipped ones), so that the next ``warm`` searches them again (after a
+change to the search or its cost model).
 ``--prune`` (all models) deletes the entries no registry model uses at these buckets (programs a
 change to the site layout left behind), so the package ships only what a patch can hit.
 """
@@ -32,6 +34,15 @@ def programs(name: str, buckets: tuple[int, ...]):
             yield label, m, digest(g)
 
 
+def cache_keys(name: str, buckets: tuple[int, ...]):
+    """(label, bucket, the user cache's ``CacheKey``) of each of ``programs(name, buckets)`` as patch()
+    keys it on this machine's toolchain (sm90, bf16, triton); ``for_shipped()`` gives the shipped key."""
+    from mirage_serve.cache import CacheKey, versions_now
+
+    for label, m, dg in programs(name, buckets):
+        yield label, m, CacheKey(dg, f"b{m}", "bf16", "sm90", "triton", versions_now(), f"{label}-m{m}")
+
+
 def paired_in_use(shipped: Path, used: set[str]) -> set[str]:
     """The paired-launch entries (k/v as one launch) of the programs in ``used``: they are keyed by
     the chosen μGraph and launch, not by a program, so they are matched by their μGraph text."""
@@ -43,7 +54,7 @@ def paired_in_use(shipped: Path, used: set[str]) -> set[str]:
 
 def main(argv=None) -> None:
     from mirage_serve import registry
-    from mirage_serve.cache import CacheKey, KernelCache, versions_now
+    from mirage_serve.cache import KernelCache, default_cache_dir
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("models", nargs="*", help="registry names (default: all)")
@@ -65,15 +76,16 @@ def main(argv=None) -> None:
     missing_any, used = False, set()
     for name in args.models or registry.names():
         seen, missing = set(), []
-        for label, m, dg in programs(name, buckets):
-            if (label, m, dg) in seen:
+        for label, m, key in cache_keys(name, buckets):
+            if key in seen:
                 continue
-            seen.add((label, m, dg))
-            key = CacheKey(dg, f"b{m}", "bf16", "sm90", "triton", versions_now(), f"{label}-m{m}")
+            seen.add(key)
             used.add(key.for_shipped().dirname())
-            if label in remove and (Path(args.shipped) / key.for_shipped().dirname()).is_dir():
-                shutil.rmtree(Path(args.shipped) / key.for_shipped().dirname())
-                print(f"{name}: removed {label}@b{m}")
+            if label in remove:
+                for entry in (Path(args.shipped) / key.for_shipped().dirname(), default_cache_dir(None) / key.dirname()):
+                    if entry.is_dir():
+                        shutil.rmtree(entry)
+                        print(f"{name}: removed {label}@b{m} ({entry.parent.name}/{entry.name})")
             if cache.get(key) is None:
                 missing.append(f"{label}@b{m}")
         missing_any |= bool(missing)

@@ -37,3 +37,20 @@ def test_prune_keeps_the_paired_entries_of_used_programs_only(tmp_path):
     entry("attn_in_1_m1_fused-paired-cccc", "graph another\n")
     entry("mlp_in-m1-dddd", "graph another\n")  # not in use: its paired twin goes too
     assert coverage.paired_in_use(tmp_path, {"attn_in_1-m1-aaaa"}) == {"attn_in_1_m1_fused-paired-bbbb"}
+
+
+def test_remove_deletes_the_programs_entries_in_both_layers(tmp_path, monkeypatch, capsys):
+    # An earlier patch() copies each shipped hit into the user cache; a --remove that left those
+    # copies would let them stand in for the shipped entries, and the next warm would search nothing.
+    shipped, user = tmp_path / "shipped", tmp_path / "user"
+    monkeypatch.setenv("MIRAGE_SERVE_CACHE_DIR", str(user))
+    keys = list(coverage.cache_keys("SmolLM2-135M", (1, 8)))
+    for _, _, key in keys:
+        (shipped / key.for_shipped().dirname()).mkdir(parents=True, exist_ok=True)
+        (user / key.dirname()).mkdir(parents=True, exist_ok=True)
+    with pytest.raises(SystemExit):
+        coverage.main(["SmolLM2-135M", "--batch", "1,8", "--remove", "attn_in", "--shipped", str(shipped)])
+    assert "removed attn_in@b8" in capsys.readouterr().out
+    for label, _, key in keys:
+        for entry in (shipped / key.for_shipped().dirname(), user / key.dirname()):
+            assert entry.is_dir() == (label != "attn_in"), entry
