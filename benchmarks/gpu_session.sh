@@ -104,7 +104,10 @@ while [ $# -gt 0 ]; do
   shift
 done
 tar -C / -cf "$OUT/cache.tar" "${MIRAGE_SERVE_CACHE_DIR#/}" 2>/dev/null
-# The device tool brings back at most 8 files from $OUT: everything but the tars goes into logs.tar.
-(cd "$OUT" && find . -maxdepth 1 -type f ! -name '*.tar' -printf '%f\n' | tar -cf logs.tar -T - \
+# The device tool brings back at most 8 files from $OUT: everything but the tars goes into logs.tar
+# (logs.2.tar, ... when an earlier run of this script in the same command left one).
+logs=logs.tar; n=2
+while [ -e "$OUT/$logs" ]; do logs=logs.$n.tar; n=$((n + 1)); done
+(cd "$OUT" && find . -maxdepth 1 -type f ! -name '*.tar' -printf '%f\n' | tar -cf "$logs" -T - \
   && find . -maxdepth 1 -type f ! -name '*.tar' -delete)
 ls -la "$OUT"
