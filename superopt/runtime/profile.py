@@ -8,11 +8,11 @@ the caller sees why it lost.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import torch
 
-from ..ir import KernelGraph, launch_fits
+from ..ir import KernelGraph, launch_fits, to_text
 from .compiled import compile_graph
 from .timing import rotated_sets, time_call
 
@@ -35,16 +35,22 @@ class ProfileResult:
 
 def profile_candidates(ugraphs: Sequence[KernelGraph], example_inputs: Sequence[torch.Tensor],
                        configs: Sequence[tuple[int, int] | None] = DEFAULT_CONFIGS, reps: int = 30,
-                       backend: str = "triton") -> list[ProfileResult]:
+                       backend: str = "triton", refused: Mapping = {}) -> list[ProfileResult]:
     """Rank ``ugraphs`` (all computing the same program) by median time on ``example_inputs``.
 
-    A ``None`` config launches every kernel with the renderer's own choice for it."""
+    A ``None`` config launches every kernel with the renderer's own choice for it. ``refused``:
+    (μGraph text, config) -> reason, launches not to build in this process (``Selector``: their
+    build crashed a worker)."""
     sets = rotated_sets(example_inputs)
     results = []
     for i, g in enumerate(ugraphs):
         best, tried, err = None, [], None
         for config in configs:
             if config is not None and not applies(g, config):
+                continue
+            why = refused.get(launch_key(to_text(g), config)) if refused else None
+            if why is not None:
+                err = f"skipped {config_label(config)}: {why}"
                 continue
             if config is not None and not launch_fits(g, *config[:2]):  # Triton would refuse the launch
                 err = f"skipped {tuple(config)}: shared memory estimate (ir.smem) over the sm_90 budget"
@@ -64,6 +70,11 @@ def profile_candidates(ugraphs: Sequence[KernelGraph], example_inputs: Sequence[
         else:
             results.append(ProfileResult(i, g, best[0], best[1], tuple(tried)))
     return sorted(results, key=lambda r: r.median_us)
+
+
+def launch_key(text: str, config) -> tuple[str, tuple | None]:
+    """A candidate launch's key in ``refused``: its μGraph's text and its config (None: the default)."""
+    return text, None if config is None else tuple(config)
 
 
 def config_label(c: tuple | None) -> str:

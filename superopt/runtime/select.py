@@ -10,18 +10,22 @@ Compiling dominates: a Triton kernel takes about a second to build and timing it
 milliseconds. So each stage first builds its kernels in worker processes (``spawn``; each builds
 and launches once, which leaves the binary in Triton's on-disk cache), then times them one by
 one in this process, where the build is then a cache hit. Timings never share the GPU with a build.
+A build that kills its worker (the Triton compiler aborting on an LLVM assertion: seen on the H200
+in the eleventh session) is found and its candidate launch is never built in this process, where
+it would abort the caller (a patch() or a benchmark) with it.
 """
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
 from concurrent.futures import ProcessPoolExecutor
-from typing import Sequence
+from concurrent.futures.process import BrokenProcessPool
+from typing import Callable, Sequence
 
 import torch
 
 from ..ir import KernelGraph, from_text, launch_fits, to_text
-from .profile import DEFAULT_CONFIGS, ProfileResult, applies, profile_candidates
+from .profile import DEFAULT_CONFIGS, ProfileResult, applies, launch_key, profile_candidates
 
 SWEEP_TOP = 3  # candidates whose launch configurations are swept after the first stage
 # The first stage's launches: the renderer's default (4 warps, 3 stages for 128 threads), 2 warps,
@@ -47,6 +51,8 @@ class Selector:
         self.workers = default_workers() if workers is None else workers
         self.configs = tuple(configs)
         self._pool = None
+        # (μGraph text, launch) -> why it is not built here: its build killed a worker process
+        self._refused: dict[tuple[str, tuple | None], str] = {}
 
     def pick(self, candidates: Sequence[KernelGraph], inputs: Sequence[torch.Tensor],
              sweep_also: Sequence[KernelGraph] = ()) -> list[ProfileResult]:
@@ -56,13 +62,13 @@ class Selector:
         unique = list({to_text(g): g for g in candidates}.values())
         self._prebuild([(g, c) for g in unique for c in PROBE
                         if c is None or (applies(g, c) and launch_fits(g, *c[:2]))], inputs)
-        first = profile_candidates(unique, inputs, configs=PROBE)
+        first = profile_candidates(unique, inputs, configs=PROBE, refused=self._refused)
         top = [r.ugraph for r in first if r.error is None][:SWEEP_TOP]
         top += [g for g in sweep_also if g not in top]
         # configs whose shared memory cannot fit are skipped by the timing pass: do not build them
         self._prebuild([(g, c) for g in top for c in self.configs if applies(g, c) and launch_fits(g, *c[:2])],
                        inputs)
-        swept = profile_candidates(top, inputs, configs=self.configs)
+        swept = profile_candidates(top, inputs, configs=self.configs, refused=self._refused)
         best = {to_text(r.ugraph): r for r in first}
         for r in swept:  # keep each graph's faster result: a probe launch or a swept one
             k = to_text(r.ugraph)
@@ -74,10 +80,17 @@ class Selector:
         if self.workers <= 1 or len(jobs) <= 1 or self.device.type != "cuda":
             return
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"))
+            self._pool = self._new_pool()
         specs = [(tuple(t.shape), str(t.dtype).removeprefix("torch.")) for t in inputs]
         index = self.device.index if self.device.index is not None else torch.cuda.current_device()
-        list(self._pool.map(_build_once, [(to_text(g), c, specs, index) for g, c in jobs]))
+        args = [(to_text(g), c, specs, index) for g, c in jobs]
+        self._pool, crashed = map_isolating_crashes(self._pool, self._new_pool, _build_once, args)
+        for i in crashed:
+            text, c = args[i][:2]
+            self._refused[launch_key(text, c)] = "the build killed its worker process (a compiler crash)"
+
+    def _new_pool(self) -> ProcessPoolExecutor:
+        return ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"))
 
     def close(self) -> None:
         if self._pool is not None:
@@ -89,6 +102,33 @@ class Selector:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def map_isolating_crashes(pool: ProcessPoolExecutor, new_pool: Callable[[], ProcessPoolExecutor],
+                          fn: Callable, jobs: Sequence) -> tuple[ProcessPoolExecutor, set[int]]:
+    """Run ``fn`` over ``jobs`` in ``pool``; returns the pool to use from now on and the indices of
+    the jobs that killed their worker process. When one worker dies the pool breaks and every job
+    not yet finished fails with it: those are run again one at a time, each in a fresh pool after a
+    crash, so only the jobs that crash a process of their own are blamed."""
+    futures = [pool.submit(fn, job) for job in jobs]
+    unfinished = []
+    for i, f in enumerate(futures):
+        try:
+            f.result()
+        except BrokenProcessPool:
+            unfinished.append(i)
+    crashed: set[int] = set()
+    broken = bool(unfinished)
+    for i in unfinished:
+        if broken:
+            pool.shutdown(cancel_futures=True)
+            pool, broken = new_pool(), False
+        try:
+            pool.submit(fn, jobs[i]).result()
+        except BrokenProcessPool:
+            crashed.add(i)
+            broken = True
+    return pool, crashed
 
 
 def _build_once(job) -> str | None:

@@ -187,3 +187,50 @@ def test_selector_sweeps_the_launches_of_a_graph_it_is_told_to(monkeypatch):
     sel = select.Selector(torch.device("cpu"), workers=1)
     assert sel.pick(graphs, [])[0].ugraph is graphs[0]  # ranked 5th at the probes: never swept
     assert sel.pick(graphs, [], sweep_also=[graphs[4]])[0].ugraph is graphs[4]
+
+
+def test_a_job_that_kills_its_worker_is_found_and_the_others_still_run():
+    # The H200 case (eleventh session): one candidate's Triton build hit an LLVM assertion, which
+    # aborts the process; the broken pool failed every later build and the block benchmark lost
+    # all its remaining rows. Here jobs 1 and 3 exit their process; the others return.
+    import functools
+    import multiprocessing as mp
+    import operator
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
+    from superopt.runtime.select import map_isolating_crashes
+
+    def new_pool():
+        return ProcessPoolExecutor(2, mp_context=mp.get_context("spawn"))
+
+    die = functools.partial(os._exit, 3)
+    jobs = [int, die, int, die, int]
+    pool, crashed = map_isolating_crashes(new_pool(), new_pool, operator.call, jobs)
+    try:
+        assert crashed == {1, 3}
+        assert pool.submit(operator.call, int).result() == 0  # the pool handed back works
+    finally:
+        pool.shutdown()
+
+
+def test_a_refused_launch_is_never_built_and_says_why(monkeypatch):
+    from superopt.ir import to_text
+    from superopt.runtime import profile
+
+    g = FIXTURES[sorted(FIXTURES)[0]]().ugraph
+    built = []
+    from types import SimpleNamespace
+
+    def compile_graph(*a, launch=None, **k):
+        built.append(launch)
+        return SimpleNamespace(launch=launch)
+
+    monkeypatch.setattr(profile, "compile_graph", compile_graph)
+    monkeypatch.setattr(profile, "time_call", lambda *a, **k: 1.0)
+    monkeypatch.setattr(profile, "rotated_sets", lambda xs: [xs])
+    refused = {profile.launch_key(to_text(g), None): "the build killed its worker process"}
+    (r,) = profile.profile_candidates([g], [torch.zeros(1)], configs=[None], refused=refused)
+    assert built == [] and r.error == "skipped default: the build killed its worker process"
+    (r,) = profile.profile_candidates([g], [torch.zeros(1)], configs=[None, (2, 3)], refused=refused)
+    assert len(built) == 1 and r.error is None and r.tried[0][0] == (2, 3)
