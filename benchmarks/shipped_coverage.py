@@ -82,7 +82,8 @@ def main(argv=None) -> None:
             seen.add(key)
             used.add(key.for_shipped().dirname())
             if label in remove:
-                for entry in (Path(args.shipped) / key.for_shipped().dirname(), default_cache_dir(None) / key.dirname()):
+                user_entry = default_cache_dir(None) / key.dirname()
+                for entry in (Path(args.shipped) / key.for_shipped().dirname(), user_entry):
                     if entry.is_dir():
                         shutil.rmtree(entry)
                         print(f"{name}: removed {label}@b{m} ({entry.parent.name}/{entry.name})")
