@@ -1,7 +1,8 @@
 """Block benchmark: our Triton kernels vs PyTorch eager and torch.compile, each also in a CUDA graph.
 
-Rows: the Mirage paper suite (6 programs × b ∈ {1, 8}) and Llama-3-8B / Qwen2.5-0.5B decode blocks
-(../shared/BENCHMARKS.md §1–2). Our candidates per row: what the search hands the profiler for the
+Rows: the Mirage paper suite (6 programs × b ∈ {1, 8}, weights [K, N]: x · W) and Llama-3-8B /
+Qwen2.5-0.5B decode blocks (../shared/BENCHMARKS.md §1–2) with their weights as the models hold them,
+``nn.Linear``'s [N, K] (x · Wᵀ, the programs ``patch()`` extracts; tests/fixtures/dense.py). Our candidates per row: what the search hands the profiler for the
 row's program (``SearchResult.candidates``, searched first in this process, ``--search-s`` each),
 plus the hand-written fixture (tests/fixtures) and its re-tilings (superopt.runtime.retile); the
 runtime's ``Selector`` picks among them as ``patch()`` does (every candidate at a few probe launches,
@@ -180,7 +181,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--suite", choices=("paper", "llama", "all"), default="all")
     ap.add_argument("--paper-dtypes", default="bfloat16,float16")
-    ap.add_argument("--compile-mode", default="default")
+    ap.add_argument("--compile-mode", default="max-autotune-no-cudagraphs",
+                    help="torch.compile mode of the baselines (issue 4 asks for this one; 'default' compiles faster)")
     ap.add_argument("--compile-budget-s", type=float, default=420.0,
                     help="skip torch.compile baselines once the run has taken this long")
     ap.add_argument("--only", default="", help="comma-separated substrings of row labels")

@@ -4,47 +4,36 @@
 
 
 // node 0: customized(%x, %g, %w) -> %out
-// grid (1, 4, 1), 128 threads, for-loop 3, 496 bytes of shared memory
+// grid (1, 4, 1), 128 threads, for-loop 3, 5696 bytes of shared memory
 extern "C" __global__ void __launch_bounds__(128)
 llama_qkv_n0(const __half* __restrict__ a0, const __half* __restrict__ a1, const __half* __restrict__ a2, __half* __restrict__ o0) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int tid = threadIdx.x;
   __half* const s_xt_in_buf = reinterpret_cast<__half*>(smem + 0);  // x2: double-buffered
   __half* s_xt_in = s_xt_in_buf;
-  __half* const s_gt_in_buf = reinterpret_cast<__half*>(smem + 128);  // x2: double-buffered
+  __half* const s_wt_nk_in_buf = reinterpret_cast<__half*>(smem + 128);  // x2: double-buffered
+  __half* s_wt_nk_in = s_wt_nk_in_buf;
+  __half* const s_gt_in_buf = reinterpret_cast<__half*>(smem + 2688);  // x2: double-buffered
   __half* s_gt_in = s_gt_in_buf;
-  float* const t_r = reinterpret_cast<float*>(smem + 256);  // [1, 1]
-  float* const t_acc = reinterpret_cast<float*>(smem + 272);  // [1, 20]
-  float* const t_acc_sq = reinterpret_cast<float*>(smem + 352);  // [1, 1]
-  float* const t_ms = reinterpret_cast<float*>(smem + 368);  // [1, 1]
-  float* const t_mse = reinterpret_cast<float*>(smem + 384);  // [1, 1]
-  float* const t_rs = reinterpret_cast<float*>(smem + 400);  // [1, 1]
-  float* const t_y = reinterpret_cast<float*>(smem + 416);  // [1, 20]
-  // %s = %xg @ %wt_in: [1,32]x[32,20], 20 column groups x 6 k-slices, summed into %acc in registers
-  const int cg_s = tid % 20;
-  const int ks_s = tid / 20;
-  float acc_s[1][1];
-  #pragma unroll
-  for (int m = 0; m < 1; ++m)
-  #pragma unroll
-    for (int v = 0; v < 1; ++v) acc_s[m][v] = 0.0f;
-  for (int e = tid; e < 20; e += 128) {
-    const int c1 = e;
-    t_acc[e] = 0.0f;
-  }
-  float pf_s[6];  // iteration 0's rows of %wt_in, in flight
-  if (tid < 120) {
-    const int kb = ks_s * 6;
-    const int k1 = min(32, kb + 6);
-    const __half* __restrict__ bp0 = a2 + (long long)(0) * 32 * 80 + (long long)blockIdx.y * 20 + cg_s * 1;
-    #pragma unroll
-    for (int u = 0; u < 6; ++u) { const int k = kb + u; if (k < k1) pf_s[u] = ld_f(bp0[(long long)k * 80]); }
-  }
-  __syncthreads();
+  float* const t_wt = reinterpret_cast<float*>(smem + 2816);  // [32, 20]
+  float* const t_s = reinterpret_cast<float*>(smem + 5376);  // [1, 20]
+  float* const t_r = reinterpret_cast<float*>(smem + 5456);  // [1, 1]
+  float* const t_acc = reinterpret_cast<float*>(smem + 5472);  // [1, 20]
+  float* const t_acc_sq = reinterpret_cast<float*>(smem + 5552);  // [1, 1]
+  float* const t_ms = reinterpret_cast<float*>(smem + 5568);  // [1, 1]
+  float* const t_mse = reinterpret_cast<float*>(smem + 5584);  // [1, 1]
+  float* const t_rs = reinterpret_cast<float*>(smem + 5600);  // [1, 1]
+  float* const t_y = reinterpret_cast<float*>(smem + 5616);  // [1, 20]
   for (int e = tid; e < 4; e += 128) {
     const int f = e * 8;
     const int c1 = f;
     cp_async16(s_xt_in_buf + f, a0 + (long long)(0) * 32 + c1);
+  }
+  for (int e = tid; e < 80; e += 128) {
+    const int f = e * 8;
+    const int c0 = f / 32;
+    const int c1 = (f) % 32;
+    cp_async16(s_wt_nk_in_buf + f, a2 + (long long)blockIdx.y * 20 * 96 + (long long)(0) * 32 + c0 * 96 + c1);
   }
   for (int e = tid; e < 4; e += 128) {
     const int f = e * 8;
@@ -53,12 +42,17 @@ llama_qkv_n0(const __half* __restrict__ a0, const __half* __restrict__ a1, const
   }
   cp_async_commit();
   for (int it = 0; it < 3; ++it) {
-    const long long base_wt_in = (long long)(it) * 32 * 80 + (long long)blockIdx.y * 20;
     if (it + 1 < 3) {
       for (int e = tid; e < 4; e += 128) {
         const int f = e * 8;
         const int c1 = f;
         cp_async16((s_xt_in_buf + ((it + 1) & 1) * 32) + f, a0 + (long long)(it + 1) * 32 + c1);
+      }
+      for (int e = tid; e < 80; e += 128) {
+        const int f = e * 8;
+        const int c0 = f / 32;
+        const int c1 = (f) % 32;
+        cp_async16((s_wt_nk_in_buf + ((it + 1) & 1) * 640) + f, a2 + (long long)blockIdx.y * 20 * 96 + (long long)(it + 1) * 32 + c0 * 96 + c1);
       }
       for (int e = tid; e < 4; e += 128) {
         const int f = e * 8;
@@ -71,35 +65,26 @@ llama_qkv_n0(const __half* __restrict__ a0, const __half* __restrict__ a1, const
       cp_async_wait<0>();
     }
     s_xt_in = s_xt_in_buf + (it & 1) * 32;
+    s_wt_nk_in = s_wt_nk_in_buf + (it & 1) * 640;
     s_gt_in = s_gt_in_buf + (it & 1) * 32;
     __syncthreads();
-    if (tid < 120) {
-      const int k0 = ks_s * 6;
-      const int k1 = min(32, k0 + 6);
-      const __half* __restrict__ bp = a2 + base_wt_in + cg_s * 1;
-      for (int kb = k0; kb < k0 + 6; kb += 6) {
-        float raw[6];
-        #pragma unroll
-        for (int u = 0; u < 6; ++u) raw[u] = pf_s[u];
-        if (it + 1 < 3) {
-          const __half* __restrict__ bpn = a2 + (long long)(it + 1) * 32 * 80 + (long long)blockIdx.y * 20 + cg_s * 1;
-          #pragma unroll
-          for (int u = 0; u < 6; ++u) { const int k = kb + u; if (k < k1) pf_s[u] = ld_f(bpn[(long long)k * 80]); }
-        }
-        #pragma unroll
-        for (int u = 0; u < 6; ++u) {
-          const int k = kb + u;
-          if (k >= k1) break;
-          const float bv[1] = {raw[u]};
-          #pragma unroll
-          for (int m = 0; m < 1; ++m) {
-            const float av = op_mul(rnd_float32(ld_f(s_xt_in[k])), rnd_float32(ld_f(s_gt_in[k])));
-            #pragma unroll
-            for (int v = 0; v < 1; ++v) acc_s[m][v] = fmaf(av, bv[v], acc_s[m][v]);
-          }
-        }
-      }
+    for (int e = tid; e < 640; e += 128) {
+      const int c0 = e / 20;
+      const int c1 = (e) % 20;
+      t_wt[c0 * 20 + c1] = rnd_float32(ld_f(s_wt_nk_in[c1 * 32 + c0]));
     }
+    __syncthreads();
+    for (int o = tid >> 5; o < 20; o += 4) {
+      const int c1 = o;
+      float r = 0.0f;
+      for (int k = tid & 31; k < 32; k += 32) {
+        r = fmaf(op_mul(rnd_float32(ld_f(s_xt_in[k])), rnd_float32(ld_f(s_gt_in[k]))), t_wt[k * 20 + c1], r);
+      }
+      #pragma unroll
+      for (int s = 16; s > 0; s >>= 1) r += __shfl_xor_sync(0xffffffffu, r, s);
+      if ((tid & 31) == 0) t_s[c1] = r;
+    }
+    __syncthreads();
     for (int o = tid >> 5; o < 1; o += 4) {
       float r = 0.0f;
       for (int j = tid & 31; j < 32; j += 32) {
@@ -110,18 +95,16 @@ llama_qkv_n0(const __half* __restrict__ a0, const __half* __restrict__ a1, const
       if ((tid & 31) == 0) t_r[0] = r;
     }
     __syncthreads();
+    for (int e = tid; e < 20; e += 128) {
+      const int c1 = e;
+      t_acc[c1] = (it == 0 ? 0.0f : t_acc[c1]) + t_s[c1];
+    }
+    __syncthreads();
     for (int e = tid; e < 1; e += 128) {
       t_acc_sq[0] = (it == 0 ? 0.0f : t_acc_sq[0]) + t_r[0];
     }
     __syncthreads();
   }
-  if (tid < 120) {
-    #pragma unroll
-    for (int m = 0; m < 1; ++m)
-    #pragma unroll
-      for (int v = 0; v < 1; ++v) atomicAdd(t_acc + m * 20 + cg_s * 1 + v, acc_s[m][v]);
-  }
-  __syncthreads();
   for (int e = tid; e < 1; e += 128) {
     t_ms[0] = op_div(t_acc_sq[0], 96.0f);
   }

@@ -4,46 +4,36 @@
 
 
 // node 0: customized(%x, %g, %w) -> %out
-// grid (1, 3, 1), 128 threads, for-loop 8, 528 bytes of shared memory
+// grid (1, 3, 1), 128 threads, for-loop 8, 6768 bytes of shared memory
 extern "C" __global__ void __launch_bounds__(128)
 llama_qkv_n0(const __half* __restrict__ a0, const __half* __restrict__ a1, const __half* __restrict__ a2, __half* __restrict__ o0) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int tid = threadIdx.x;
   __half* const s_xt_in_buf = reinterpret_cast<__half*>(smem + 0);  // x2: double-buffered
   __half* s_xt_in = s_xt_in_buf;
-  __half* const s_gt_in_buf = reinterpret_cast<__half*>(smem + 128);  // x2: double-buffered
+  __half* const s_wt_nk_in_buf = reinterpret_cast<__half*>(smem + 128);  // x2: double-buffered
+  __half* s_wt_nk_in = s_wt_nk_in_buf;
+  __half* const s_gt_in_buf = reinterpret_cast<__half*>(smem + 3200);  // x2: double-buffered
   __half* s_gt_in = s_gt_in_buf;
-  float* const t_r = reinterpret_cast<float*>(smem + 256);  // [1, 1]
-  float* const t_acc = reinterpret_cast<float*>(smem + 272);  // [1, 24]
-  float* const t_acc_sq = reinterpret_cast<float*>(smem + 368);  // [1, 1]
-  float* const t_ms = reinterpret_cast<float*>(smem + 384);  // [1, 1]
-  float* const t_mse = reinterpret_cast<float*>(smem + 400);  // [1, 1]
-  float* const t_rs = reinterpret_cast<float*>(smem + 416);  // [1, 1]
-  float* const t_y = reinterpret_cast<float*>(smem + 432);  // [1, 24]
-  // %s = %xg @ %wt_in: [1,32]x[32,24], 3 column groups x 32 k-slices, summed into %acc in registers
-  const int cg_s = tid % 3;
-  const int ks_s = tid / 3;
-  float acc_s[1][8];
-  #pragma unroll
-  for (int m = 0; m < 1; ++m)
-  #pragma unroll
-    for (int v = 0; v < 8; ++v) acc_s[m][v] = 0.0f;
-  for (int e = tid; e < 24; e += 128) {
-    const int c1 = e;
-    t_acc[e] = 0.0f;
-  }
-  uint4 pf_s[1];  // iteration 0's rows of %wt_in, in flight
-  if (tid < 96) {
-    const int kb = ks_s * 1;
-    const __half* __restrict__ bp0 = a2 + (long long)(0) * 32 * 72 + (long long)blockIdx.y * 24 + cg_s * 8;
-    #pragma unroll
-    for (int u = 0; u < 1; ++u) { const int k = kb + u; pf_s[u] = ldg_stream(bp0 + (long long)k * 72); }
-  }
-  __syncthreads();
+  float* const t_wt = reinterpret_cast<float*>(smem + 3328);  // [32, 24]
+  float* const t_s = reinterpret_cast<float*>(smem + 6400);  // [1, 24]
+  float* const t_r = reinterpret_cast<float*>(smem + 6496);  // [1, 1]
+  float* const t_acc = reinterpret_cast<float*>(smem + 6512);  // [1, 24]
+  float* const t_acc_sq = reinterpret_cast<float*>(smem + 6608);  // [1, 1]
+  float* const t_ms = reinterpret_cast<float*>(smem + 6624);  // [1, 1]
+  float* const t_mse = reinterpret_cast<float*>(smem + 6640);  // [1, 1]
+  float* const t_rs = reinterpret_cast<float*>(smem + 6656);  // [1, 1]
+  float* const t_y = reinterpret_cast<float*>(smem + 6672);  // [1, 24]
   for (int e = tid; e < 4; e += 128) {
     const int f = e * 8;
     const int c1 = f;
     cp_async16(s_xt_in_buf + f, a0 + (long long)(0) * 32 + c1);
+  }
+  for (int e = tid; e < 96; e += 128) {
+    const int f = e * 8;
+    const int c0 = f / 32;
+    const int c1 = (f) % 32;
+    cp_async16(s_wt_nk_in_buf + f, a2 + (long long)blockIdx.y * 24 * 256 + (long long)(0) * 32 + c0 * 256 + c1);
   }
   for (int e = tid; e < 4; e += 128) {
     const int f = e * 8;
@@ -52,12 +42,17 @@ llama_qkv_n0(const __half* __restrict__ a0, const __half* __restrict__ a1, const
   }
   cp_async_commit();
   for (int it = 0; it < 8; ++it) {
-    const long long base_wt_in = (long long)(it) * 32 * 72 + (long long)blockIdx.y * 24;
     if (it + 1 < 8) {
       for (int e = tid; e < 4; e += 128) {
         const int f = e * 8;
         const int c1 = f;
         cp_async16((s_xt_in_buf + ((it + 1) & 1) * 32) + f, a0 + (long long)(it + 1) * 32 + c1);
+      }
+      for (int e = tid; e < 96; e += 128) {
+        const int f = e * 8;
+        const int c0 = f / 32;
+        const int c1 = (f) % 32;
+        cp_async16((s_wt_nk_in_buf + ((it + 1) & 1) * 768) + f, a2 + (long long)blockIdx.y * 24 * 256 + (long long)(it + 1) * 32 + c0 * 256 + c1);
       }
       for (int e = tid; e < 4; e += 128) {
         const int f = e * 8;
@@ -70,34 +65,26 @@ llama_qkv_n0(const __half* __restrict__ a0, const __half* __restrict__ a1, const
       cp_async_wait<0>();
     }
     s_xt_in = s_xt_in_buf + (it & 1) * 32;
+    s_wt_nk_in = s_wt_nk_in_buf + (it & 1) * 768;
     s_gt_in = s_gt_in_buf + (it & 1) * 32;
     __syncthreads();
-    if (tid < 96) {
-      const int k0 = ks_s * 1;
-      const __half* __restrict__ bp = a2 + base_wt_in + cg_s * 8;
-      for (int kb = k0; kb < k0 + 1; kb += 1) {
-        uint4 raw[1];
-        #pragma unroll
-        for (int u = 0; u < 1; ++u) raw[u] = pf_s[u];
-        if (it + 1 < 8) {
-          const __half* __restrict__ bpn = a2 + (long long)(it + 1) * 32 * 72 + (long long)blockIdx.y * 24 + cg_s * 8;
-          #pragma unroll
-          for (int u = 0; u < 1; ++u) { const int k = kb + u; pf_s[u] = ldg_stream(bpn + (long long)k * 72); }
-        }
-        #pragma unroll
-        for (int u = 0; u < 1; ++u) {
-          const int k = kb + u;
-          float bv[8];
-          unpack(raw[u], bv, bp);
-          #pragma unroll
-          for (int m = 0; m < 1; ++m) {
-            const float av = op_mul(rnd_float32(ld_f(s_xt_in[k])), rnd_float32(ld_f(s_gt_in[k])));
-            #pragma unroll
-            for (int v = 0; v < 8; ++v) acc_s[m][v] = fmaf(av, bv[v], acc_s[m][v]);
-          }
-        }
-      }
+    for (int e = tid; e < 768; e += 128) {
+      const int c0 = e / 24;
+      const int c1 = (e) % 24;
+      t_wt[c0 * 24 + c1] = rnd_float32(ld_f(s_wt_nk_in[c1 * 32 + c0]));
     }
+    __syncthreads();
+    for (int o = tid >> 5; o < 24; o += 4) {
+      const int c1 = o;
+      float r = 0.0f;
+      for (int k = tid & 31; k < 32; k += 32) {
+        r = fmaf(op_mul(rnd_float32(ld_f(s_xt_in[k])), rnd_float32(ld_f(s_gt_in[k]))), t_wt[k * 24 + c1], r);
+      }
+      #pragma unroll
+      for (int s = 16; s > 0; s >>= 1) r += __shfl_xor_sync(0xffffffffu, r, s);
+      if ((tid & 31) == 0) t_s[c1] = r;
+    }
+    __syncthreads();
     for (int o = tid >> 5; o < 1; o += 4) {
       float r = 0.0f;
       for (int j = tid & 31; j < 32; j += 32) {
@@ -108,18 +95,16 @@ llama_qkv_n0(const __half* __restrict__ a0, const __half* __restrict__ a1, const
       if ((tid & 31) == 0) t_r[0] = r;
     }
     __syncthreads();
+    for (int e = tid; e < 24; e += 128) {
+      const int c1 = e;
+      t_acc[c1] = (it == 0 ? 0.0f : t_acc[c1]) + t_s[c1];
+    }
+    __syncthreads();
     for (int e = tid; e < 1; e += 128) {
       t_acc_sq[0] = (it == 0 ? 0.0f : t_acc_sq[0]) + t_r[0];
     }
     __syncthreads();
   }
-  if (tid < 96) {
-    #pragma unroll
-    for (int m = 0; m < 1; ++m)
-    #pragma unroll
-      for (int v = 0; v < 8; ++v) atomicAdd(t_acc + m * 24 + cg_s * 8 + v, acc_s[m][v]);
-  }
-  __syncthreads();
   for (int e = tid; e < 1; e += 128) {
     t_ms[0] = op_div(t_acc_sq[0], 256.0f);
   }

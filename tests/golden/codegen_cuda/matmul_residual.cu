@@ -4,41 +4,24 @@
 
 
 // node 0: customized(%x, %w, %r) -> %out
-// grid (1, 4, 1), 128 threads, for-loop 3, 336 bytes of shared memory
+// grid (1, 4, 1), 128 threads, for-loop 3, 5536 bytes of shared memory
 extern "C" __global__ void __launch_bounds__(128)
 matmul_residual_n0(const __half* __restrict__ a0, const __half* __restrict__ a1, const __half* __restrict__ a2, __half* __restrict__ o0) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int tid = threadIdx.x;
   __half* const s_xt_in_buf = reinterpret_cast<__half*>(smem + 0);  // x2: double-buffered
   __half* s_xt_in = s_xt_in_buf;
-  __half* const s_rt_in = reinterpret_cast<__half*>(smem + 128);  // [1, 20]
-  float* const t_acc = reinterpret_cast<float*>(smem + 176);  // [1, 20]
-  float* const t_y = reinterpret_cast<float*>(smem + 256);  // [1, 20]
+  __half* const s_wt_nk_in_buf = reinterpret_cast<__half*>(smem + 128);  // x2: double-buffered
+  __half* s_wt_nk_in = s_wt_nk_in_buf;
+  __half* const s_rt_in = reinterpret_cast<__half*>(smem + 2688);  // [1, 20]
+  float* const t_wt = reinterpret_cast<float*>(smem + 2736);  // [32, 20]
+  float* const t_s = reinterpret_cast<float*>(smem + 5296);  // [1, 20]
+  float* const t_acc = reinterpret_cast<float*>(smem + 5376);  // [1, 20]
+  float* const t_y = reinterpret_cast<float*>(smem + 5456);  // [1, 20]
   for (int e = tid; e < 20; e += 128) {
     const int f = e;
     const int c1 = f;
     s_rt_in[f] = *(a2 + (long long)blockIdx.y * 20 + c1);
-  }
-  __syncthreads();
-  // %s = %xt @ %wt_in: [1,32]x[32,20], 20 column groups x 6 k-slices, summed into %acc in registers
-  const int cg_s = tid % 20;
-  const int ks_s = tid / 20;
-  float acc_s[1][1];
-  #pragma unroll
-  for (int m = 0; m < 1; ++m)
-  #pragma unroll
-    for (int v = 0; v < 1; ++v) acc_s[m][v] = 0.0f;
-  for (int e = tid; e < 20; e += 128) {
-    const int c1 = e;
-    t_acc[e] = 0.0f;
-  }
-  float pf_s[6];  // iteration 0's rows of %wt_in, in flight
-  if (tid < 120) {
-    const int kb = ks_s * 6;
-    const int k1 = min(32, kb + 6);
-    const __half* __restrict__ bp0 = a1 + (long long)(0) * 32 * 80 + (long long)blockIdx.y * 20 + cg_s * 1;
-    #pragma unroll
-    for (int u = 0; u < 6; ++u) { const int k = kb + u; if (k < k1) pf_s[u] = ld_f(bp0[(long long)k * 80]); }
   }
   __syncthreads();
   for (int e = tid; e < 4; e += 128) {
@@ -46,14 +29,25 @@ matmul_residual_n0(const __half* __restrict__ a0, const __half* __restrict__ a1,
     const int c1 = f;
     cp_async16(s_xt_in_buf + f, a0 + (long long)(0) * 32 + c1);
   }
+  for (int e = tid; e < 80; e += 128) {
+    const int f = e * 8;
+    const int c0 = f / 32;
+    const int c1 = (f) % 32;
+    cp_async16(s_wt_nk_in_buf + f, a1 + (long long)blockIdx.y * 20 * 96 + (long long)(0) * 32 + c0 * 96 + c1);
+  }
   cp_async_commit();
   for (int it = 0; it < 3; ++it) {
-    const long long base_wt_in = (long long)(it) * 32 * 80 + (long long)blockIdx.y * 20;
     if (it + 1 < 3) {
       for (int e = tid; e < 4; e += 128) {
         const int f = e * 8;
         const int c1 = f;
         cp_async16((s_xt_in_buf + ((it + 1) & 1) * 32) + f, a0 + (long long)(it + 1) * 32 + c1);
+      }
+      for (int e = tid; e < 80; e += 128) {
+        const int f = e * 8;
+        const int c0 = f / 32;
+        const int c1 = (f) % 32;
+        cp_async16((s_wt_nk_in_buf + ((it + 1) & 1) * 640) + f, a1 + (long long)blockIdx.y * 20 * 96 + (long long)(it + 1) * 32 + c0 * 96 + c1);
       }
       cp_async_commit();
       cp_async_wait<1>();
@@ -61,43 +55,31 @@ matmul_residual_n0(const __half* __restrict__ a0, const __half* __restrict__ a1,
       cp_async_wait<0>();
     }
     s_xt_in = s_xt_in_buf + (it & 1) * 32;
+    s_wt_nk_in = s_wt_nk_in_buf + (it & 1) * 640;
     __syncthreads();
-    if (tid < 120) {
-      const int k0 = ks_s * 6;
-      const int k1 = min(32, k0 + 6);
-      const __half* __restrict__ bp = a1 + base_wt_in + cg_s * 1;
-      for (int kb = k0; kb < k0 + 6; kb += 6) {
-        float raw[6];
-        #pragma unroll
-        for (int u = 0; u < 6; ++u) raw[u] = pf_s[u];
-        if (it + 1 < 3) {
-          const __half* __restrict__ bpn = a1 + (long long)(it + 1) * 32 * 80 + (long long)blockIdx.y * 20 + cg_s * 1;
-          #pragma unroll
-          for (int u = 0; u < 6; ++u) { const int k = kb + u; if (k < k1) pf_s[u] = ld_f(bpn[(long long)k * 80]); }
-        }
-        #pragma unroll
-        for (int u = 0; u < 6; ++u) {
-          const int k = kb + u;
-          if (k >= k1) break;
-          const float bv[1] = {raw[u]};
-          #pragma unroll
-          for (int m = 0; m < 1; ++m) {
-            const float av = rnd_float32(ld_f(s_xt_in[k]));
-            #pragma unroll
-            for (int v = 0; v < 1; ++v) acc_s[m][v] = fmaf(av, bv[v], acc_s[m][v]);
-          }
-        }
-      }
+    for (int e = tid; e < 640; e += 128) {
+      const int c0 = e / 20;
+      const int c1 = (e) % 20;
+      t_wt[c0 * 20 + c1] = rnd_float32(ld_f(s_wt_nk_in[c1 * 32 + c0]));
     }
-    __syncthreads();  // the next iteration overwrites this one's tiles
+    __syncthreads();
+    for (int o = tid >> 5; o < 20; o += 4) {
+      const int c1 = o;
+      float r = 0.0f;
+      for (int k = tid & 31; k < 32; k += 32) {
+        r = fmaf(rnd_float32(ld_f(s_xt_in[k])), t_wt[k * 20 + c1], r);
+      }
+      #pragma unroll
+      for (int s = 16; s > 0; s >>= 1) r += __shfl_xor_sync(0xffffffffu, r, s);
+      if ((tid & 31) == 0) t_s[c1] = r;
+    }
+    __syncthreads();
+    for (int e = tid; e < 20; e += 128) {
+      const int c1 = e;
+      t_acc[c1] = (it == 0 ? 0.0f : t_acc[c1]) + t_s[c1];
+    }
+    __syncthreads();
   }
-  if (tid < 120) {
-    #pragma unroll
-    for (int m = 0; m < 1; ++m)
-    #pragma unroll
-      for (int v = 0; v < 1; ++v) atomicAdd(t_acc + m * 20 + cg_s * 1 + v, acc_s[m][v]);
-  }
-  __syncthreads();
   for (int e = tid; e < 20; e += 128) {
     const int c1 = e;
     t_y[c1] = op_add(t_acc[c1], rnd_float32(ld_f(s_rt_in[c1])));

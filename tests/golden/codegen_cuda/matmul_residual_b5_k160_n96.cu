@@ -4,16 +4,20 @@
 
 
 // node 0: customized(%x, %w, %r) -> %out
-// grid (1, 3, 1), 128 threads, for-loop 5, 2240 bytes of shared memory
+// grid (1, 3, 1), 128 threads, for-loop 5, 11072 bytes of shared memory
 extern "C" __global__ void __launch_bounds__(128)
 matmul_residual_n0(const __half* __restrict__ a0, const __half* __restrict__ a1, const __half* __restrict__ a2, __half* __restrict__ o0) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int tid = threadIdx.x;
   __half* const s_xt_in_buf = reinterpret_cast<__half*>(smem + 0);  // x2: double-buffered
   __half* s_xt_in = s_xt_in_buf;
-  __half* const s_rt_in = reinterpret_cast<__half*>(smem + 640);  // [5, 32]
-  float* const t_acc = reinterpret_cast<float*>(smem + 960);  // [5, 32]
-  float* const t_y = reinterpret_cast<float*>(smem + 1600);  // [5, 32]
+  __half* const s_wt_nk_in_buf = reinterpret_cast<__half*>(smem + 640);  // x2: double-buffered
+  __half* s_wt_nk_in = s_wt_nk_in_buf;
+  __half* const s_rt_in = reinterpret_cast<__half*>(smem + 4736);  // [5, 32]
+  float* const t_wt = reinterpret_cast<float*>(smem + 5056);  // [32, 32]
+  float* const t_s = reinterpret_cast<float*>(smem + 9152);  // [5, 32]
+  float* const t_acc = reinterpret_cast<float*>(smem + 9792);  // [5, 32]
+  float* const t_y = reinterpret_cast<float*>(smem + 10432);  // [5, 32]
   for (int e = tid; e < 20; e += 128) {
     const int f = e * 8;
     const int c0 = f / 32;
@@ -23,36 +27,20 @@ matmul_residual_n0(const __half* __restrict__ a0, const __half* __restrict__ a1,
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();
-  // %s = %xt @ %wt_in: [5,32]x[32,32], 4 column groups x 32 k-slices, summed into %acc in registers
-  const int cg_s = tid % 4;
-  const int ks_s = tid / 4;
-  float acc_s[5][8];
-  #pragma unroll
-  for (int m = 0; m < 5; ++m)
-  #pragma unroll
-    for (int v = 0; v < 8; ++v) acc_s[m][v] = 0.0f;
-  for (int e = tid; e < 160; e += 128) {
-    const int c0 = e / 32;
-    const int c1 = (e) % 32;
-    t_acc[e] = 0.0f;
-  }
-  uint4 pf_s[1];  // iteration 0's rows of %wt_in, in flight
-  if (tid < 128) {
-    const int kb = ks_s * 1;
-    const __half* __restrict__ bp0 = a1 + (long long)(0) * 32 * 96 + (long long)blockIdx.y * 32 + cg_s * 8;
-    #pragma unroll
-    for (int u = 0; u < 1; ++u) { const int k = kb + u; pf_s[u] = ldg_stream(bp0 + (long long)k * 96); }
-  }
-  __syncthreads();
   for (int e = tid; e < 20; e += 128) {
     const int f = e * 8;
     const int c0 = f / 32;
     const int c1 = (f) % 32;
     cp_async16(s_xt_in_buf + f, a0 + (long long)(0) * 32 + c0 * 160 + c1);
   }
+  for (int e = tid; e < 128; e += 128) {
+    const int f = e * 8;
+    const int c0 = f / 32;
+    const int c1 = (f) % 32;
+    cp_async16(s_wt_nk_in_buf + f, a1 + (long long)blockIdx.y * 32 * 160 + (long long)(0) * 32 + c0 * 160 + c1);
+  }
   cp_async_commit();
   for (int it = 0; it < 5; ++it) {
-    const long long base_wt_in = (long long)(it) * 32 * 96 + (long long)blockIdx.y * 32;
     if (it + 1 < 5) {
       for (int e = tid; e < 20; e += 128) {
         const int f = e * 8;
@@ -60,48 +48,45 @@ matmul_residual_n0(const __half* __restrict__ a0, const __half* __restrict__ a1,
         const int c1 = (f) % 32;
         cp_async16((s_xt_in_buf + ((it + 1) & 1) * 160) + f, a0 + (long long)(it + 1) * 32 + c0 * 160 + c1);
       }
+      for (int e = tid; e < 128; e += 128) {
+        const int f = e * 8;
+        const int c0 = f / 32;
+        const int c1 = (f) % 32;
+        cp_async16((s_wt_nk_in_buf + ((it + 1) & 1) * 1024) + f, a1 + (long long)blockIdx.y * 32 * 160 + (long long)(it + 1) * 32 + c0 * 160 + c1);
+      }
       cp_async_commit();
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
     }
     s_xt_in = s_xt_in_buf + (it & 1) * 160;
+    s_wt_nk_in = s_wt_nk_in_buf + (it & 1) * 1024;
     __syncthreads();
-    if (tid < 128) {
-      const int k0 = ks_s * 1;
-      const __half* __restrict__ bp = a1 + base_wt_in + cg_s * 8;
-      for (int kb = k0; kb < k0 + 1; kb += 1) {
-        uint4 raw[1];
-        #pragma unroll
-        for (int u = 0; u < 1; ++u) raw[u] = pf_s[u];
-        if (it + 1 < 5) {
-          const __half* __restrict__ bpn = a1 + (long long)(it + 1) * 32 * 96 + (long long)blockIdx.y * 32 + cg_s * 8;
-          #pragma unroll
-          for (int u = 0; u < 1; ++u) { const int k = kb + u; pf_s[u] = ldg_stream(bpn + (long long)k * 96); }
-        }
-        #pragma unroll
-        for (int u = 0; u < 1; ++u) {
-          const int k = kb + u;
-          float bv[8];
-          unpack(raw[u], bv, bp);
-          #pragma unroll
-          for (int m = 0; m < 5; ++m) {
-            const float av = rnd_float32(ld_f(s_xt_in[m * 32 + k]));
-            #pragma unroll
-            for (int v = 0; v < 8; ++v) acc_s[m][v] = fmaf(av, bv[v], acc_s[m][v]);
-          }
-        }
-      }
+    for (int e = tid; e < 1024; e += 128) {
+      const int c0 = e / 32;
+      const int c1 = (e) % 32;
+      t_wt[c0 * 32 + c1] = rnd_float32(ld_f(s_wt_nk_in[c1 * 32 + c0]));
     }
-    __syncthreads();  // the next iteration overwrites this one's tiles
+    __syncthreads();
+    for (int o = tid >> 5; o < 160; o += 4) {
+      const int c0 = o / 32;
+      const int c1 = (o) % 32;
+      float r = 0.0f;
+      for (int k = tid & 31; k < 32; k += 32) {
+        r = fmaf(rnd_float32(ld_f(s_xt_in[c0 * 32 + k])), t_wt[k * 32 + c1], r);
+      }
+      #pragma unroll
+      for (int s = 16; s > 0; s >>= 1) r += __shfl_xor_sync(0xffffffffu, r, s);
+      if ((tid & 31) == 0) t_s[c0 * 32 + c1] = r;
+    }
+    __syncthreads();
+    for (int e = tid; e < 160; e += 128) {
+      const int c0 = e / 32;
+      const int c1 = (e) % 32;
+      t_acc[c0 * 32 + c1] = (it == 0 ? 0.0f : t_acc[c0 * 32 + c1]) + t_s[c0 * 32 + c1];
+    }
+    __syncthreads();
   }
-  if (tid < 128) {
-    #pragma unroll
-    for (int m = 0; m < 5; ++m)
-    #pragma unroll
-      for (int v = 0; v < 8; ++v) atomicAdd(t_acc + m * 32 + cg_s * 8 + v, acc_s[m][v]);
-  }
-  __syncthreads();
   for (int e = tid; e < 160; e += 128) {
     const int c0 = e / 32;
     const int c1 = (e) % 32;

@@ -4,71 +4,50 @@
 
 
 // node 0: customized(%x, %g, %w1, %w2) -> %out
-// grid (1, 4, 1), 128 threads, for-loop 3, 816 bytes of shared memory
+// grid (1, 4, 1), 128 threads, for-loop 3, 11216 bytes of shared memory
 extern "C" __global__ void __launch_bounds__(128)
 rmsnorm_gated_mlp_n0(const __half* __restrict__ a0, const __half* __restrict__ a1, const __half* __restrict__ a2, const __half* __restrict__ a3, __half* __restrict__ o0) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int tid = threadIdx.x;
   __half* const s_xt_in_buf = reinterpret_cast<__half*>(smem + 0);  // x2: double-buffered
   __half* s_xt_in = s_xt_in_buf;
-  __half* const s_gt_in_buf = reinterpret_cast<__half*>(smem + 128);  // x2: double-buffered
+  __half* const s_w1t_nk_in_buf = reinterpret_cast<__half*>(smem + 128);  // x2: double-buffered
+  __half* s_w1t_nk_in = s_w1t_nk_in_buf;
+  __half* const s_w2t_nk_in_buf = reinterpret_cast<__half*>(smem + 2688);  // x2: double-buffered
+  __half* s_w2t_nk_in = s_w2t_nk_in_buf;
+  __half* const s_gt_in_buf = reinterpret_cast<__half*>(smem + 5248);  // x2: double-buffered
   __half* s_gt_in = s_gt_in_buf;
-  float* const t_r = reinterpret_cast<float*>(smem + 256);  // [1, 1]
-  float* const t_acc1 = reinterpret_cast<float*>(smem + 272);  // [1, 20]
-  float* const t_acc2 = reinterpret_cast<float*>(smem + 352);  // [1, 20]
-  float* const t_acc_sq = reinterpret_cast<float*>(smem + 432);  // [1, 1]
-  float* const t_ms = reinterpret_cast<float*>(smem + 448);  // [1, 1]
-  float* const t_mse = reinterpret_cast<float*>(smem + 464);  // [1, 1]
-  float* const t_rs = reinterpret_cast<float*>(smem + 480);  // [1, 1]
-  float* const t_y1 = reinterpret_cast<float*>(smem + 496);  // [1, 20]
-  float* const t_y2 = reinterpret_cast<float*>(smem + 576);  // [1, 20]
-  float* const t_act = reinterpret_cast<float*>(smem + 656);  // [1, 20]
-  float* const t_y = reinterpret_cast<float*>(smem + 736);  // [1, 20]
-  // %s1 = %xg @ %w1t_in: [1,32]x[32,20], 20 column groups x 6 k-slices, summed into %acc1 in registers
-  const int cg_s1 = tid % 20;
-  const int ks_s1 = tid / 20;
-  float acc_s1[1][1];
-  #pragma unroll
-  for (int m = 0; m < 1; ++m)
-  #pragma unroll
-    for (int v = 0; v < 1; ++v) acc_s1[m][v] = 0.0f;
-  for (int e = tid; e < 20; e += 128) {
-    const int c1 = e;
-    t_acc1[e] = 0.0f;
-  }
-  float pf_s1[6];  // iteration 0's rows of %w1t_in, in flight
-  if (tid < 120) {
-    const int kb = ks_s1 * 6;
-    const int k1 = min(32, kb + 6);
-    const __half* __restrict__ bp0 = a2 + (long long)(0) * 32 * 80 + (long long)blockIdx.y * 20 + cg_s1 * 1;
-    #pragma unroll
-    for (int u = 0; u < 6; ++u) { const int k = kb + u; if (k < k1) pf_s1[u] = ld_f(bp0[(long long)k * 80]); }
-  }
-  // %s2 = %xg @ %w2t_in: [1,32]x[32,20], 20 column groups x 6 k-slices, summed into %acc2 in registers
-  const int cg_s2 = tid % 20;
-  const int ks_s2 = tid / 20;
-  float acc_s2[1][1];
-  #pragma unroll
-  for (int m = 0; m < 1; ++m)
-  #pragma unroll
-    for (int v = 0; v < 1; ++v) acc_s2[m][v] = 0.0f;
-  for (int e = tid; e < 20; e += 128) {
-    const int c1 = e;
-    t_acc2[e] = 0.0f;
-  }
-  float pf_s2[6];  // iteration 0's rows of %w2t_in, in flight
-  if (tid < 120) {
-    const int kb = ks_s2 * 6;
-    const int k1 = min(32, kb + 6);
-    const __half* __restrict__ bp0 = a3 + (long long)(0) * 32 * 80 + (long long)blockIdx.y * 20 + cg_s2 * 1;
-    #pragma unroll
-    for (int u = 0; u < 6; ++u) { const int k = kb + u; if (k < k1) pf_s2[u] = ld_f(bp0[(long long)k * 80]); }
-  }
-  __syncthreads();
+  float* const t_w1t = reinterpret_cast<float*>(smem + 5376);  // [32, 20]
+  float* const t_w2t = reinterpret_cast<float*>(smem + 7936);  // [32, 20]
+  float* const t_r = reinterpret_cast<float*>(smem + 10496);  // [1, 1]
+  float* const t_s1 = reinterpret_cast<float*>(smem + 10512);  // [1, 20]
+  float* const t_s2 = reinterpret_cast<float*>(smem + 10592);  // [1, 20]
+  float* const t_acc1 = reinterpret_cast<float*>(smem + 10672);  // [1, 20]
+  float* const t_acc2 = reinterpret_cast<float*>(smem + 10752);  // [1, 20]
+  float* const t_acc_sq = reinterpret_cast<float*>(smem + 10832);  // [1, 1]
+  float* const t_ms = reinterpret_cast<float*>(smem + 10848);  // [1, 1]
+  float* const t_mse = reinterpret_cast<float*>(smem + 10864);  // [1, 1]
+  float* const t_rs = reinterpret_cast<float*>(smem + 10880);  // [1, 1]
+  float* const t_y1 = reinterpret_cast<float*>(smem + 10896);  // [1, 20]
+  float* const t_y2 = reinterpret_cast<float*>(smem + 10976);  // [1, 20]
+  float* const t_act = reinterpret_cast<float*>(smem + 11056);  // [1, 20]
+  float* const t_y = reinterpret_cast<float*>(smem + 11136);  // [1, 20]
   for (int e = tid; e < 4; e += 128) {
     const int f = e * 8;
     const int c1 = f;
     cp_async16(s_xt_in_buf + f, a0 + (long long)(0) * 32 + c1);
+  }
+  for (int e = tid; e < 80; e += 128) {
+    const int f = e * 8;
+    const int c0 = f / 32;
+    const int c1 = (f) % 32;
+    cp_async16(s_w1t_nk_in_buf + f, a2 + (long long)blockIdx.y * 20 * 96 + (long long)(0) * 32 + c0 * 96 + c1);
+  }
+  for (int e = tid; e < 80; e += 128) {
+    const int f = e * 8;
+    const int c0 = f / 32;
+    const int c1 = (f) % 32;
+    cp_async16(s_w2t_nk_in_buf + f, a3 + (long long)blockIdx.y * 20 * 96 + (long long)(0) * 32 + c0 * 96 + c1);
   }
   for (int e = tid; e < 4; e += 128) {
     const int f = e * 8;
@@ -77,13 +56,23 @@ rmsnorm_gated_mlp_n0(const __half* __restrict__ a0, const __half* __restrict__ a
   }
   cp_async_commit();
   for (int it = 0; it < 3; ++it) {
-    const long long base_w1t_in = (long long)(it) * 32 * 80 + (long long)blockIdx.y * 20;
-    const long long base_w2t_in = (long long)(it) * 32 * 80 + (long long)blockIdx.y * 20;
     if (it + 1 < 3) {
       for (int e = tid; e < 4; e += 128) {
         const int f = e * 8;
         const int c1 = f;
         cp_async16((s_xt_in_buf + ((it + 1) & 1) * 32) + f, a0 + (long long)(it + 1) * 32 + c1);
+      }
+      for (int e = tid; e < 80; e += 128) {
+        const int f = e * 8;
+        const int c0 = f / 32;
+        const int c1 = (f) % 32;
+        cp_async16((s_w1t_nk_in_buf + ((it + 1) & 1) * 640) + f, a2 + (long long)blockIdx.y * 20 * 96 + (long long)(it + 1) * 32 + c0 * 96 + c1);
+      }
+      for (int e = tid; e < 80; e += 128) {
+        const int f = e * 8;
+        const int c0 = f / 32;
+        const int c1 = (f) % 32;
+        cp_async16((s_w2t_nk_in_buf + ((it + 1) & 1) * 640) + f, a3 + (long long)blockIdx.y * 20 * 96 + (long long)(it + 1) * 32 + c0 * 96 + c1);
       }
       for (int e = tid; e < 4; e += 128) {
         const int f = e * 8;
@@ -96,7 +85,21 @@ rmsnorm_gated_mlp_n0(const __half* __restrict__ a0, const __half* __restrict__ a
       cp_async_wait<0>();
     }
     s_xt_in = s_xt_in_buf + (it & 1) * 32;
+    s_w1t_nk_in = s_w1t_nk_in_buf + (it & 1) * 640;
+    s_w2t_nk_in = s_w2t_nk_in_buf + (it & 1) * 640;
     s_gt_in = s_gt_in_buf + (it & 1) * 32;
+    __syncthreads();
+    for (int e = tid; e < 640; e += 128) {
+      const int c0 = e / 20;
+      const int c1 = (e) % 20;
+      t_w1t[c0 * 20 + c1] = rnd_float32(ld_f(s_w1t_nk_in[c1 * 32 + c0]));
+    }
+    __syncthreads();
+    for (int e = tid; e < 640; e += 128) {
+      const int c0 = e / 20;
+      const int c1 = (e) % 20;
+      t_w2t[c0 * 20 + c1] = rnd_float32(ld_f(s_w2t_nk_in[c1 * 32 + c0]));
+    }
     __syncthreads();
     for (int o = tid >> 5; o < 1; o += 4) {
       float r = 0.0f;
@@ -108,78 +111,43 @@ rmsnorm_gated_mlp_n0(const __half* __restrict__ a0, const __half* __restrict__ a
       if ((tid & 31) == 0) t_r[0] = r;
     }
     __syncthreads();
-    if (tid < 120) {
-      const int k0 = ks_s1 * 6;
-      const int k1 = min(32, k0 + 6);
-      const __half* __restrict__ bp = a2 + base_w1t_in + cg_s1 * 1;
-      for (int kb = k0; kb < k0 + 6; kb += 6) {
-        float raw[6];
-        #pragma unroll
-        for (int u = 0; u < 6; ++u) raw[u] = pf_s1[u];
-        if (it + 1 < 3) {
-          const __half* __restrict__ bpn = a2 + (long long)(it + 1) * 32 * 80 + (long long)blockIdx.y * 20 + cg_s1 * 1;
-          #pragma unroll
-          for (int u = 0; u < 6; ++u) { const int k = kb + u; if (k < k1) pf_s1[u] = ld_f(bpn[(long long)k * 80]); }
-        }
-        #pragma unroll
-        for (int u = 0; u < 6; ++u) {
-          const int k = kb + u;
-          if (k >= k1) break;
-          const float bv[1] = {raw[u]};
-          #pragma unroll
-          for (int m = 0; m < 1; ++m) {
-            const float av = op_mul(rnd_float32(ld_f(s_xt_in[k])), rnd_float32(ld_f(s_gt_in[k])));
-            #pragma unroll
-            for (int v = 0; v < 1; ++v) acc_s1[m][v] = fmaf(av, bv[v], acc_s1[m][v]);
-          }
-        }
+    for (int o = tid >> 5; o < 20; o += 4) {
+      const int c1 = o;
+      float r = 0.0f;
+      for (int k = tid & 31; k < 32; k += 32) {
+        r = fmaf(op_mul(rnd_float32(ld_f(s_xt_in[k])), rnd_float32(ld_f(s_gt_in[k]))), t_w1t[k * 20 + c1], r);
       }
+      #pragma unroll
+      for (int s = 16; s > 0; s >>= 1) r += __shfl_xor_sync(0xffffffffu, r, s);
+      if ((tid & 31) == 0) t_s1[c1] = r;
     }
-    if (tid < 120) {
-      const int k0 = ks_s2 * 6;
-      const int k1 = min(32, k0 + 6);
-      const __half* __restrict__ bp = a3 + base_w2t_in + cg_s2 * 1;
-      for (int kb = k0; kb < k0 + 6; kb += 6) {
-        float raw[6];
-        #pragma unroll
-        for (int u = 0; u < 6; ++u) raw[u] = pf_s2[u];
-        if (it + 1 < 3) {
-          const __half* __restrict__ bpn = a3 + (long long)(it + 1) * 32 * 80 + (long long)blockIdx.y * 20 + cg_s2 * 1;
-          #pragma unroll
-          for (int u = 0; u < 6; ++u) { const int k = kb + u; if (k < k1) pf_s2[u] = ld_f(bpn[(long long)k * 80]); }
-        }
-        #pragma unroll
-        for (int u = 0; u < 6; ++u) {
-          const int k = kb + u;
-          if (k >= k1) break;
-          const float bv[1] = {raw[u]};
-          #pragma unroll
-          for (int m = 0; m < 1; ++m) {
-            const float av = op_mul(rnd_float32(ld_f(s_xt_in[k])), rnd_float32(ld_f(s_gt_in[k])));
-            #pragma unroll
-            for (int v = 0; v < 1; ++v) acc_s2[m][v] = fmaf(av, bv[v], acc_s2[m][v]);
-          }
-        }
+    __syncthreads();
+    for (int o = tid >> 5; o < 20; o += 4) {
+      const int c1 = o;
+      float r = 0.0f;
+      for (int k = tid & 31; k < 32; k += 32) {
+        r = fmaf(op_mul(rnd_float32(ld_f(s_xt_in[k])), rnd_float32(ld_f(s_gt_in[k]))), t_w2t[k * 20 + c1], r);
       }
+      #pragma unroll
+      for (int s = 16; s > 0; s >>= 1) r += __shfl_xor_sync(0xffffffffu, r, s);
+      if ((tid & 31) == 0) t_s2[c1] = r;
     }
+    __syncthreads();
+    for (int e = tid; e < 20; e += 128) {
+      const int c1 = e;
+      t_acc1[c1] = (it == 0 ? 0.0f : t_acc1[c1]) + t_s1[c1];
+    }
+    __syncthreads();
+    for (int e = tid; e < 20; e += 128) {
+      const int c1 = e;
+      t_acc2[c1] = (it == 0 ? 0.0f : t_acc2[c1]) + t_s2[c1];
+    }
+    __syncthreads();
     for (int e = tid; e < 1; e += 128) {
       t_acc_sq[0] = (it == 0 ? 0.0f : t_acc_sq[0]) + t_r[0];
     }
     __syncthreads();
   }
-  if (tid < 120) {
-    #pragma unroll
-    for (int m = 0; m < 1; ++m)
-    #pragma unroll
-      for (int v = 0; v < 1; ++v) atomicAdd(t_acc1 + m * 20 + cg_s1 * 1 + v, acc_s1[m][v]);
-  }
-  if (tid < 120) {
-    #pragma unroll
-    for (int m = 0; m < 1; ++m)
-    #pragma unroll
-      for (int v = 0; v < 1; ++v) atomicAdd(t_acc2 + m * 20 + cg_s2 * 1 + v, acc_s2[m][v]);
-  }
-  __syncthreads();
   for (int e = tid; e < 1; e += 128) {
     t_ms[0] = op_div(t_acc_sq[0], 96.0f);
   }
