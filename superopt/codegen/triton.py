@@ -5,6 +5,10 @@ program per threadblock of the ``grid``; loop-invariant nodes before a ``for`` o
 ``forloop`` range; inside it the fmap'd tile loads, the loop-variant nodes and the accumulators
 in graph order (as ``interp.evaluate`` runs them); after it the nodes that read final values;
 then one masked store per output, an atomic add where blocks must be summed (``reduce sum``).
+Blocks summed into one output tile finish the sum themselves (``_Kernel.finish_sums``): each adds its
+part into a float32 workspace and counts itself in; the last one of its tile reads the sum back,
+resets the workspace and the counter to zero, and stores the sum in the output's dtype — one
+launch, where a zeroing before and a cast after would be two more.
 
 Numerics: tiles are loaded in their dtype and every op computes in float32; a matmul feeds
 ``tl.dot`` operands in the dtype the μGraph declares (tensor cores for fp16/bf16, exact IEEE
@@ -18,6 +22,9 @@ triton and no torch; it only writes text.
 """
 from __future__ import annotations
 
+import dataclasses
+import itertools
+import math
 import re
 from dataclasses import dataclass
 
@@ -52,11 +59,32 @@ class KernelSpec:
     grid: tuple[int, int, int]
     args: tuple[str, ...]      # kernel-graph tensors read, in launcher order
     outs: tuple[str, ...]      # kernel-graph tensors written, in launcher order
-    workspaces: tuple[int, ...]  # indices into ``outs`` summed by atomics in a float32 workspace
+    workspaces: tuple[int, ...]  # indices into ``outs`` that blocks sum (``_Kernel.finish_sums``) in a
+                                 # float32 workspace w{j}
     num_warps: int             # defaults: block_threads / 32, and the most stages (≤ 3) whose shared
     num_stages: int            # memory estimate (ir.smem) fits sm_90; the profiler may change them
     paired: bool = False       # two instances in one launch: every pointer twice, the second set's
                                # programs at 1 on a grid axis the μGraph leaves at 1 (``render_triton``)
+    counters: int = 0          # int32 counters ``c`` of the blocks done per summed output tile;
+                               # workspaces and counters are zero before the first launch, and every
+                               # launch leaves them so
+
+    def params(self) -> list[str]:
+        """The launcher's tensor parameters, in order (one instance's; ``paired`` takes them twice)."""
+        ins = [f"a{j}" for j in range(len(self.args))]
+        outs = [f"o{j}" for j in range(len(self.outs))]
+        return ins + outs + [f"w{j}" for j in self.workspaces] + (["c"] if self.workspaces else [])
+
+
+def kernel_param_dtypes(spec: KernelSpec, g: KernelGraph) -> dict[str, str]:
+    """The dtype of each pointer the kernel takes, by parameter name (``a0_ptr`` …), one instance's."""
+    node = g.nodes[spec.node_index]
+    out = {f"a{j}_ptr": g.type_of(a).dtype for j, a in enumerate(spec.args)}
+    out.update({f"o{j}_ptr": v.type.dtype for j, v in enumerate(node.outs)})
+    out.update({f"w{j}_ptr": "float32" for j in spec.workspaces})
+    if spec.workspaces:
+        out["c_ptr"] = "int32"
+    return out
 
 
 def launch_config(launch: dict | None, spec: KernelSpec) -> tuple[int, int, bool]:
@@ -211,7 +239,8 @@ class _Kernel:
         self.emit(f"{dst or self.name(name)} = tl.load({args})", ind)
         self.native.add(name)
 
-    def store(self, k: int, o, out_shape: tuple[int, ...], atomic: bool) -> None:
+    def tile_ptrs(self, ptr: str, o, out_shape: tuple[int, ...]) -> tuple[str, str | None]:
+        """(pointers, mask) of the block's tile of output ``o`` in the tensor at ``ptr``."""
         b = self.b
         tile, pad = self.real[o.value], self.pad[o.value]
         terms = []
@@ -219,11 +248,42 @@ class _Kernel:
             parts = [f"pid{a} * {tile[d]}" for a in range(3) if o.omap[a] == d and b.grid[a] > 1]
             idx = " + ".join(parts + [_ar(pad[d], d, len(tile))])
             terms.append(f"({idx})" + (f" * {stride}" if stride != 1 else ""))
-        ptrs = f"o{k}_ptr + " + " + ".join(terms)
-        val = f"{self.f32(o.value)}.to(o{k}_ptr.dtype.element_ty)"
-        mask = _mask(tile, pad)
+        return f"{ptr} + " + " + ".join(terms), _mask(tile, pad)
+
+    def store(self, ptr: str, o, out_shape: tuple[int, ...], atomic: bool) -> None:
+        ptrs, mask = self.tile_ptrs(ptr, o, out_shape)
+        val = f"{self.f32(o.value)}.to({ptr}.dtype.element_ty)"
         fn = "tl.atomic_add" if atomic else "tl.store"
         self.emit(f"{fn}({ptrs}, {val}" + (f", mask={mask})" if mask else ")"), 1)
+
+    def finish_sums(self, summed: list[tuple[int, object, tuple[int, ...]]], reduced: tuple[int, ...],
+                    first: int) -> None:
+        """After the blocks of one tile of the outputs ``summed`` (all summed over grid axes
+        ``reduced``) added their parts into workspaces ``w{j}``: the last of them to count itself in
+        (counters from ``first`` on, one per tile) stores the sums into ``o{j}`` and leaves the
+        workspaces and its counter zero.
+
+        The barrier puts every thread's adds before the count; the count is an acquire-release
+        atomic at GPU scope, so the last block's reads (atomic adds of zero, at L2 as the adds
+        were, never a stale L1 line) see every other block's adds. No other block touches the
+        workspace or the counter again in this launch, so plain stores reset them."""
+        b = self.b
+        group, stride = [], 1
+        for a in range(3):
+            if a not in reduced and b.grid[a] > 1:
+                group.append(f"pid{a} * {stride}" if stride > 1 else f"pid{a}")
+                stride *= b.grid[a]
+        cnt = "c_ptr" + (f" + {first}" if first else "") + "".join(f" + {t}" for t in group)
+        parts = math.prod(b.grid[a] for a in reduced)
+        self.emit(f"if tl.atomic_add({cnt}, 1, sem=\"acq_rel\", scope=\"gpu\") == {parts - 1}:", 1)
+        for j, o, shape in summed:
+            ptrs, mask = self.tile_ptrs(f"w{j}_ptr", o, shape)
+            m = f", mask={mask}" if mask else ""
+            self.emit(f"sum{j} = tl.atomic_add({ptrs}, 0.0{m})", 2)
+            self.emit(f"tl.store({ptrs}, 0.0{m})", 2)
+            optrs, _ = self.tile_ptrs(f"o{j}_ptr", o, shape)
+            self.emit(f"tl.store({optrs}, sum{j}.to(o{j}_ptr.dtype.element_ty){m})", 2)
+        self.emit(f"tl.store({cnt}, 0)", 2)
 
     # ------------------------------------------------------------ nodes
     def operand(self, v: str, out: str) -> str:
@@ -404,8 +464,16 @@ def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph, prefetch: b
     k = _Kernel(b, next((d for d in io if d in ("float16", "bfloat16")), None))
     var = block_variance(b)
     arg_shapes = [g.type_of(a).shape for a in node.args]
-    atomic = [bool(reduced_axes(o, b.grid)) for o in b.outputs]
-    params = [f"a{j}_ptr" for j in range(len(node.args))] + [f"o{j}_ptr" for j in range(len(b.outputs))]
+    reduced = [reduced_axes(o, b.grid) for o in b.outputs]
+    atomic = [bool(r) for r in reduced]
+    # outputs summed over the same grid axes share counters: one per tile of theirs (the product
+    # of the other axes), after those of the sets before
+    sets = list(dict.fromkeys(r for r in reduced if r))
+    tiles = [math.prod(n for a, n in enumerate(b.grid) if a not in r) for r in sets]
+    spec = KernelSpec(kname, f"launch_{kname}", idx, tuple(b.grid), tuple(node.args),
+                      tuple(v.name for v in node.outs), tuple(j for j, a in enumerate(atomic) if a),
+                      max(1, b.block_threads // 32), default_stages(b) or 1, paired, sum(tiles))
+    params = [f"{p_}_ptr" for p_ in spec.params()]
     grid = tuple(b.grid)
     if paired:
         free = next((a for a in range(3) if b.grid[a] == 1), None)
@@ -476,14 +544,15 @@ def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph, prefetch: b
         if var[n.out.name] == Variance.POST and op_info(n.op).category is not Category.ACCUM:
             k.node(n, 1)
     for j, o in enumerate(b.outputs):
-        k.store(j, o, node.outs[j].type.shape, atomic[j])
+        k.store(f"w{j}_ptr" if atomic[j] else f"o{j}_ptr", o, node.outs[j].type.shape, atomic[j])
+    if sets:
+        k.emit("tl.debug_barrier()", 1)
+    for r, first in zip(sets, itertools.accumulate([0] + tiles)):
+        k.finish_sums([(j, o, node.outs[j].type.shape) for j, o in enumerate(b.outputs) if reduced[j] == r], r, first)
     body = "\n".join(k.lines) if k.lines else "    pass"
     text = f"@triton.jit\ndef {kname}({', '.join(params)}):\n{body}\n"
-    spec = KernelSpec(kname, f"launch_{kname}", idx, grid, tuple(node.args),
-                      tuple(v.name for v in node.outs),
-                      tuple(j for j, a in enumerate(atomic) if a and node.outs[j].type.dtype != "float32"),
-                      max(1, b.block_threads // 32), default_stages(b) or 1, paired)
-    return spec, text + "\n" + _launcher(spec, node, atomic) + "\n"
+    spec = dataclasses.replace(spec, grid=grid)
+    return spec, text + "\n" + _launcher(spec) + "\n"
 
 
 def _deferred_sums(b: BlockGraph, var: dict[str, str], fma: set[str]) -> dict[str, Node]:
@@ -510,24 +579,13 @@ def _deferred_sums(b: BlockGraph, var: dict[str, str], fma: set[str]) -> dict[st
     return out
 
 
-def _launcher(spec: KernelSpec, node: Node, atomic: list[bool]) -> str:
-    """The python function the runtime registers as a torch custom op (``triton_op``).
-
-    An output that blocks add into (``reduce sum`` across the grid) starts from zero: a float32
-    output is zeroed here; any other is summed in its float32 workspace ``w{j}``, which the
-    *caller* zeroes before and casts into ``o{j}`` after the launch (``superopt.runtime.compiled``
-    keeps a kernel's workspaces in one buffer, so that is one zero and one copy, not one each)."""
-    ins = [f"a{j}" for j in range(len(spec.args))]
-    outs = [f"o{j}" for j in range(len(spec.outs))]
-    wss = [f"w{j}" for j in spec.workspaces]
-    targets = [f"w{j}" if j in spec.workspaces else o for j, o in enumerate(outs)]
-    zeroed = [targets[j] for j, a in enumerate(atomic) if a and j not in spec.workspaces]
-    params, launched = ins + outs + wss, ins + targets
+def _launcher(spec: KernelSpec) -> str:
+    """The python function the runtime registers as a torch custom op (``triton_op``): the kernel
+    launched on its tensors as they are (workspaces and counters need no zeroing: ``KernelSpec``)."""
+    params = spec.params()
     if spec.paired:  # the second instance's tensors, in the same order, suffixed _b
-        params, launched, zeroed = (xs + [f"{x}_b" for x in xs] for xs in (params, launched, zeroed))
+        params = params + [f"{x}_b" for x in params]
     sig = ", ".join(f"{p}: torch.Tensor" for p in params)
-    lines = [f"def {spec.launcher}({sig}, num_warps: int, num_stages: int) -> None:"]
-    lines += [f"    {t}.zero_()" for t in zeroed]
-    lines.append(f"    wrap_triton({spec.name})[{spec.grid}]({', '.join(launched)}, "
-                 f"num_warps=num_warps, num_stages=num_stages)")
-    return "\n".join(lines) + "\n"
+    return (f"def {spec.launcher}({sig}, num_warps: int, num_stages: int) -> None:\n"
+            f"    wrap_triton({spec.name})[{spec.grid}]({', '.join(params)}, "
+            f"num_warps=num_warps, num_stages=num_stages)\n")

@@ -5,10 +5,10 @@ TTGIR, LLVM and PTX to a cubin for the target, so layout, dot-shape and type err
 """
 from __future__ import annotations
 
-from ..codegen.triton import TritonModule
+from ..codegen.triton import TritonModule, kernel_param_dtypes
 from .build import interpreting, load_module
 
-_SIG = {"float32": "*fp32", "float16": "*fp16", "bfloat16": "*bf16", "float64": "*fp64"}
+_SIG = {"float32": "*fp32", "float16": "*fp16", "bfloat16": "*bf16", "float64": "*fp64", "int32": "*i32"}
 
 
 def aot_compile(tm: TritonModule, arch: int = 90, warp_size: int = 32, num_warps: int | None = None,
@@ -24,10 +24,7 @@ def aot_compile(tm: TritonModule, arch: int = 90, warp_size: int = 32, num_warps
     g = tm.graph
     out = {}
     for spec in tm.kernels:
-        node = g.nodes[spec.node_index]
-        sig = {f"a{j}_ptr": _SIG[g.type_of(a).dtype] for j, a in enumerate(spec.args)}
-        for j, v in enumerate(node.outs):
-            sig[f"o{j}_ptr"] = "*fp32" if j in spec.workspaces else _SIG[v.type.dtype]
+        sig = {name: _SIG[dt] for name, dt in kernel_param_dtypes(spec, g).items()}
         if spec.paired:  # the second instance's pointers (render_triton(paired=True))
             sig.update({f"{name}_b": t for name, t in list(sig.items())})
         # pointers 16-byte aligned, as the JIT specialises torch's allocations: without it Triton

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from ..codegen.triton import launch_config
+from ..codegen.triton import kernel_param_dtypes, launch_config
 from .grid_dependency import launch_options
 
 MANIFEST = "triton-kernels.json"
@@ -166,10 +166,7 @@ def seed(files: dict[str, bytes]) -> int:
 def _dtypes(tm, spec) -> list:
     import torch
 
-    g = tm.graph
-    node = g.nodes[spec.node_index]
-    dts = [g.type_of(a).dtype for a in spec.args]
-    dts += ["float32" if j in spec.workspaces else v.type.dtype for j, v in enumerate(node.outs)]
+    dts = kernel_param_dtypes(spec, tm.graph).values()
     return [getattr(torch, d) for d in dts] * (2 if spec.paired else 1)
 
 

@@ -100,6 +100,6 @@ def kernel_op(tm: TritonModule, spec: KernelSpec, cache_dir: str | Path | None =
     name = f"{OP_NAMESPACE}::{spec.name}_{source_key(tm)}"
     if name not in _OPS:
         fn = getattr(load_module(tm, cache_dir), spec.launcher)
-        mutated = [f"o{j}" for j in range(len(spec.outs))] + [f"w{j}" for j in spec.workspaces]
+        mutated = [p for p in spec.params() if not p.startswith("a")]
         _OPS[name] = KernelOp(fn, triton_op(name, mutates_args=tuple(mutated))(fn))
     return _OPS[name]

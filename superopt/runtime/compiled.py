@@ -2,7 +2,7 @@
 
 ``compile_graph(ugraph)`` renders and builds every customized op and allocates, once, a buffer
 for every value the graph computes (outputs, intermediates, float32 workspaces of cross-block
-sums, constants). A call then only launches work on the current torch stream: no host sync, no
+sums and their counters, constants). A call then only launches work on the current torch stream: no host sync, no
 device allocation, so a caller can capture it in a CUDA graph. The returned outputs are the
 pool's buffers, overwritten by the next call (pass ``out=`` to write elsewhere).
 
@@ -85,23 +85,25 @@ class CompiledGraph:
                 self.sums[idx] = self._summed(idx, n)
 
     def _summed(self, idx: int, n) -> "_Summed":
-        """Float32 workspaces of node ``idx``'s cross-block sums, as views of one buffer (one zero
-        per call); where their outputs share a dtype, the outputs too (one cast per call)."""
-        js = self.kernels[idx][1].workspaces
-        sizes = [math.prod(n.outs[j].type.shape) for j in js]
+        """Node ``idx``'s float32 workspaces of cross-block sums, as views of one zeroed buffer, and
+        its zeroed counters: its kernel leaves both zero after every launch (``KernelSpec``)."""
+        spec = self.kernels[idx][1]
+        sizes = [math.prod(n.outs[j].type.shape) for j in spec.workspaces]
         # every view starts 16-byte aligned (offsets in multiples of 8 elements), as Triton's
         # stored kernels were specialised for: a misaligned pointer would need another compile
         starts = [sum(-(-size // 8) * 8 for size in sizes[:i]) for i in range(len(sizes))]
-        total = starts[-1] + sizes[-1]
-        ws = torch.empty(total, dtype=torch.float32, device=self.device)
-        dtypes = {n.outs[j].type.dtype for j in js}
-        outs = torch.empty(total, dtype=TORCH_DTYPES[dtypes.pop()], device=self.device) if len(dtypes) == 1 else None
-        for j, at, size in zip(js, starts, sizes):
-            shape = n.outs[j].type.shape
-            self.workspace[(idx, j)] = ws[at:at + size].view(shape)
-            if outs is not None:
-                self.pool[n.outs[j].name] = outs[at:at + size].view(shape)
-        return _Summed(ws, outs, [(self.workspace[(idx, j)], n.outs[j].name) for j in js], self.pool)
+        ws = torch.zeros(starts[-1] + sizes[-1], dtype=torch.float32, device=self.device)
+        for j, at, size in zip(spec.workspaces, starts, sizes):
+            self.workspace[(idx, j)] = ws[at:at + size].view(n.outs[j].type.shape)
+        return _Summed(ws, torch.zeros(spec.counters, dtype=torch.int32, device=self.device))
+
+    def finish_args(self, idx: int) -> list[torch.Tensor]:
+        """What node ``idx``'s kernel takes after its outputs (``KernelSpec.params``): the workspaces
+        and counters of its cross-block sums, if it has any."""
+        spec = self.kernels[idx][1]
+        if not spec.workspaces:
+            return []
+        return [self.workspace[(idx, j)] for j in spec.workspaces] + [self.sums[idx].counter]
 
     def _warm(self, cache_dir, files: dict[str, bytes] | None) -> None:
         """Compile or load every kernel now (no launch), after seeding Triton's cache with ``files``."""
@@ -160,13 +162,7 @@ class CompiledGraph:
                 op, spec, nw, ns = self.kernels[idx]
                 args = [self._arg(idx, j, env[a]) for j, a in enumerate(n.args)]
                 outs = [targets[v.name] for v in n.outs]
-                wss = [self.workspace[(idx, j)] for j in spec.workspaces]
-                summed = self.sums.get(idx)
-                if summed is not None:
-                    summed.ws.zero_()
-                op(*args, *outs, *wss, nw, ns)
-                if summed is not None:
-                    summed.cast(targets)
+                op(*args, *outs, *self.finish_args(idx), nw, ns)
                 env.update((v.name, t) for v, t in zip(n.outs, outs))
             else:
                 run_library(n, [env[a] for a in n.args], targets[n.out.name])
@@ -210,15 +206,10 @@ class CompiledGraph:
                 op, spec, nw, ns = self.kernels[idx]
                 for v in n.outs:
                     plan.add(v.name, self.pool[v.name])
-                tail = [self.pool[v.name] for v in n.outs] + [self.workspace[(idx, j)] for j in spec.workspaces]
+                tail = [self.pool[v.name] for v in n.outs] + self.finish_args(idx)
                 args = [plan.slot[a] for a in n.args]
                 staged = [functools.partial(self._arg, idx, j) for j in range(len(n.args))]
-                summed = self.sums.get(idx)
-                if summed is not None:
-                    plan.steps.append(functools.partial(_zero_step, summed.ws))
                 plan.steps.append(functools.partial(_kernel_step, op.launch, args, staged, tail, nw, ns))
-                if summed is not None:
-                    plan.steps.append(functools.partial(_cast_step, summed, self.pool))
             else:
                 plan.add(n.out.name, self.pool[n.out.name])
                 plan.steps.append(functools.partial(_library_step, library_fn(n, self.pool[n.out.name]),
@@ -243,22 +234,12 @@ class CompiledGraph:
         return call
 
 
+@dataclasses.dataclass(frozen=True)
 class _Summed:
-    """A kernel's float32 workspaces (views of ``ws``) and the outputs they are cast into after the
-    launch; when those outputs are views of ``outs``, laid out as ``ws`` is, that is one copy."""
+    """A kernel's cross-block sums: the buffer its float32 workspaces are views of, its counters."""
 
-    def __init__(self, ws: torch.Tensor, outs: torch.Tensor | None, pairs: list[tuple[torch.Tensor, str]],
-                 pool: dict[str, torch.Tensor]):
-        self.ws, self.outs, self.pairs = ws, outs, pairs
-        self.views = [pool[name] for _, name in pairs]
-
-    def cast(self, targets: dict[str, torch.Tensor]) -> None:
-        """Write each sum into ``targets[name]`` (the pool's buffers, or a caller's ``out=``)."""
-        if self.outs is not None and all(targets[name] is v for (_, name), v in zip(self.pairs, self.views)):
-            self.outs.copy_(self.ws)
-            return
-        for w, name in self.pairs:
-            targets[name].copy_(w)
+    ws: torch.Tensor
+    counter: torch.Tensor
 
 
 class _Plan:
@@ -286,14 +267,6 @@ def _kernel_step(launch, args: list[int], staged: list, tail: list, nw: int, ns:
     # a strided argument (a view of a per-call input) is copied to a contiguous staging buffer
     launch(*[t if t.is_contiguous() else stage(t) for t, stage in zip([env[i] for i in args], staged)],
            *tail, nw, ns)
-
-
-def _zero_step(ws: torch.Tensor, env: list) -> None:
-    ws.zero_()
-
-
-def _cast_step(summed: _Summed, pool: dict, env: list) -> None:
-    summed.cast(pool)
 
 
 def _library_step(fn, args: list[int], env: list) -> None:

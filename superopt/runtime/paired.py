@@ -89,13 +89,9 @@ class PairedGraph:
                 tensors = []
                 for cg, env in zip(cgs, envs):
                     tensors += [cg._arg(idx, j, env[x]) for j, x in enumerate(n.args)]
-                    tensors += [cg.pool[v.name] for v in n.outs] + [cg.workspace[(idx, j)] for j in spec.workspaces]
-                    if idx in cg.sums:
-                        cg.sums[idx].ws.zero_()
+                    tensors += [cg.pool[v.name] for v in n.outs] + cg.finish_args(idx)
                 self.launchers[idx](*tensors, nw, ns)
                 for cg, env in zip(cgs, envs):
-                    if idx in cg.sums:
-                        cg.sums[idx].cast(cg.pool)
                     env.update((v.name, cg.pool[v.name]) for v in n.outs)
             else:
                 for cg, env in zip(cgs, envs):

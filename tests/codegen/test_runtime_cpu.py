@@ -117,25 +117,21 @@ def test_retile_rejects_a_grid_that_does_not_divide():
         retile(fx.ugraph, 0, (1, 7, 1), 3)
 
 
-def test_summed_workspaces_share_one_buffer_and_stay_16_byte_aligned():
-    # the found split-K μGraph sums three outputs ([1,1], [128,1], [128,1]) across blocks; its
-    # buffers are laid out here without building its kernels (no Triton on this path)
+def test_summed_workspaces_share_one_zeroed_buffer_and_stay_16_byte_aligned():
+    # the found split-K μGraph sums three outputs ([1,1], [128,1], [128,1]) across its 112 blocks;
+    # its buffers are laid out here without building its kernels (no Triton on this path)
     fx = build_case("found_kv_split_k", "float16")
     node = next(i for i, n in enumerate(fx.ugraph.nodes) if n.op == "customized")
     spec = next(s for s in render_triton(fx.ugraph).kernels if s.node_index == node)
-    assert spec.workspaces == (0, 1, 2)
-    outs = fx.ugraph.nodes[node].outs
+    assert spec.workspaces == (0, 1, 2) and spec.counters == 1  # the three outputs share one tile count
     cg = CompiledGraph.__new__(CompiledGraph)
     cg.device, cg.workspace, cg.kernels = torch.device("cpu"), {}, {node: (None, spec, 4, 3)}
-    cg.pool = {v.name: torch.empty(v.type.shape, dtype=torch.float16) for v in outs}
-    summed = cg._summed(node, fx.ugraph.nodes[node])
-    ws = [cg.workspace[(node, j)] for j in spec.workspaces]
-    assert all(w.untyped_storage().data_ptr() == summed.ws.untyped_storage().data_ptr() for w in ws)
-    assert all(w.data_ptr() % 16 == 0 and cg.pool[v.name].data_ptr() % 16 == 0 for w, v in zip(ws, outs))
-    for j, w in enumerate(ws):
-        w.fill_(j + 0.5)
-    summed.cast(cg.pool)   # one copy of the whole buffer into the outputs, laid out alike
-    assert all(torch.equal(cg.pool[v.name].float(), w) for v, w in zip(outs, ws))
+    cg.sums = {node: cg._summed(node, fx.ugraph.nodes[node])}
+    ws = cg.finish_args(node)
+    assert len(ws) == 4 and ws[-1].dtype == torch.int32 and not ws[-1].any()
+    assert all(w.untyped_storage().data_ptr() == cg.sums[node].ws.untyped_storage().data_ptr() for w in ws[:3])
+    assert all(w.data_ptr() % 16 == 0 and w.dtype == torch.float32 and not w.any() for w in ws[:3])
+    assert [tuple(w.shape) for w in ws[:3]] == [v.type.shape for v in fx.ugraph.nodes[node].outs]
 
 
 def test_selector_sweeps_a_candidate_that_is_slow_only_at_its_default_launch(monkeypatch):

@@ -31,11 +31,12 @@ output %y
 # 90: K tiles of 30, padded to 32
 TEXT_CASES = {"gemv_nk": dict(k=96), "gemv_nk_odd": dict(k=90), "gemv_nk_cols": dict(k=90, cols=True)}
 
-# μGraphs the search found on the GPU (tests/codegen/ugraphs), their own float64 evaluation the
-# reference (case id -> file). qwen05b_attn_in_1_m1: RMSNorm + k/v GEMVs split over K (112 blocks
-# adding into three outputs: float32 workspaces the runtime zeroes and casts, one op each), then a
-# one-block kernel.
-FOUND_CASES = {"found_kv_split_k": "qwen05b_attn_in_1_m1"}
+# μGraphs from files (tests/codegen/ugraphs), their own float64 evaluation the reference (case id ->
+# file). qwen05b_attn_in_1_m1, found by the search on the GPU: RMSNorm + k/v GEMVs split over K (112
+# blocks adding into three outputs, one tile count: the last block stores all three), then a
+# one-block kernel. row_and_column_sums: a 2×3 grid summing one output over x and the other over y
+# (two sets of counters, 2 + 3 tiles), with masked, padded tiles.
+FOUND_CASES = {"found_kv_split_k": "qwen05b_attn_in_1_m1", "two_way_sums": "row_and_column_sums"}
 
 CASES = [(name, name, {}) for name in FIXTURES] + ODD + [(c, c, {}) for c in TEXT_CASES] + \
     [(c, c, {}) for c in FOUND_CASES]
