@@ -89,6 +89,7 @@ def main(argv=None) -> None:
     import mirage_serve
     from mirage_serve import patch_api, patch_wiring
     from mirage_serve.bench_load import load
+    from mirage_serve.hf_names import CACHE_KWARG, output_cache
 
     lm = load(args.model, dtype="bf16" if args.device == "cuda" else "fp32", device=args.device,
               layers=args.layers or None)
@@ -131,11 +132,11 @@ def main(argv=None) -> None:
             """ms per step of n decode steps after a fresh prefill (lengths 33..32+n), wall time
             with one sync at the end: host time where the host is the bottleneck, else GPU time."""
             out = model(ids, use_cache=True)
-            past, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
+            past, tok = output_cache(out), out.logits[:, -1:].argmax(-1)
             _sync()
             t0 = time.perf_counter()
             for _ in range(n):
-                past = model(tok, past_key_values=past, use_cache=True).past_key_values
+                past = output_cache(model(tok, use_cache=True, **{CACHE_KWARG: past}))
             _sync()
             return (time.perf_counter() - t0) / n * 1e3
 

@@ -8,8 +8,9 @@ verified and cached like any other), and the layer's ``forward`` is replaced by 
 the residual ``r`` to the projection instead of adding it afterwards.
 
 The replacement is installed only where it is the layer's own forward, statement for statement:
-the class's ``forward`` must parse to ``LAYER_TEMPLATE`` (annotations and docstrings aside) —
-the same text in Llama, Mistral, Qwen2 and Qwen3 on transformers 5.17–5.23 — and the attention
+the class's ``forward`` must parse to one of ``LAYER_TEMPLATES`` (annotations and docstrings aside) —
+the same text in Llama, Mistral, Qwen2 and Qwen3 on transformers 5.17–5.23, and again from 5.24 with
+the cache argument renamed ``cache`` (``LAYER_TEMPLATES`` holds both spellings) — and the attention
 and MLP must return their projection's output unchanged (``… = self.o_proj(…)`` then ``return
 …, …``; ``return self.down_proj(…)``). At run time a hand-off (``ResidualSlot``) makes the fusion
 safe call by call: the projection takes the residual only when it runs its kernel on that call,
@@ -27,8 +28,10 @@ import textwrap
 import torch
 from torch.nn.modules import module as nn_module
 
-LAYER_TEMPLATE = '''
-def forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
+from .hf_names import CACHE_KWARG, CACHE_KWARGS
+
+_LAYER_TEXT = '''
+def forward(self, hidden_states, attention_mask=None, position_ids=None, CACHE=None,
             use_cache=False, position_embeddings=None, **kwargs):
     residual = hidden_states
     hidden_states = self.input_layernorm(hidden_states)
@@ -36,7 +39,7 @@ def forward(self, hidden_states, attention_mask=None, position_ids=None, past_ke
         hidden_states=hidden_states,
         attention_mask=attention_mask,
         position_ids=position_ids,
-        past_key_values=past_key_values,
+        CACHE=CACHE,
         use_cache=use_cache,
         position_embeddings=position_embeddings,
         **kwargs,
@@ -48,6 +51,8 @@ def forward(self, hidden_states, attention_mask=None, position_ids=None, past_ke
     hidden_states = residual + hidden_states
     return hidden_states
 '''
+# The layer forward under each transformers spelling of the cache argument (hf_names).
+LAYER_TEMPLATES = tuple(_LAYER_TEXT.replace("CACHE", name) for name in CACHE_KWARGS)
 
 
 def hooked(modules) -> bool:
@@ -125,12 +130,18 @@ def proj_forward(module: torch.nn.Module, runtime, slot: ResidualSlot):
 
 
 def layer_forward(layer: torch.nn.Module, attn: ResidualSlot | None, mlp: ResidualSlot | None):
-    """``LAYER_TEMPLATE`` with each residual handed to its projection (a missing slot: the add)."""
+    """``LAYER_TEMPLATES`` with each residual handed to its projection (a missing slot: the add).
+
+    ``cache`` is the fourth positional parameter under both spellings; a caller passing it by
+    keyword under the other spelling leaves it in ``kwargs``, which go on to the attention as
+    they are (transformers' deprecation shim there maps the old name)."""
     attn, mlp = attn or ResidualSlot(), mlp or ResidualSlot()
     watched = [layer, layer.self_attn, layer.mlp] + [m for m in (attn.proj, mlp.proj) if m is not None]
 
-    def forward(hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
+    def forward(hidden_states, attention_mask=None, position_ids=None, cache=None,
                 use_cache=False, position_embeddings=None, **kwargs):
+        if cache is not None:
+            kwargs[CACHE_KWARG] = cache
         # A hook may read the projections' outputs or keep the layer's (hidden states are
         # recorded so): then nothing is offered and the layer adds as the original does.
         fuse = not hooked(watched)
@@ -141,7 +152,7 @@ def layer_forward(layer: torch.nn.Module, attn: ResidualSlot | None, mlp: Residu
         try:
             hidden_states, _ = layer.self_attn(
                 hidden_states=hidden_states, attention_mask=attention_mask, position_ids=position_ids,
-                past_key_values=past_key_values, use_cache=use_cache, position_embeddings=position_embeddings,
+                use_cache=use_cache, position_embeddings=position_embeddings,
                 **kwargs)
             hidden_states = attn.added(hidden_states, residual)
             residual = hidden_states
@@ -157,7 +168,7 @@ def layer_forward(layer: torch.nn.Module, attn: ResidualSlot | None, mlp: Residu
 
 
 def unsupported(layer: torch.nn.Module, attn_path: str, mlp_path: str) -> str | None:
-    """Why ``layer``'s residual adds cannot be fused (its forward is not ``LAYER_TEMPLATE``, or its
+    """Why ``layer``'s residual adds cannot be fused (its forward is none of ``LAYER_TEMPLATES``, or its
     attention / MLP does not return its projection's output as it is), or None."""
     return _unsupported(type(layer), type(layer.get_submodule(attn_path)), type(layer.get_submodule(mlp_path)))
 
@@ -165,7 +176,8 @@ def unsupported(layer: torch.nn.Module, attn_path: str, mlp_path: str) -> str | 
 @functools.lru_cache(maxsize=None)
 def _unsupported(layer_cls: type, attn_cls: type, mlp_cls: type) -> str | None:
     fn = _function(layer_cls.forward)
-    if fn is None or _normalized(fn) != _normalized(ast.parse(LAYER_TEMPLATE).body[0]):
+    templates = {_normalized(ast.parse(text).body[0]) for text in LAYER_TEMPLATES}
+    if fn is None or _normalized(fn) not in templates:
         return f"{layer_cls.__qualname__}.forward is not the Llama-style layer forward this fusion mirrors"
     if not _returns_projection(_function(attn_cls.forward), "o_proj", tuple_first=True):
         return f"{attn_cls.__qualname__}.forward does not return o_proj's output as it is"

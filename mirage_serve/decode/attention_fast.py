@@ -25,6 +25,7 @@ import torch
 
 from superopt.runtime.build import interpreting
 
+from ..hf_names import cache_of
 from ..patch_prepare import tolerance
 from ..patch_wiring import Record, set_forward
 from .attention_launch import decode_attention
@@ -112,7 +113,7 @@ class FastAttention:
             return None
         if torch.compiler.is_compiling() or not (x.is_cuda or self.cpu_ok):
             return None
-        cache = kwargs.get("past_key_values")
+        cache = cache_of(kwargs)
         layers = getattr(cache, "layers", None)
         idx = self.module.layer_idx
         if layers is None or idx >= len(layers):

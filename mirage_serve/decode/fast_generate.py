@@ -18,6 +18,7 @@ from transformers.cache_utils import StaticLayer
 from transformers.generation.configuration_utils import GenerationMode
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
+from ..hf_names import CACHE_KWARG
 from .token_choice import TokenChooser, plan_processors
 
 # generate()'s own parameters that change the loop: any of them set keeps HF's loop.
@@ -25,8 +26,8 @@ _LOOP_ARGS = ("logits_processor", "stopping_criteria", "prefix_allowed_tokens_fn
               "assistant_model", "streamer", "negative_prompt_ids", "negative_prompt_attention_mask",
               "custom_generate")
 # Model kwargs (what the merged GenerationConfig does not consume) the loop understands.
-_CALL_MODEL_KWARGS = {"attention_mask", "past_key_values", "disable_compile"}
-_LOOP_MODEL_KWARGS = {"attention_mask", "position_ids", "past_key_values", "use_cache", "logits_to_keep"}
+_CALL_MODEL_KWARGS = {"attention_mask", CACHE_KWARG, "disable_compile"}
+_LOOP_MODEL_KWARGS = {"attention_mask", "position_ids", CACHE_KWARG, "use_cache", "logits_to_keep"}
 _MODES = (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE)
 _OUTPUT_FLAGS = ("output_scores", "output_logits", "output_attentions", "output_hidden_states")
 
@@ -81,7 +82,7 @@ def loop_blocker(model, input_ids, logits_processor, stopping_criteria, model_kw
         return f"model kwarg {extra[0]}"
     if not model_kwargs.get("use_cache", False):
         return "use_cache=False"
-    cache = model_kwargs.get("past_key_values")
+    cache = model_kwargs.get(CACHE_KWARG)
     if not owns_cache(cache):
         return "foreign cache"
     # Sliding-window layers keep a Python-int length (not capturable); plain static layers do not.
@@ -106,7 +107,7 @@ def fast_sample(runner, model, input_ids, logits_processor, stopping_criteria, g
     width = int(input_ids.shape[1])
     if reason is None and max_length - width < 1:
         reason = "no new tokens"
-    if reason is None and max_length > model_kwargs["past_key_values"].layers[0].max_cache_len:
+    if reason is None and max_length > model_kwargs[CACHE_KWARG].layers[0].max_cache_len:
         reason = "cache shorter than max_length"  # the runner sizes it; a caller's config may not
     if reason is not None:
         runner.count_path("hf", reason)
@@ -116,7 +117,7 @@ def fast_sample(runner, model, input_ids, logits_processor, stopping_criteria, g
     runner.count_path("fast")
     warpers, min_new, _ = plan_processors(logits_processor, width)
     chooser = TokenChooser(warpers, bool(generation_config.do_sample))
-    cache = model_kwargs["past_key_values"]
+    cache = model_kwargs[CACHE_KWARG]
     prompt_mask = model_kwargs.get("attention_mask")  # None: HF dropped an all-ones mask
     extra = {k: model_kwargs[k] for k in ("use_cache", "logits_to_keep") if k in model_kwargs}
 

@@ -26,6 +26,7 @@ import logging
 
 import torch
 
+from ..hf_names import CACHE_KWARG
 from . import graph_step
 from .token_choice import TokenChooser
 
@@ -125,7 +126,7 @@ class DecodeLoop:
 
     def _step(self) -> None:
         inputs = self.model.prepare_inputs_for_generation(
-            self.ids, next_sequence_length=1, past_key_values=self.cache, attention_mask=self.mask,
+            self.ids, next_sequence_length=1, attention_mask=self.mask, **{CACHE_KWARG: self.cache},
             position_ids=self.pos, **self.extra)
         out = self.forward(**inputs, return_dict=True)
         self.pos.add_(1)

@@ -14,6 +14,8 @@ from typing import Any, Callable
 
 import torch
 
+from ..hf_names import CACHE_KWARGS
+
 
 def _flatten(kwargs: dict) -> list[tuple[str, torch.Tensor]]:
     """Tensor arguments by stable name; dicts of tensors (hybrid-attention masks) are flattened."""
@@ -37,7 +39,7 @@ def signature(kwargs: dict) -> tuple:
         elif isinstance(v, dict):
             sig.append((k, tuple((kk, None if vv is None else (tuple(vv.shape), vv.dtype))
                                  for kk, vv in sorted(v.items()))))
-        elif k == "past_key_values":
+        elif k in CACHE_KWARGS:
             sig.append((k, id(v)))
         else:
             sig.append((k, repr(v)))

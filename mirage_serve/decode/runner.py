@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from ..hf_names import CACHE_KWARG, cache_of
 from .cache_pool import CachePool
 from .fast_generate import call_blocker, fast_sample
 from .fast_loop import DecodeLoop
@@ -77,17 +78,17 @@ class DecodeRunner:
         input_ids = kwargs.get("input_ids", args[0] if args else None)
         needed = self._needed_length(input_ids, kwargs)
         beams = kwargs.get("num_beams") or self.model.generation_config.num_beams or 1
-        if kwargs.get("past_key_values") is not None or needed is None or self.model.training or beams != 1:
-            self.count_path("hf", "own cache" if kwargs.get("past_key_values") is not None
+        if cache_of(kwargs) is not None or needed is None or self.model.training or beams != 1:
+            self.count_path("hf", "own cache" if cache_of(kwargs) is not None
                             else "unknown length" if needed is None
                             else "training" if self.model.training else "beams")
             return self._generate(*args, **kwargs)
         cache, fresh = self.pool.get(int(input_ids.shape[0]), needed)
         if fresh:  # graphs captured on a replaced cache point at freed memory: drop them
             self.steps = {k: s for k, s in self.steps.items()
-                          if self.pool.owns(s.static_in.get("past_key_values"))}
+                          if self.pool.owns(cache_of(s.static_in))}
             self.loops = {k: lp for k, lp in self.loops.items() if self.pool.owns(lp.cache)}
-        kwargs["past_key_values"] = cache
+        kwargs[CACHE_KWARG] = cache
         kwargs.setdefault("disable_compile", True)
         reason = call_blocker(self.model, args, kwargs) if self.fast_loop else "fast loop off"
         if reason is None:  # HF prepares everything, then runs our loop instead of _sample
@@ -126,7 +127,7 @@ class DecodeRunner:
     def _is_decode_step(self, kwargs: dict) -> bool:
         ids = kwargs.get("input_ids")
         return (isinstance(ids, torch.Tensor) and ids.ndim == 2 and ids.shape[1] == 1
-                and self.pool.owns(kwargs.get("past_key_values"))
+                and self.pool.owns(cache_of(kwargs))
                 and not kwargs.get("output_attentions") and not kwargs.get("output_hidden_states")
                 and kwargs.get("inputs_embeds") is None and not self.model.training
                 and not torch.is_grad_enabled())

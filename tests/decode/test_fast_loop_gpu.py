@@ -7,6 +7,7 @@ from transformers import StaticCache
 
 from mirage_serve.decode import install_decode_graphs, uninstall_decode_graphs
 from mirage_serve.decode.cache_pool import LENGTH_QUANTUM
+from mirage_serve.hf_names import CACHE_KWARG
 
 from .test_fast_loop import _tiny
 from .test_runner import _left_padded
@@ -22,7 +23,8 @@ def _hf_static(model, ids, mask, **kw):
     """HF's own loop over a static cache as long as the runner's (same attention math in bf16), no compile."""
     length = -(-(ids.shape[1] + kw["max_new_tokens"]) // LENGTH_QUANTUM) * LENGTH_QUANTUM
     cache = StaticCache(config=model.config, max_cache_len=length)
-    return model.generate(input_ids=ids, attention_mask=mask, past_key_values=cache, disable_compile=True, **kw)
+    return model.generate(input_ids=ids, attention_mask=mask, disable_compile=True,
+                          **{CACHE_KWARG: cache}, **kw)
 
 
 @pytest.mark.gpu

@@ -6,6 +6,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from mirage_serve.decode import DecodeRunner, install_decode_graphs, uninstall_decode_graphs
+from mirage_serve.hf_names import cache_of
 
 
 def _tiny_llama(seed=0):
@@ -87,7 +88,7 @@ def test_graphs_of_a_replaced_cache_are_dropped():
     assert len(runner.steps) == 1
     model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=400, min_new_tokens=400, **kw)
     assert len(runner.steps) == 1  # only the step on the new, longer cache
-    assert all(runner.pool.owns(s.static_in["past_key_values"]) for s in runner.steps.values())
+    assert all(runner.pool.owns(cache_of(s.static_in)) for s in runner.steps.values())
 
 
 def test_runner_on_a_patched_model_keeps_hf_tokens():

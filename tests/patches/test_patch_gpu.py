@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import mirage_serve
+from mirage_serve.hf_names import CACHE_KWARG, output_cache
 
 from .parity import build
 
@@ -41,16 +42,16 @@ def _decode_ms(model, ids) -> tuple[torch.Tensor, float]:
     times = []
     with torch.no_grad():
         out = model(ids, use_cache=True)
-        past, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
+        past, tok = output_cache(out), out.logits[:, -1:].argmax(-1)
         toks = [tok]
         for _ in range(STEPS - 1):
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
-            out = model(tok, past_key_values=past, use_cache=True)
+            out = model(tok, use_cache=True, **{CACHE_KWARG: past})
             b.record()
             torch.cuda.synchronize()
             times.append(a.elapsed_time(b))
-            past, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
+            past, tok = output_cache(out), out.logits[:, -1:].argmax(-1)
             toks.append(tok)
     return torch.cat(toks, 1), statistics.median(times)
 
