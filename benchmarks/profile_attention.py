@@ -41,10 +41,11 @@ def kernel_us(fn, sets) -> dict[str, float]:
     return dict(out)
 
 
-def handwritten(kw: dict, dtype: torch.dtype):
+def handwritten(kw: dict, dtype: torch.dtype, plan=None):
     """(call, inputs) of the decode path's kernels at the row's shape: RoPE, the cache write at the
-    last slot and attention over the whole cache, no mask."""
-    from mirage_serve.decode.attention_launch import decode_attention
+    last slot and attention over the whole cache, no mask; ``plan``: a ``LaunchPlan`` (None: the
+    default)."""
+    from mirage_serve.decode.attention_launch import DEFAULT_PLAN, decode_attention
 
     b, hq, hkv, d, n = kw["batch"], kw["q_heads"], kw["kv_heads"], kw["head_dim"], kw["kv_len"]
     dev = "cuda"
@@ -56,7 +57,7 @@ def handwritten(kw: dict, dtype: torch.dtype):
     scale = 1 / math.sqrt(d)
 
     def call(q, k, v, cos, sin, keys, values):
-        return decode_attention(q, k, v, cos, sin, keys, values, pos, None, scale)
+        return decode_attention(q, k, v, cos, sin, keys, values, pos, None, scale, plan=plan or DEFAULT_PLAN)
     return call, xs
 
 

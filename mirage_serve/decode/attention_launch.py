@@ -9,6 +9,7 @@ added to the scores). Returns the attention output [b, Hq·d] in q's dtype.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -17,7 +18,18 @@ from superopt.runtime.grid_dependency import applies
 
 from .attention_kernels import BLOCK_N, _attend_split, _combine
 
-_WAVES = 2  # split the cache until programs fill this many waves of the GPU's SMs
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """How ``_attend_split`` is cut and launched (benchmarks/sweep_attention.py measures others)."""
+    waves: int = 2          # split the cache until programs fill this many waves of the GPU's SMs
+    block_n: int = BLOCK_N  # cache positions per loop iteration
+    num_warps: int = 4
+    num_stages: int = 3     # Triton's default on Hopper
+
+
+DEFAULT_PLAN = LaunchPlan()
 
 
 @functools.lru_cache(maxsize=None)
@@ -27,28 +39,32 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def split_plan(rows: int, kv_heads: int, capacity: int, sms: int) -> tuple[int, int]:
-    """(splits, positions per split): enough programs to fill the GPU, each split a whole number
-    of BLOCK_N tiles; depends on the capacity, not the current length (graph-stable)."""
-    tiles = -(-capacity // BLOCK_N)
-    want = max(1, -(-_WAVES * sms // (rows * kv_heads)))
+def split_plan(rows: int, kv_heads: int, capacity: int, sms: int, waves: int = DEFAULT_PLAN.waves,
+               block_n: int = BLOCK_N) -> tuple[int, int]:
+    """(splits, positions per split): enough programs to fill ``waves`` waves of the GPU, each
+    split a whole number of ``block_n`` tiles; depends on the capacity, not the current length
+    (graph-stable)."""
+    tiles = -(-capacity // block_n)
+    want = max(1, -(-waves * sms // (rows * kv_heads)))
     per = -(-tiles // min(want, tiles))
-    chunk = per * BLOCK_N
+    chunk = per * block_n
     return -(-capacity // chunk), chunk
 
 
 def decode_attention(q, k, v, cos, sin, keys, values, pos, mask, scale: float,
-                     advance: torch.Tensor | None = None, qk_norm: tuple | None = None) -> torch.Tensor:
+                     advance: torch.Tensor | None = None, qk_norm: tuple | None = None,
+                     plan: LaunchPlan = DEFAULT_PLAN) -> torch.Tensor:
     """One decode step: RoPE, cache write at ``pos``, attention over slots ``0..pos``.
 
     ``advance``: a device counter incremented by one after the step (the cache's own length), or
     None when the caller's cache keeps its length elsewhere. ``qk_norm``: (q weight [d], k weight
-    [d], eps) of a per-head RMSNorm applied to q and k before RoPE, or None."""
+    [d], eps) of a per-head RMSNorm applied to q and k before RoPE, or None. ``plan``: how the first
+    kernel is cut and launched."""
     b, hkv, cap, d = keys.shape
     hq = q.shape[1] // d
     group = hq // hkv
     dev = q.device
-    splits, chunk = split_plan(b, hkv, cap, _sm_count(dev))
+    splits, chunk = split_plan(b, hkv, cap, _sm_count(dev), plan.waves, plan.block_n)
     pdl = applies(dev)  # the kernels wait for their predecessor (superopt.runtime.grid_dependency)
     options = {"launch_pdl": True} if pdl else {}
     o_part = torch.empty(b, hq, splits, d, dtype=torch.float32, device=dev)
@@ -68,7 +84,8 @@ def decode_attention(q, k, v, cos, sin, keys, values, pos, mask, scale: float,
         o_part.stride(0), o_part.stride(1), o_part.stride(2), m_part.stride(0), m_part.stride(1),
         float(scale), float(eps), chunk,
         HKV=hkv, GROUP=group, D=d, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d,
-        BLOCK_N=BLOCK_N, MASK_KIND=kind, QK_NORM=qk_norm is not None, PDL=pdl, num_warps=4, **options)
+        BLOCK_N=plan.block_n, MASK_KIND=kind, QK_NORM=qk_norm is not None, PDL=pdl,
+        num_warps=plan.num_warps, num_stages=plan.num_stages, **options)
 
     out = torch.empty(b, hq * d, dtype=q.dtype, device=dev)
     _combine[(b * hq,)](
