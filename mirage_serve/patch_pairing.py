@@ -89,7 +89,6 @@ class Pairing:
         return got[1] if got else None
 
     def _decide(self, a, b, m: int) -> tuple[object, str]:
-        from superopt.codegen.triton import NotPairable
         from superopt.runtime.build import interpreting
         from superopt.runtime.paired import PairedGraph
 
@@ -113,8 +112,6 @@ class Pairing:
                         self._store(key, a.executor.run, paired, stored.meta)
                     return paired, f"one paired launch (cached: {_times(stored.meta)})"
                 one, two = _time(paired, a, b, self.device)
-        except NotPairable as e:
-            return None, f"two launches ({e})"
         except Exception as e:  # a paired build that fails costs the pairing, never the site
             return None, f"two launches (paired launch failed: {type(e).__name__}: {e})"
         chosen = one < PAIR_MARGIN * two

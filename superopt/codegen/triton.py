@@ -109,10 +109,6 @@ class TritonModule:
     graph: KernelGraph
 
 
-class NotPairable(ValueError):
-    pass
-
-
 def render_triton(ugraph: KernelGraph, prefetch: frozenset[str] = frozenset(), paired: bool = False
                   ) -> TritonModule:
     """Render every customized op of ``ugraph``; library ops are left to the runtime.
@@ -121,8 +117,8 @@ def render_triton(ugraph: KernelGraph, prefetch: frozenset[str] = frozenset(), p
     (``_render_kernel``): a launch variant the profiler times like num_warps and num_stages.
     ``paired``: every kernel runs two instances of the graph in one launch (k_proj and v_proj of a
     layer: one program, two weights), taking each pointer twice (the second set suffixed ``_b``);
-    the programs at 1 on a grid axis the μGraph does not use run the second instance. Raises
-    ``NotPairable`` when a kernel uses all three grid axes."""
+    the programs at 1 on a grid axis the μGraph does not use run the second instance, or, when
+    every axis is cut, the upper half of a doubled x axis."""
     base = _ident(ugraph.name)
     parts = ["import torch", "import triton", "import triton.language as tl",
              "from torch.library import wrap_triton", ""]
@@ -475,18 +471,23 @@ def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph, prefetch: b
                       max(1, b.block_threads // 32), default_stages(b) or 1, paired, sum(tiles))
     params = [f"{p_}_ptr" for p_ in spec.params()]
     grid = tuple(b.grid)
+    pids = [a for a in range(3) if b.grid[a] > 1]
     if paired:
         free = next((a for a in range(3) if b.grid[a] == 1), None)
-        if free is None:
-            raise NotPairable(f"{kname}: the μGraph's grid {tuple(b.grid)} leaves no axis for a second instance")
-        grid = tuple(2 if a == free else n for a, n in enumerate(b.grid))
-        k.emit(f"if tl.program_id({free}) == 1:  # the second instance: its own pointers", 1)
+        if free is not None:  # the programs at 1 on an unused axis run the second instance
+            grid = tuple(2 if a == free else n for a, n in enumerate(b.grid))
+            k.emit(f"if tl.program_id({free}) == 1:  # the second instance: its own pointers", 1)
+        else:  # every axis is cut: the upper half of axis 0 runs the second instance
+            grid = (2 * b.grid[0], *b.grid[1:])
+            k.emit("pid0 = tl.program_id(0)", 1)
+            k.emit(f"if pid0 >= {b.grid[0]}:  # the second instance: its own pointers, the same blocks", 1)
+            k.emit(f"pid0 -= {b.grid[0]}", 2)
+            pids.remove(0)
         for p_ in params:
             k.emit(f"{p_} = {p_}_b", 2)
         params = params + [f"{p_}_b" for p_ in params]
-    for a in range(3):
-        if b.grid[a] > 1:
-            k.emit(f"pid{a} = tl.program_id({a})", 1)
+    for a in pids:
+        k.emit(f"pid{a} = tl.program_id({a})", 1)
     for inp in b.inputs:
         if inp.fmap == -1:
             k.load(inp, arg_shapes[inp.source], 1)

@@ -30,8 +30,7 @@ from .library import run_library, view
 
 class PairedGraph:
     """``bind(fixed_a, fixed_b)(*xs) -> outputs of a + outputs of b``: both instances on the same
-    per-call inputs ``xs`` (``CompiledGraph.bind``'s convention), each with its own fixed inputs.
-    Raises ``superopt.codegen.triton.NotPairable`` for a graph whose kernels use all grid axes."""
+    per-call inputs ``xs`` (``CompiledGraph.bind``'s convention), each with its own fixed inputs."""
 
     def __init__(self, a: CompiledGraph, b: CompiledGraph, binaries: dict[str, bytes] | None = None):
         if a is b or digest(a.graph) != digest(b.graph) or a.launch != b.launch or a.device != b.device:

@@ -166,87 +166,78 @@ decode_attention_n1(const __half* __restrict__ a0, const __half* __restrict__ a1
 }
 
 // node 2: customized(%o_part, %l_part, %m_part) -> %comb
-// grid (1, 2, 1), 128 threads, for-loop 1, 592 bytes of shared memory
+// grid (1, 2, 2), 128 threads, for-loop 1, 336 bytes of shared memory
 extern "C" __global__ void __launch_bounds__(128)
 decode_attention_n2(const float* __restrict__ a0, const float* __restrict__ a1, const float* __restrict__ a2, __half* __restrict__ o0) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int tid = threadIdx.x;
-  float* const s_ot = reinterpret_cast<float*>(smem + 0);  // [1, 1, 2, 2, 16]
-  float* const s_lt = reinterpret_cast<float*>(smem + 256);  // [1, 1, 2, 2, 1]
-  float* const s_mt = reinterpret_cast<float*>(smem + 272);  // [1, 1, 2, 2, 1]
-  float* const t_mx = reinterpret_cast<float*>(smem + 288);  // [1, 1, 1, 2, 1]
-  float* const t_ws = reinterpret_cast<float*>(smem + 304);  // [1, 1, 2, 2, 1]
-  float* const t_num = reinterpret_cast<float*>(smem + 320);  // [1, 1, 1, 2, 16]
-  float* const t_den = reinterpret_cast<float*>(smem + 448);  // [1, 1, 1, 2, 1]
-  float* const t_y = reinterpret_cast<float*>(smem + 464);  // [1, 1, 1, 2, 16]
-  for (int e = tid; e < 16; e += 128) {
+  float* const s_ot = reinterpret_cast<float*>(smem + 0);  // [1, 1, 2, 1, 16]
+  float* const s_lt = reinterpret_cast<float*>(smem + 128);  // [1, 1, 2, 1, 1]
+  float* const s_mt = reinterpret_cast<float*>(smem + 144);  // [1, 1, 2, 1, 1]
+  float* const t_mx = reinterpret_cast<float*>(smem + 160);  // [1, 1, 1, 1, 1]
+  float* const t_ws = reinterpret_cast<float*>(smem + 176);  // [1, 1, 2, 1, 1]
+  float* const t_num = reinterpret_cast<float*>(smem + 192);  // [1, 1, 1, 1, 16]
+  float* const t_den = reinterpret_cast<float*>(smem + 256);  // [1, 1, 1, 1, 1]
+  float* const t_y = reinterpret_cast<float*>(smem + 272);  // [1, 1, 1, 1, 16]
+  for (int e = tid; e < 8; e += 128) {
     const int f = e * 4;
-    const int c2 = f / 32;
-    const int c3 = (f / 16) % 2;
+    const int c2 = f / 16;
     const int c4 = (f) % 16;
-    cp_async16(s_ot + f, a0 + (long long)blockIdx.y * 1 * 64 + c2 * 32 + c3 * 16 + c4);
+    cp_async16(s_ot + f, a0 + (long long)blockIdx.y * 1 * 64 + (long long)blockIdx.z * 1 * 16 + c2 * 32 + c4);
   }
-  for (int e = tid; e < 4; e += 128) {
+  for (int e = tid; e < 2; e += 128) {
     const int f = e;
-    const int c2 = f / 2;
-    const int c3 = (f) % 2;
-    s_lt[f] = *(a1 + (long long)blockIdx.y * 1 * 4 + c2 * 2 + c3);
+    const int c2 = f;
+    s_lt[f] = *(a1 + (long long)blockIdx.y * 1 * 4 + (long long)blockIdx.z * 1 + c2 * 2);
   }
-  for (int e = tid; e < 4; e += 128) {
+  for (int e = tid; e < 2; e += 128) {
     const int f = e;
-    const int c2 = f / 2;
-    const int c3 = (f) % 2;
-    s_mt[f] = *(a2 + (long long)blockIdx.y * 1 * 4 + c2 * 2 + c3);
+    const int c2 = f;
+    s_mt[f] = *(a2 + (long long)blockIdx.y * 1 * 4 + (long long)blockIdx.z * 1 + c2 * 2);
   }
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();
-  for (int e = tid; e < 2; e += 128) {
-    const int c3 = e;
+  for (int e = tid; e < 1; e += 128) {
     float r = __int_as_float(0xff800000);
     for (int j = 0; j < 2; ++j) {
-      r = fmaxf(r, ld_f(s_mt[j * 2 + c3]));
+      r = fmaxf(r, ld_f(s_mt[j]));
     }
-    t_mx[c3] = r;
-  }
-  __syncthreads();
-  for (int e = tid; e < 4; e += 128) {
-    const int c2 = e / 2;
-    const int c3 = (e) % 2;
-    t_ws[c2 * 2 + c3] = op_exp(op_sub(ld_f(s_mt[c2 * 2 + c3]), t_mx[c3]));
-  }
-  __syncthreads();
-  for (int e = tid; e < 32; e += 128) {
-    const int c3 = e / 16;
-    const int c4 = (e) % 16;
-    float r = 0.0f;
-    for (int j = 0; j < 2; ++j) {
-      r += op_mul(ld_f(s_ot[j * 32 + c3 * 16 + c4]), t_ws[j * 2 + c3]);
-    }
-    t_num[c3 * 16 + c4] = r;
+    t_mx[0] = r;
   }
   __syncthreads();
   for (int e = tid; e < 2; e += 128) {
-    const int c3 = e;
-    float r = 0.0f;
-    for (int j = 0; j < 2; ++j) {
-      r += op_mul(ld_f(s_lt[j * 2 + c3]), t_ws[j * 2 + c3]);
-    }
-    t_den[c3] = r;
+    const int c2 = e;
+    t_ws[c2] = op_exp(op_sub(ld_f(s_mt[c2]), t_mx[0]));
   }
   __syncthreads();
-  for (int e = tid; e < 32; e += 128) {
-    const int c3 = e / 16;
-    const int c4 = (e) % 16;
-    t_y[c3 * 16 + c4] = op_div(t_num[c3 * 16 + c4], t_den[c3]);
+  for (int e = tid; e < 16; e += 128) {
+    const int c4 = e;
+    float r = 0.0f;
+    for (int j = 0; j < 2; ++j) {
+      r += op_mul(ld_f(s_ot[j * 16 + c4]), t_ws[j]);
+    }
+    t_num[c4] = r;
+  }
+  __syncthreads();
+  for (int e = tid; e < 1; e += 128) {
+    float r = 0.0f;
+    for (int j = 0; j < 2; ++j) {
+      r += op_mul(ld_f(s_lt[j]), t_ws[j]);
+    }
+    t_den[0] = r;
+  }
+  __syncthreads();
+  for (int e = tid; e < 16; e += 128) {
+    const int c4 = e;
+    t_y[c4] = op_div(t_num[c4], t_den[0]);
   }
   __syncthreads();
   for (int it = 0; it < 1; ++it) {
     __syncthreads();  // the next iteration overwrites this one's tiles
   }
-  for (int e = tid; e < 32; e += 128) {
-    const int c3 = e / 16;
-    const int c4 = (e) % 16;
-    o0[(long long)(blockIdx.y * 1) * 32 + (long long)(c3) * 16 + (long long)(c4)] = st_f<__half>(rnd_float16(t_y[c3 * 16 + c4]));
+  for (int e = tid; e < 16; e += 128) {
+    const int c4 = e;
+    o0[(long long)(blockIdx.y * 1) * 32 + (long long)(blockIdx.z * 1) * 16 + (long long)(c4)] = st_f<__half>(rnd_float16(t_y[c4]));
   }
 }

@@ -166,83 +166,74 @@ decode_attention_n1(const __half* __restrict__ a0, const __half* __restrict__ a1
 }
 
 // node 2: customized(%o_part, %l_part, %m_part) -> %comb
-// grid (3, 2, 1), 128 threads, for-loop 1, 2384 bytes of shared memory
+// grid (3, 2, 3), 128 threads, for-loop 1, 848 bytes of shared memory
 extern "C" __global__ void __launch_bounds__(128)
 decode_attention_n2(const float* __restrict__ a0, const float* __restrict__ a1, const float* __restrict__ a2, __half* __restrict__ o0) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int tid = threadIdx.x;
-  float* const s_ot = reinterpret_cast<float*>(smem + 0);  // [1, 1, 1, 3, 64]
-  float* const s_lt = reinterpret_cast<float*>(smem + 768);  // [1, 1, 1, 3, 1]
-  float* const s_mt = reinterpret_cast<float*>(smem + 784);  // [1, 1, 1, 3, 1]
-  float* const t_mx = reinterpret_cast<float*>(smem + 800);  // [1, 1, 1, 3, 1]
-  float* const t_ws = reinterpret_cast<float*>(smem + 816);  // [1, 1, 1, 3, 1]
-  float* const t_num = reinterpret_cast<float*>(smem + 832);  // [1, 1, 1, 3, 64]
-  float* const t_den = reinterpret_cast<float*>(smem + 1600);  // [1, 1, 1, 3, 1]
-  float* const t_y = reinterpret_cast<float*>(smem + 1616);  // [1, 1, 1, 3, 64]
-  for (int e = tid; e < 48; e += 128) {
+  float* const s_ot = reinterpret_cast<float*>(smem + 0);  // [1, 1, 1, 1, 64]
+  float* const s_lt = reinterpret_cast<float*>(smem + 256);  // [1, 1, 1, 1, 1]
+  float* const s_mt = reinterpret_cast<float*>(smem + 272);  // [1, 1, 1, 1, 1]
+  float* const t_mx = reinterpret_cast<float*>(smem + 288);  // [1, 1, 1, 1, 1]
+  float* const t_ws = reinterpret_cast<float*>(smem + 304);  // [1, 1, 1, 1, 1]
+  float* const t_num = reinterpret_cast<float*>(smem + 320);  // [1, 1, 1, 1, 64]
+  float* const t_den = reinterpret_cast<float*>(smem + 576);  // [1, 1, 1, 1, 1]
+  float* const t_y = reinterpret_cast<float*>(smem + 592);  // [1, 1, 1, 1, 64]
+  for (int e = tid; e < 16; e += 128) {
     const int f = e * 4;
-    const int c3 = f / 64;
-    const int c4 = (f) % 64;
-    cp_async16(s_ot + f, a0 + (long long)blockIdx.x * 1 * 384 + (long long)blockIdx.y * 1 * 192 + c3 * 64 + c4);
+    const int c4 = f;
+    cp_async16(s_ot + f, a0 + (long long)blockIdx.x * 1 * 384 + (long long)blockIdx.y * 1 * 192 + (long long)blockIdx.z * 1 * 64 + c4);
   }
-  for (int e = tid; e < 3; e += 128) {
+  for (int e = tid; e < 1; e += 128) {
     const int f = e;
-    const int c3 = f;
-    s_lt[f] = *(a1 + (long long)blockIdx.x * 1 * 6 + (long long)blockIdx.y * 1 * 3 + c3);
+    s_lt[f] = *(a1 + (long long)blockIdx.x * 1 * 6 + (long long)blockIdx.y * 1 * 3 + (long long)blockIdx.z * 1);
   }
-  for (int e = tid; e < 3; e += 128) {
+  for (int e = tid; e < 1; e += 128) {
     const int f = e;
-    const int c3 = f;
-    s_mt[f] = *(a2 + (long long)blockIdx.x * 1 * 6 + (long long)blockIdx.y * 1 * 3 + c3);
+    s_mt[f] = *(a2 + (long long)blockIdx.x * 1 * 6 + (long long)blockIdx.y * 1 * 3 + (long long)blockIdx.z * 1);
   }
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();
-  for (int e = tid; e < 3; e += 128) {
-    const int c3 = e;
+  for (int e = tid; e < 1; e += 128) {
     float r = __int_as_float(0xff800000);
     for (int j = 0; j < 1; ++j) {
-      r = fmaxf(r, ld_f(s_mt[c3]));
+      r = fmaxf(r, ld_f(s_mt[0]));
     }
-    t_mx[c3] = r;
+    t_mx[0] = r;
   }
   __syncthreads();
-  for (int e = tid; e < 3; e += 128) {
-    const int c3 = e;
-    t_ws[c3] = op_exp(op_sub(ld_f(s_mt[c3]), t_mx[c3]));
+  for (int e = tid; e < 1; e += 128) {
+    t_ws[0] = op_exp(op_sub(ld_f(s_mt[0]), t_mx[0]));
   }
   __syncthreads();
-  for (int e = tid; e < 192; e += 128) {
-    const int c3 = e / 64;
-    const int c4 = (e) % 64;
+  for (int e = tid; e < 64; e += 128) {
+    const int c4 = e;
     float r = 0.0f;
     for (int j = 0; j < 1; ++j) {
-      r += op_mul(ld_f(s_ot[c3 * 64 + c4]), t_ws[c3]);
+      r += op_mul(ld_f(s_ot[c4]), t_ws[0]);
     }
-    t_num[c3 * 64 + c4] = r;
+    t_num[c4] = r;
   }
   __syncthreads();
-  for (int e = tid; e < 3; e += 128) {
-    const int c3 = e;
+  for (int e = tid; e < 1; e += 128) {
     float r = 0.0f;
     for (int j = 0; j < 1; ++j) {
-      r += op_mul(ld_f(s_lt[c3]), t_ws[c3]);
+      r += op_mul(ld_f(s_lt[0]), t_ws[0]);
     }
-    t_den[c3] = r;
+    t_den[0] = r;
   }
   __syncthreads();
-  for (int e = tid; e < 192; e += 128) {
-    const int c3 = e / 64;
-    const int c4 = (e) % 64;
-    t_y[c3 * 64 + c4] = op_div(t_num[c3 * 64 + c4], t_den[c3]);
+  for (int e = tid; e < 64; e += 128) {
+    const int c4 = e;
+    t_y[c4] = op_div(t_num[c4], t_den[0]);
   }
   __syncthreads();
   for (int it = 0; it < 1; ++it) {
     __syncthreads();  // the next iteration overwrites this one's tiles
   }
-  for (int e = tid; e < 192; e += 128) {
-    const int c3 = e / 64;
-    const int c4 = (e) % 64;
-    o0[(long long)(blockIdx.x * 1) * 384 + (long long)(blockIdx.y * 1) * 192 + (long long)(c3) * 64 + (long long)(c4)] = st_f<__half>(rnd_float16(t_y[c3 * 64 + c4]));
+  for (int e = tid; e < 64; e += 128) {
+    const int c4 = e;
+    o0[(long long)(blockIdx.x * 1) * 384 + (long long)(blockIdx.y * 1) * 192 + (long long)(blockIdx.z * 1) * 64 + (long long)(c4)] = st_f<__half>(rnd_float16(t_y[c4]));
   }
 }
