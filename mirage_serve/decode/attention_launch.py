@@ -19,7 +19,6 @@ from superopt.runtime.grid_dependency import applies
 from .attention_kernels import BLOCK_N, _attend_split, _combine
 
 
-
 @dataclass(frozen=True)
 class LaunchPlan:
     """How ``_attend_split`` is cut and launched (benchmarks/sweep_attention.py measures others)."""

@@ -53,7 +53,7 @@ def _bound_matches(cg, xs, outs) -> bool:
     return all(torch.equal(g, o) for g, o in zip(got, outs)) and len(got) == len(outs)
 
 
-def run_paired(case_id: str, dtype: str, seed: int = 0) -> float | str:
+def run_paired(case_id: str, dtype: str, seed: int = 0) -> float:
     """Two instances of the case's graph in one paired launch (``PairedGraph``): the first input
     shared and given per call, every other input drawn for each instance; the larger relative
     error of the two instances against their float64 evaluations."""
