@@ -31,6 +31,56 @@ def test_the_llama_style_layers_are_recognized(classes):
     assert _unsupported(*classes) is None
 
 
+class _OldSpellingLayer(LlamaDecoderLayer):  # transformers 5.17-5.23 (whichever release is installed)
+    def forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
+                use_cache=False, position_embeddings=None, **kwargs):
+        residual = hidden_states
+        hidden_states = self.input_layernorm(hidden_states)
+        hidden_states, _ = self.self_attn(
+            hidden_states=hidden_states,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            use_cache=use_cache,
+            position_embeddings=position_embeddings,
+            **kwargs,
+        )
+        hidden_states = residual + hidden_states
+        residual = hidden_states
+        hidden_states = self.post_attention_layernorm(hidden_states)
+        hidden_states = self.mlp(hidden_states)
+        hidden_states = residual + hidden_states
+        return hidden_states
+
+
+class _NewSpellingLayer(LlamaDecoderLayer):  # transformers 5.24+: the cache argument is ``cache``
+    def forward(self, hidden_states, attention_mask=None, position_ids=None, cache=None,
+                use_cache=False, position_embeddings=None, **kwargs):
+        residual = hidden_states
+        hidden_states = self.input_layernorm(hidden_states)
+        hidden_states, _ = self.self_attn(
+            hidden_states=hidden_states,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            use_cache=use_cache,
+            position_embeddings=position_embeddings,
+            **kwargs,
+        )
+        hidden_states = residual + hidden_states
+        residual = hidden_states
+        hidden_states = self.post_attention_layernorm(hidden_states)
+        hidden_states = self.mlp(hidden_states)
+        hidden_states = residual + hidden_states
+        return hidden_states
+
+
+@pytest.mark.parametrize("layer_cls", [_OldSpellingLayer, _NewSpellingLayer])
+def test_the_layer_forward_is_recognized_under_both_cache_spellings(layer_cls):
+    # whichever transformers is installed, both releases' layer text is fused (CI and the GPU differ)
+    assert _unsupported(layer_cls, LlamaAttention, LlamaMLP) is None
+
+
 def test_other_layers_and_changed_returns_are_refused():
     assert "Gemma2DecoderLayer.forward is not" in _unsupported(Gemma2DecoderLayer, Gemma2Attention, Gemma2MLP)
     assert "Phi3DecoderLayer.forward is not" in _unsupported(Phi3DecoderLayer, Phi3Attention, Phi3MLP)
