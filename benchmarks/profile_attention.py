@@ -61,6 +61,14 @@ def handwritten(kw: dict, dtype: torch.dtype, plan=None):
     return call, xs
 
 
+def attention_rows(only: str):
+    """bench_blocks' decode-attention rows (label, name, kw, dtype) whose label holds one of the
+    comma-separated substrings ``only``."""
+    for label, name, kw, dt in llama_rows():
+        if name == "decode_attention" and any(s in label for s in only.split(",")):
+            yield label, name, kw, dt
+
+
 def report(label: str, name: str, fn, xs, bw: float) -> None:
     sets = rotated_sets(xs)
     us = time_call(fn, sets, graph=True)
@@ -80,9 +88,7 @@ def main() -> None:
     print(f"device: {torch.cuda.get_device_name()}; copy bandwidth {bw / 1e12:.2f} TB/s\n")
     print("| row | kernels | graph µs | % copy BW | floor µs | device µs per kernel (profiler) |")
     print("|---|---|---|---|---|---|")
-    for label, name, kw, dt in llama_rows():
-        if name != "decode_attention" or not any(s in label for s in args.only.split(",")):
-            continue
+    for label, name, kw, dt in attention_rows(args.only):
         fx, cands = candidates(name, kw, dt)
         xs = make_inputs(fx, dt, name)
         for g in cands[:args.max_candidates]:

@@ -14,8 +14,7 @@ import itertools
 
 import torch
 
-from benchmarks.bench_blocks import llama_rows
-from benchmarks.profile_attention import handwritten
+from benchmarks.profile_attention import attention_rows, handwritten
 from mirage_serve.decode.attention_launch import DEFAULT_PLAN, LaunchPlan
 from superopt.runtime.timing import copy_bandwidth, rotated_sets, time_call
 
@@ -36,9 +35,7 @@ def main() -> None:
     print(f"device: {torch.cuda.get_device_name()}; copy bandwidth {bw / 1e12:.2f} TB/s; {len(plans)} plans\n")
     print("| row | plan (waves, block_n, warps, stages) | graph µs | % copy BW | vs default |")
     print("|---|---|---|---|---|")
-    for label, name, kw, dt in llama_rows():
-        if name != "decode_attention" or not any(s in label for s in args.only.split(",")):
-            continue
+    for label, _, kw, dt in attention_rows(args.only):
         timed = {}
         for plan in plans:
             fn, xs = handwritten(kw, getattr(torch, dt), plan)

@@ -78,8 +78,9 @@ class DecodeRunner:
         input_ids = kwargs.get("input_ids", args[0] if args else None)
         needed = self._needed_length(input_ids, kwargs)
         beams = kwargs.get("num_beams") or self.model.generation_config.num_beams or 1
-        if cache_of(kwargs) is not None or needed is None or self.model.training or beams != 1:
-            self.count_path("hf", "own cache" if cache_of(kwargs) is not None
+        own_cache = cache_of(kwargs) is not None
+        if own_cache or needed is None or self.model.training or beams != 1:
+            self.count_path("hf", "own cache" if own_cache
                             else "unknown length" if needed is None
                             else "training" if self.model.training else "beams")
             return self._generate(*args, **kwargs)
