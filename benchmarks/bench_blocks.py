@@ -32,6 +32,7 @@ from tests.fixtures.ugraphs import FIXTURES
 
 TOL = {"bfloat16": 1e-2, "float16": 2e-3}
 ATTN = {"gqa", "qknorm", "decode_attention"}
+SPLIT_K_RMSNORM = {"rmsnorm_matmul", "llama_qkv"}
 
 
 def paper_rows(dtype: str):
@@ -89,7 +90,7 @@ def search_rows(rows: list, seconds: float, workers: int) -> list:
 
 def candidates(name: str, kw: dict, dtype: str, found: tuple[str, ...] = ()) -> tuple:
     """The fixture, the search's μGraphs ``found`` (text, from ``searched``) then the fixture's own
-    μGraph and its re-tilings (KV splits and tiles for attention)."""
+    μGraph and its re-tilings (KV splits and tiles for attention; split-K for RMSNorm at few rows)."""
     fx = FIXTURES[name](dtype=dtype, **kw)
     out = [from_text(t) for t in found] + [fx.ugraph]
     if name in ATTN:
@@ -100,7 +101,13 @@ def candidates(name: str, kw: dict, dtype: str, found: tuple[str, ...] = ()) -> 
             except ValueError:
                 continue
         return fx, out
-    return fx, out + dense_tilings(fx.ugraph, keep=3)
+    out += dense_tilings(fx.ugraph, keep=3)
+    # split-K variants of the RMSNorm GEMVs hold the whole rows of x in registers (64 values a thread
+    # at 4 warps for 8192): offered for decode's fewest rows only
+    if name in SPLIT_K_RMSNORM and kw["rows"] * kw["hidden"] <= 8192:
+        for parts in (2, 4):
+            out += dense_tilings(FIXTURES[name](dtype=dtype, split_k=parts, **kw).ugraph, keep=2)
+    return fx, out
 
 
 def make_inputs(fx, dtype: str, name: str) -> list[torch.Tensor]:

@@ -97,13 +97,16 @@ def split_kv_tilings(g: KernelGraph, sms: int = 132, kv_tiles=(32, 64, 128)) -> 
     return out
 
 
-def dense_tilings(g: KernelGraph, n_tiles=(32, 48, 64, 128), k_tiles=(128, 256, 512), sms: int = 132,
+def dense_tilings(g: KernelGraph, n_tiles=(16, 32, 48, 64, 128), k_tiles=(128, 256, 512), sms: int = 132,
                   keep: int = 2) -> list[KernelGraph]:
     """Re-tilings of a one-kernel graph whose block splits output columns on grid y and walks K.
 
-    Tiles of N / grid_y columns and K / forloop rows, keeping grid x and z. Decode GEMVs are
-    memory-bound, so what matters is keeping every SM streaming: the ``keep`` column tilings
-    whose block count fills whole waves of ``sms`` best, each with every K tile.
+    Tiles of N / grid_y columns and K / forloop rows (of each block's part of K), keeping grid x (1)
+    and z (1, or the number of K parts of a split-K graph). Decode GEMVs are memory-bound, so what
+    matters is keeping every SM streaming: the ``keep`` column tilings whose block count fills
+    whole waves of ``sms`` best, each with every K tile. Tiles as narrow as 16 columns are offered
+    because 6144 columns (Llama-3-8B qkv) fill 132 SMs evenly only as 128 or 384 blocks, and the
+    128-block tiling lost to torch.compile at 8 rows (fourteenth session).
     """
     idx = [i for i, n in enumerate(g.nodes) if n.op == "customized"]
     if len(idx) != 1:
@@ -111,13 +114,15 @@ def dense_tilings(g: KernelGraph, n_tiles=(32, 48, 64, 128), k_tiles=(128, 256, 
     n = g.nodes[idx[0]]
     b = n.block
     y_dims = {g.type_of(n.args[i.source]).shape[i.imap[1]] for i in b.inputs if i.imap[1] != -1}
-    k_dims = {g.type_of(n.args[i.source]).shape[i.fmap] for i in b.inputs if i.fmap != -1}
-    if len(y_dims) != 1 or len(k_dims) != 1 or b.grid[0] != 1 or b.grid[2] != 1:
+    # the length each block's loop walks: K, or K / grid z where z cuts K too (split-K)
+    k_dims = {g.type_of(n.args[i.source]).shape[i.fmap] // (b.grid[2] if i.imap[2] == i.fmap else 1)
+              for i in b.inputs if i.fmap != -1}
+    if len(y_dims) != 1 or len(k_dims) != 1 or b.grid[0] != 1:
         return []
     (N,), (K,) = y_dims, k_dims
 
     def fill(bn: int) -> float:  # fraction of SM-slots busy over the waves the grid needs
-        blocks = N // bn
+        blocks = N // bn * b.grid[2]
         return blocks / (-(-blocks // sms) * sms)
     widths = sorted((bn for bn in n_tiles if N % bn == 0), key=lambda bn: (-fill(bn), -bn))[:keep]
     out = []
@@ -126,7 +131,7 @@ def dense_tilings(g: KernelGraph, n_tiles=(32, 48, 64, 128), k_tiles=(128, 256, 
             if K % bk:
                 continue
             try:
-                out.append(retile(g, idx[0], (1, N // bn, 1), K // bk))
+                out.append(retile(g, idx[0], (1, N // bn, b.grid[2]), K // bk))
             except (GraphError, TilingError, ShapeError):
                 continue
     return out

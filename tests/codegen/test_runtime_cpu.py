@@ -88,13 +88,18 @@ def _same_function(a, b, fx, seed=3):
     return all(np.allclose(p, q, rtol=1e-10, atol=1e-10) for p, q in zip(ya, yb))
 
 
-@pytest.mark.parametrize("name", ["rmsnorm_matmul", "llama_qkv", "rmsnorm_gated_mlp", "lora", "matmul_residual"])
-def test_dense_retilings_keep_the_function(name):
-    fx = FIXTURES[name](hidden=512, **({"inter": 256} if "mlp" in name else {"out": 384}))
+@pytest.mark.parametrize("name, split_k", [("rmsnorm_matmul", 1), ("llama_qkv", 1), ("rmsnorm_gated_mlp", 1),
+                                           ("lora", 1), ("matmul_residual", 1), ("rmsnorm_matmul", 2),
+                                           ("llama_qkv", 4)])
+def test_dense_retilings_keep_the_function(name, split_k):
+    kw = {"inter": 256} if "mlp" in name else {"out": 384}
+    fx = FIXTURES[name](hidden=1024, **kw, **({"split_k": split_k} if split_k > 1 else {}))
     variants = dense_tilings(fx.ugraph, n_tiles=(32, 64, 128), k_tiles=(128, 256), sms=4, keep=3)
     assert len(variants) >= 3
-    grids = {(v.customized_nodes()[0].block.grid, v.customized_nodes()[0].block.forloop) for v in variants}
-    assert len(grids) == len(variants)
+    blocks = {(v.customized_nodes()[0].block.grid, v.customized_nodes()[0].block.forloop) for v in variants}
+    assert len(blocks) == len(variants)
+    for (grid, forloop) in blocks:  # the K parts kept, the loop walking each part in 128 or 256 rows
+        assert grid[2] == split_k and 1024 // split_k // forloop in (128, 256)
     for v in variants:
         assert _same_function(fx.ugraph, v, fx)
 

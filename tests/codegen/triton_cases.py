@@ -9,6 +9,9 @@ ODD = [
     ("matmul_residual_odd", "matmul_residual", dict(rows=5, hidden=73, out=42)),
     ("ntrans_odd", "ntrans", dict(rows=3, hidden=73)),
     ("decode_attention_odd", "decode_attention", dict(batch=3, q_heads=6, kv_heads=2, head_dim=16, kv_len=96)),
+    # split-K RMSNorm: K in parts over grid z, each block's rms from its whole rows, the parts summed
+    ("rmsnorm_matmul_split_k", "rmsnorm_matmul", dict(rows=3, hidden=90, out=70, split_k=3)),
+    ("llama_qkv_split_k", "llama_qkv", dict(rows=2, hidden=128, out=40, split_k=2)),
 ]
 # x @ W^T with W stored [N, K] (an HF Linear), K in a for-loop: one output element a block (the
 # decode GEMV the search picks for Qwen2.5-0.5B mlp_out at m=1, tests/codegen/ugraphs, small), or
