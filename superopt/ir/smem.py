@@ -8,7 +8,8 @@ dims ≥ 16). Measured against ``metadata.shared`` of sm_90 builds (tests/codege
   elementwise ops, casts, transposes) feeds a ``tl.dot`` is copied ahead by ``cp.async`` into
   ``num_stages − 1`` buffers of its padded tile, in its dtype; all of them live the whole loop.
 * **small-M matmuls** (``padding.fma_matmul``) are no ``tl.dot``: a broadcast product in registers
-  and a ``tl.sum``, whose cross-warp reduction is scratch (below).
+  and a ``tl.sum``, whose cross-warp reduction is scratch (below), as is the conversion of an
+  operand to the product's layout (seen for a split-K block's [32, 16] weight tile: 2 KB float32).
 * **dot operands**: a ``tl.dot`` operand that is not a pipelined load passed as loaded (no mask
   along K, no dtype conversion) is written to shared memory
   (layout conversion to the MMA operand layout): padded A + padded B in the dot's input dtype.
@@ -87,9 +88,11 @@ def triton_smem_bytes(b: BlockGraph, num_warps: int | None = None, num_stages: i
     persistent, transient = 0, 0
     for n in b.nodes:
         cat = op_info(n.op).category
-        if n.out.name in fma:  # broadcast product + tl.sum over K: a cross-warp reduction at most
+        if n.out.name in fma:  # broadcast product + tl.sum over K: a cross-warp reduction, and an
+            # operand converted (in float32) to the product's layout where its load's layout differs
             pm, pk = pad[n.args[0]]
-            transient = max(transient, pm * pad[n.out.name][1] * min(num_warps, pk) * 4)
+            operand = max(math.prod(pad[a]) for a in n.args) * 4
+            transient = max(transient, pm * pad[n.out.name][1] * min(num_warps, pk) * 4, operand)
         elif cat is Category.MATMUL:
             need = 0
             in_loop = b.forloop > 1 and n.out.name not in invariant
