@@ -102,9 +102,7 @@ def candidates(name: str, kw: dict, dtype: str, found: tuple[str, ...] = ()) -> 
                 continue
         return fx, out
     out += dense_tilings(fx.ugraph, keep=3)
-    # split-K variants of the RMSNorm GEMVs hold the whole rows of x in registers (64 values a thread
-    # at 4 warps for 8192): offered for decode's fewest rows only
-    if name in SPLIT_K_RMSNORM and kw["rows"] * kw["hidden"] <= 8192:
+    if name in SPLIT_K_RMSNORM:
         for parts in (2, 4):
             out += dense_tilings(FIXTURES[name](dtype=dtype, split_k=parts, **kw).ugraph, keep=2)
     return fx, out

@@ -492,9 +492,8 @@ def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph, prefetch: b
         if inp.fmap == -1:
             k.load(inp, arg_shapes[inp.source], 1)
     accums = [n for n in b.nodes if op_info(n.op).category is Category.ACCUM]
-    late = _post_only(b, var)
     for n in b.nodes:
-        if var[n.out.name] == Variance.PRE and n.out.name not in late:
+        if var[n.out.name] == Variance.PRE:
             k.node(n, 1)
     deferred = _deferred_sums(b, var, k.fma)
     for n in accums:
@@ -543,7 +542,7 @@ def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph, prefetch: b
         x = f"tl.where({m}, {k.var[name]}_el, 0.0)" if m else f"{k.var[name]}_el"
         k.emit(f"{k.var[name]} = tl.sum({x}, axis={dim}, keep_dims={bool(r.attr('keepdim'))})", 1)
     for n in b.nodes:
-        if n.out.name in late or (var[n.out.name] == Variance.POST and op_info(n.op).category is not Category.ACCUM):
+        if var[n.out.name] == Variance.POST and op_info(n.op).category is not Category.ACCUM:
             k.node(n, 1)
     for j, o in enumerate(b.outputs):
         k.store(f"w{j}_ptr" if atomic[j] else f"o{j}_ptr", o, node.outs[j].type.shape, atomic[j])
@@ -555,25 +554,6 @@ def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph, prefetch: b
     text = f"@triton.jit\ndef {kname}({', '.join(params)}):\n{body}\n"
     spec = dataclasses.replace(spec, grid=grid)
     return spec, text + "\n" + _launcher(spec) + "\n"
-
-
-def _post_only(b: BlockGraph, var: dict[str, str]) -> set[str]:
-    """Loop-invariant values that only values after the loop use (a split-K block's rms of its whole
-    rows): computed after the loop, so their inputs' loads — issued before it — wait behind the
-    loop's streaming instead of delaying its first tile by a memory latency. (Constants stay where
-    they are: they cost nothing anywhere.)"""
-    users: dict[str, set[str]] = {}
-    for n in b.nodes:
-        for a in n.args:
-            users.setdefault(a, set()).add(n.out.name)
-    stored = {o.value for o in b.outputs}
-    late: set[str] = set()
-    for n in reversed(b.nodes):
-        name = n.out.name
-        if var[name] == Variance.PRE and n.args and name not in stored and users.get(name) and all(
-                u in late or var[u] == Variance.POST for u in users[name]):
-            late.add(name)
-    return late
 
 
 def _deferred_sums(b: BlockGraph, var: dict[str, str], fma: set[str]) -> dict[str, Node]:

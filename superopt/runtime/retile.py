@@ -114,12 +114,13 @@ def dense_tilings(g: KernelGraph, n_tiles=(16, 32, 48, 64, 128), k_tiles=(128, 2
     n = g.nodes[idx[0]]
     b = n.block
     y_dims = {g.type_of(n.args[i.source]).shape[i.imap[1]] for i in b.inputs if i.imap[1] != -1}
-    # the length each block's loop walks: K, or K / grid z where z cuts K too (split-K)
+    # the lengths blocks' loops walk: K, or K / grid z where z cuts K too (split-K; a split-K
+    # RMSNorm walks its part of K for the product and the whole rows for the rms in one loop)
     k_dims = {g.type_of(n.args[i.source]).shape[i.fmap] // (b.grid[2] if i.imap[2] == i.fmap else 1)
               for i in b.inputs if i.fmap != -1}
-    if len(y_dims) != 1 or len(k_dims) != 1 or b.grid[0] != 1:
+    if len(y_dims) != 1 or not k_dims or b.grid[0] != 1:
         return []
-    (N,), (K,) = y_dims, k_dims
+    (N,), K = y_dims, min(k_dims)
 
     def fill(bn: int) -> float:  # fraction of SM-slots busy over the waves the grid needs
         blocks = N // bn * b.grid[2]
