@@ -167,3 +167,37 @@ def test_torch_domain_in_model_dtype(name, dtype):
     assert rel(got.double().numpy(), ref) < TORCH_TOL[dtype]
     for label, g in mutants(fx):  # mutants stay check()-valid in every dtype
         assert g.output_types == fx.ugraph.output_types, label
+
+
+# Split-K RMSNorm GEMVs (grid z cuts K, the parts summed across blocks, the rms over the whole rows
+# walked by the same loop): odd widths, one loop iteration, the paper's b1 shape.
+SPLIT_K = [
+    ("rmsnorm_matmul", dict(rows=3, hidden=224, out=73, split_k=2)),
+    ("llama_qkv", dict(rows=3, hidden=112, out=144, split_k=4)),
+    ("llama_qkv", dict(rows=1, hidden=96, out=40, split_k=3)),
+    ("rmsnorm_matmul", dict(rows=2, hidden=4096, out=6144, split_k=4)),
+]
+
+
+@pytest.mark.parametrize("name,kw", SPLIT_K, ids=[f"{n}-k{kw['hidden']}-s{kw['split_k']}" for n, kw in SPLIT_K])
+def test_split_k_rmsnorm_matches_reference_and_mutants_differ(name, kw):
+    fx = FIXTURES[name](**kw)
+    (blk,) = [n.block for n in fx.ugraph.customized_nodes()]
+    assert blk.grid[2] == kw["split_k"] and blk.outputs[0].reduce == "sum"
+    xs = random_inputs(fx, np.random.default_rng(13))
+    (ref,) = fx.reference(xs)
+    assert rel(evaluate(fx.ugraph, xs, NumpyDomain())[0], ref) < TOL
+    for label, g in mutants(fx):
+        assert rel(evaluate(g, xs, NumpyDomain())[0], ref) > 1e-3, f"{name} mutant {label} computes the reference"
+
+
+def test_split_k_rmsnorm_fits_sm90_at_llama_qkv_b8():
+    fx = FIXTURES["llama_qkv"](rows=8, hidden=4096, out=6144, dtype="bfloat16", split_k=4)
+    check(fx.ugraph, arch="sm_90")
+    assert shared_memory_bytes(fx.ugraph.customized_nodes()[0].block) <= SMEM_BUDGET["sm_90"]
+
+
+@pytest.mark.parametrize("split_k", [0, 5])
+def test_split_k_must_divide_hidden(split_k):
+    with pytest.raises(ValueError, match=f"split_k={split_k} must be a positive divisor of hidden=96"):
+        FIXTURES["rmsnorm_matmul"](hidden=96, split_k=split_k)
