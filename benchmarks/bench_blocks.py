@@ -90,7 +90,7 @@ def search_rows(rows: list, seconds: float, workers: int) -> list:
 
 def candidates(name: str, kw: dict, dtype: str, found: tuple[str, ...] = ()) -> tuple:
     """The fixture, the search's μGraphs ``found`` (text, from ``searched``) then the fixture's own
-    μGraph and its re-tilings (KV splits and tiles for attention; split-K for RMSNorm at few rows)."""
+    μGraph and its re-tilings (KV splits and tiles for attention; split-K for the RMSNorm GEMVs)."""
     fx = FIXTURES[name](dtype=dtype, **kw)
     out = [from_text(t) for t in found] + [fx.ugraph]
     if name in ATTN:
