@@ -15,76 +15,67 @@ Prints µs per call (median of CUDA-event-timed CUDA-graph replays, weights rota
 from __future__ import annotations
 
 import argparse
-import itertools
-import statistics
-
 import torch
 import triton
 import triton.language as tl
 
+from superopt.runtime.timing import copy_bandwidth, rotated_sets, time_call
+
 
 @triton.jit
-def _x_wt(x_ptr, w_ptr, y_ptr, M, N: tl.constexpr, K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-          BK: tl.constexpr):
+def _gemv(x_ptr, w_ptr, y_ptr, M, N: tl.constexpr, K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+          BK: tl.constexpr, SWAP: tl.constexpr, NK: tl.constexpr, RMS: tl.constexpr, ROUNDTRIP: tl.constexpr):
+    """y = x · Wᵀ (``NK``: W [N, K]) or x · W (W [K, N]); ``SWAP``: as (W·xᵀ)ᵀ. ``RMS``: also the sum
+    of squares of x's rows, 1: summed elementwise into a [BM, BK] accumulator and reduced after the loop
+    (what the renderer emits), 2: reduced every iteration, 3: as 1 from a second load of x. ``ROUNDTRIP``:
+    the weight tile widened to float32, transposed, narrowed again before the dot."""
     pid = tl.program_id(0)
     rm = tl.arange(0, BM)
     rn = pid * BN + tl.arange(0, BN)
     rk = tl.arange(0, BK)
-    acc = tl.zeros([BM, BN], tl.float32)
+    acc = tl.zeros([BN, BM] if SWAP else [BM, BN], tl.float32)
+    sq_el = tl.zeros([BM, BK], tl.float32)
+    sq = tl.zeros([BM, 1], tl.float32)
     for i in range(K // BK):
-        x = tl.load(x_ptr + rm[:, None] * K + (i * BK + rk)[None, :], mask=rm[:, None] < M, other=0.0)
-        w = tl.load(w_ptr + rn[:, None] * K + (i * BK + rk)[None, :], mask=rn[:, None] < N, other=0.0)
-        acc += tl.dot(x, tl.trans(w))
-    tl.store(y_ptr + rm[:, None] * N + rn[None, :], acc.to(y_ptr.dtype.element_ty),
-             mask=(rm[:, None] < M) & (rn[None, :] < N))
-
-
-@triton.jit
-def _w_xt(x_ptr, w_ptr, y_ptr, M, N: tl.constexpr, K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-          BK: tl.constexpr):
-    pid = tl.program_id(0)
-    rm = tl.arange(0, BM)
-    rn = pid * BN + tl.arange(0, BN)
-    rk = tl.arange(0, BK)
-    acc = tl.zeros([BN, BM], tl.float32)
-    for i in range(K // BK):
-        x = tl.load(x_ptr + rm[:, None] * K + (i * BK + rk)[None, :], mask=rm[:, None] < M, other=0.0)
-        w = tl.load(w_ptr + rn[:, None] * K + (i * BK + rk)[None, :], mask=rn[:, None] < N, other=0.0)
-        acc += tl.dot(w, tl.trans(x))
-    out = tl.trans(acc)
+        xp = x_ptr + rm[:, None] * K + (i * BK + rk)[None, :]
+        x = tl.load(xp, mask=rm[:, None] < M, other=0.0)
+        if NK:
+            w = tl.load(w_ptr + rn[:, None] * K + (i * BK + rk)[None, :])
+            if ROUNDTRIP:
+                w = tl.trans(w.to(tl.float32)).to(x.dtype)
+            else:
+                w = tl.trans(w)
+        else:
+            w = tl.load(w_ptr + (i * BK + rk)[:, None] * N + rn[None, :])
+        if SWAP:
+            acc += tl.dot(tl.trans(w), tl.trans(x))
+        else:
+            acc += tl.dot(x, w)
+        if RMS == 1:
+            xf = x.to(tl.float32)
+            sq_el += xf * xf
+        elif RMS == 2:
+            xf = x.to(tl.float32)
+            sq += tl.sum(xf * xf, axis=1, keep_dims=True)
+        elif RMS == 3:
+            xf = tl.load(xp, mask=rm[:, None] < M, other=0.0).to(tl.float32)
+            sq_el += xf * xf
+    out = tl.trans(acc) if SWAP else acc
+    if RMS == 1 or RMS == 3:
+        sq = tl.sum(sq_el, axis=1, keep_dims=True)
+    if RMS:
+        out = out * tl.rsqrt(sq / K + 1e-6)
     tl.store(y_ptr + rm[:, None] * N + rn[None, :], out.to(y_ptr.dtype.element_ty),
              mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
-def graph_us(fn, sets: int, reps: int = 20) -> float:
-    """Median µs per call of ``fn(i)`` over CUDA-graph replays cycling ``sets`` input sets."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for i in range(sets):
-            fn(i)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(sets):
-            fn(i)
-    g.replay()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / sets)
-    return statistics.median(times)
-
-
-def copy_gbs() -> float:
-    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    us = graph_us(lambda i: dst.copy_(src), 1)
-    return 2 * src.numel() / us / 1e3
+VARIANTS = {  # name: (SWAP, NK, RMS, ROUNDTRIP)
+    "x·Wᵀ": (0, 1, 0, 0), "(W·xᵀ)ᵀ": (1, 1, 0, 0), "x·W [K,N]": (0, 0, 0, 0),
+    "x·Wᵀ rms el": (0, 1, 1, 0), "x·Wᵀ rms row": (0, 1, 2, 0), "x·Wᵀ rms el reload": (0, 1, 3, 0),
+    "x·Wᵀ rms el f32 trans": (0, 1, 1, 1), "(W·xᵀ)ᵀ rms el": (1, 1, 1, 0), "(W·xᵀ)ᵀ rms row": (1, 1, 2, 0),
+    "x·W [K,N] rms el": (0, 0, 1, 0), "x·W [K,N] rms row": (0, 0, 2, 0), "(W·xᵀ)ᵀ [K,N] rms row": (1, 0, 2, 0),
+}
+LAUNCHES = [(bn, bk, w, s) for bn in (64,) for bk in (128, 256) for w in (2, 4, 8) for s in (3, 4)]
 
 
 def main() -> None:
@@ -93,54 +84,46 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=4096)
     ap.add_argument("--n", type=int, default=6144)
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--only", default="", help="comma-separated variant names (default: all)")
     a = ap.parse_args()
     dt = getattr(torch, a.dtype)
     M, K, N = a.rows, a.k, a.n
-    sets = max(2, -(-200 * 2**20 // (N * K * 2)))  # weight sets: > 2x the 50-60 MB L2 each replay
-    ws = [torch.randn(N, K, device="cuda", dtype=dt) * 0.02 for _ in range(sets)]
-    xs = [torch.randn(M, K, device="cuda", dtype=dt) for _ in range(sets)]
-    ys = [torch.empty(M, N, device="cuda", dtype=dt) for _ in range(sets)]
-    copy = copy_gbs()
+    w_nk = torch.randn(N, K, device="cuda", dtype=dt) * 0.02
+    inputs = [torch.randn(M, K, device="cuda", dtype=dt), w_nk, w_nk.t().contiguous(),
+              torch.empty(M, N, device="cuda", dtype=dt)]
+    sets = rotated_sets(inputs)
+    copy = copy_bandwidth() / 1e9
     nbytes = N * K * 2 + M * (K + N) * 2
-    ref = torch.nn.functional.linear(xs[0].double(), ws[0].double())
-
-    def row(name: str, us: float, err: float | None = None) -> None:
-        gbs = nbytes / us / 1e3
-        print(f"| {name} | {us:.1f} | {base / us:.2f}× | {gbs:.0f} | {100 * gbs / copy:.0f}% | "
-              f"{'' if err is None else f'{err:.1e}'} |", flush=True)
-
-    base = graph_us(lambda i: torch.nn.functional.linear(xs[i], ws[i], out=None), sets)
-    print(f"rows {M}, K {K}, N {N}, {a.dtype}; copy {copy:.0f} GB/s; {sets} weight sets of {N * K * 2 / 1e6:.1f} MB")
-    print("| kernel | µs | cuBLAS ÷ ours | GB/s | % copy BW | rel err |\n|---|---|---|---|---|---|")
-    row("cuBLAS F.linear", base)
-    kernels = {"x·Wᵀ": _x_wt, "(W·xᵀ)ᵀ": _w_xt}
-    results = []
-    for (name, kern), bn, bk, warps, stages in itertools.product(
-            kernels.items(), (32, 64, 128), (64, 128, 256), (4, 8), (3, 4, 5)):
-        if name == "(W·xᵀ)ᵀ" and bn < 64:
-            continue
-        if bn * bk * 2 * stages > 200 * 1024:
-            continue
-        grid = (triton.cdiv(N, bn),)
-        bm = max(16, triton.next_power_of_2(M))
-
-        def call(i, kern=kern, bn=bn, bk=bk, warps=warps, stages=stages, grid=grid, bm=bm):
-            kern[grid](xs[i], ws[i], ys[i], M, N, K, bm, bn, bk, num_warps=warps, num_stages=stages)
-        try:
-            call(0)
-            torch.cuda.synchronize()
-            err = ((ys[0].double() - ref).norm() / ref.norm()).item()
-            us = graph_us(call, sets)
-        except Exception as e:  # out of resources: not a candidate
-            print(f"| {name} bn{bn} bk{bk} w{warps}s{stages} | {type(e).__name__} | | | | |")
-            continue
-        results.append((us, name, bn, bk, warps, stages, err))
-    results.sort()
-    for us, name, bn, bk, warps, stages, err in results[:12]:
-        row(f"{name} bn{bn} bk{bk} w{warps}s{stages}", us, err)
-    for name in kernels:
-        best = next(r for r in results if r[1] == name)
-        print(f"best {name}: {best[0]:.1f} µs (bn{best[2]} bk{best[3]} w{best[4]}s{best[5]})")
+    x64 = inputs[0].double()
+    plain = x64 @ w_nk.double().t()
+    normed = (x64 * torch.rsqrt(x64.pow(2).mean(1, keepdim=True) + 1e-6)) @ w_nk.double().t()
+    base = time_call(lambda x, w, wkn, y: torch.nn.functional.linear(x, w), sets)
+    print(f"rows {M}, K {K}, N {N}, {a.dtype}; copy {copy:.0f} GB/s; {len(sets)} input sets")
+    print("| kernel | best µs | launch (bn bk warps stages) | µs at bk256 w2s3 / w4s3 / w4s4 | cuBLAS ÷ best "
+          "| % copy BW | rel err |\n|---|---|---|---|---|---|---|")
+    print(f"| cuBLAS F.linear (no rms) | {base:.1f} | | | 1.00× | {100 * nbytes / base / 1e3 / copy:.0f}% | |")
+    only = [v for v in a.only.split(",") if v] or list(VARIANTS)
+    for name in only:
+        swap, nk, rms, roundtrip = VARIANTS[name]
+        ref = normed if rms else plain
+        times, err = {}, None
+        for bn, bk, warps, stages in LAUNCHES:
+            def call(x, w, wkn, y, bn=bn, bk=bk, warps=warps, stages=stages):
+                _gemv[(triton.cdiv(N, bn),)](x, w if nk else wkn, y, M, N, K, max(16, triton.next_power_of_2(M)),
+                                            bn, bk, swap, nk, rms, roundtrip, num_warps=warps, num_stages=stages)
+            try:
+                call(*sets[0])
+                torch.cuda.synchronize()
+                e = ((sets[0][3].double() - ref).norm() / ref.norm()).item()
+                err = e if err is None else max(err, e)
+                times[(bn, bk, warps, stages)] = time_call(call, sets)
+            except Exception:  # out of resources: not a candidate
+                continue
+        (bn, bk, warps, stages), best = min(times.items(), key=lambda kv: kv[1])
+        at = " / ".join(f"{times[(64, 256, w, s)]:.1f}" if (64, 256, w, s) in times else "—"
+                        for w, s in ((2, 3), (4, 3), (4, 4)))
+        print(f"| {name} | {best:.1f} | {bn} {bk} {warps} {stages} | {at} | {base / best:.2f}× | "
+              f"{100 * nbytes / best / 1e3 / copy:.0f}% | {err:.1e} |", flush=True)
 
 
 if __name__ == "__main__":
