@@ -32,6 +32,7 @@ from ..ir import (BlockGraph, Category, KernelGraph, Node, Variance, block_varia
                   reduced_axes)
 from ..ir.padding import fma_matmul, padded_shapes
 
+SWAP_MIN_COLS = 64  # a warpgroup's wgmma rows: a dot with fewer rows and this many columns is swapped
 TL_DTYPES = {"float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32"}
 _UNARY = {
     "exp": "tl.exp({0})",
@@ -180,10 +181,13 @@ class _Kernel:
         # B is transpose(w) reads w [N, K] as loaded (K contiguous) and the transpose is never emitted
         self.fma = {n.out.name for n in b.nodes if op_info(n.op).category is Category.MATMUL
                     and fma_matmul(self.real[n.args[0]], self.real[n.args[1]])}
+        # small-M tl.dots accumulated over the loop, written as (Bᵀ·Aᵀ)ᵀ: accumulator -> the matmul
+        self.swapped = _swapped_accums(b, self.producer, self.pad, self.fma)
+        swapped_dots = {n.args[0] for n in self.swapped.values()}
         self.nk: dict[str, str] = {}
         for n in b.nodes:
-            t = self.producer.get(n.args[1]) if n.out.name in self.fma else None
-            if t is not None and t.op == "transpose":
+            t = self.producer.get(n.args[1]) if n.out.name in self.fma | swapped_dots else None
+            if t is not None and t.op == "transpose" and len(self.real[t.args[0]]) == 2:
                 self.nk[n.out.name] = t.args[0]
         readers: dict[str, set[str]] = {}
         for n in b.nodes:
@@ -192,6 +196,9 @@ class _Kernel:
         outs = {o.value for o in b.outputs}
         self.skip |= {w for m, src in self.nk.items() for w in [self.producer[m].args[1]]
                       if w not in outs and readers[w] <= set(self.nk)}
+        # and the widening of w' that only those transposes read (the dots take w' as loaded)
+        self.skip |= {n.out.name for n in b.nodes if n.op == "cast" and n.out.name not in outs
+                      and readers.get(n.out.name) and readers[n.out.name] <= self.skip}
 
     def _only_feed_dots(self, b: BlockGraph) -> set[str]:
         """Widening casts read only by matmuls: the dots take the narrow value, so never emit them."""
@@ -330,6 +337,33 @@ class _Kernel:
         else:
             raise NotImplementedError(f"render_triton: no Triton form for block op {n.op!r}")
 
+    def dot_operand(self, v: str, kdim: int) -> str:
+        """``v`` as a ``tl.dot`` operand: in the dtype the μGraph declares, padding along K zeroed."""
+        if self.narrow:
+            v = self.unwidened(v)
+        rv, pv = self.real[v], list(self.pad[v])
+        want = self.narrow or "float32"
+        native = v in self.native
+        x = self.var[v] if native else self.f32(v)
+        m = _mask(rv, pv, [kdim])
+        if m:  # padding along K must contribute nothing, whatever garbage it holds
+            x = f"tl.where({m}, {x}, 0.0)"
+        if want != "float32" and (not native or m or self.dtype[v] != want):
+            x = f"{x}.to({TL_DTYPES[want]})"
+        return x
+
+    def swapped_dot(self, n: Node) -> str:
+        """``matmul(a, b)``ᵀ [N, M] as ``tl.dot(bᵀ, aᵀ)``: a decode GEMV's few rows (M padded to 16)
+        are the dot's N, the weight tile's columns its M, which makes the dot wgmma-eligible
+        (64 rows a warpgroup) instead of mma.sync on 16; an [N, K] weight (b = transpose(w)) is
+        the A operand as loaded. With the sum of squares of an RMSNorm in the same loop, the
+        x·W form ran at half the weight-streaming rate on an H200 (``benchmarks/probe_small_m_dot.py``)."""
+        a, b = n.args
+        w = self.nk.get(n.out.name)
+        lhs = self.dot_operand(w, 1) if w is not None else f"tl.trans({self.dot_operand(b, 0)})"
+        prec = "" if self.narrow else ', input_precision="ieee"'
+        return f"tl.dot({lhs}, tl.trans({self.dot_operand(a, 1)}), out_dtype=tl.float32{prec})"
+
     def matmul(self, n: Node, lhs: str, ind: int) -> None:
         """tl.dot on rank 2, or rank 3 with the batch dims flattened; unit batch dims dropped."""
         po = list(self.pad[n.out.name])
@@ -338,18 +372,7 @@ class _Kernel:
             batch *= e
         ops = []
         for j, v in enumerate(n.args):
-            if self.narrow:
-                v = self.unwidened(v)
-            rv, pv = self.real[v], list(self.pad[v])
-            kdim = len(rv) - 1 if j == 0 else len(rv) - 2
-            want = self.narrow or "float32"
-            native = v in self.native
-            x = self.var[v] if native else self.f32(v)
-            m = _mask(rv, pv, [kdim])
-            if m:  # padding along K must contribute nothing, whatever garbage it holds
-                x = f"tl.where({m}, {x}, 0.0)"
-            if want != "float32" and (not native or m or self.dtype[v] != want):
-                x = f"{x}.to({TL_DTYPES[want]})"
+            x, pv = self.dot_operand(v, len(self.real[v]) - (1 if j == 0 else 2)), list(self.pad[v])
             if batch > 1 and (len(pv) < len(po) or pv[:-2] != po[:-2]):
                 x = f"{x}[{', '.join(['None'] * (len(po) - len(pv)) + [':'] * len(pv))}]"
                 x = f"tl.broadcast_to({x}, {po[:-2] + pv[-2:]})"
@@ -502,6 +525,8 @@ def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph, prefetch: b
             r = deferred[n.out.name]
             shape = k.fma_shape(r) if r.op == "matmul" else list(k.pad[r.args[0]])
             k.emit(f"{k.name(n.out.name)}_el = tl.full({shape}, 0.0, tl.float32)", 1)
+        elif n.out.name in k.swapped:
+            k.emit(f"{k.name(n.out.name)}_t = tl.full({list(k.pad[n.out.name])[::-1]}, 0.0, tl.float32)", 1)
         else:
             k.emit(f"{k.name(n.out.name)} = tl.full({list(k.pad[n.out.name])}, {init}, tl.float32)", 1)
     rescaled_by = {n.args[1] for n in accums if n.op == "accum_sum_rescaled"}
@@ -523,12 +548,15 @@ def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph, prefetch: b
             k.load(inp, arg_shapes[inp.source], ind, it=f"((i + 1) % {b.forloop})", dst=f"{v}_next")
         else:
             k.load(inp, arg_shapes[inp.source], ind)
-    skipped = {r.out.name for r in deferred.values()}
+    skipped = {r.out.name for r in deferred.values()} | {n.args[0] for n in k.swapped.values()}
     for n in b.nodes:
         if n.out.name in deferred:
             acc, r = f"{k.var[n.out.name]}_el", deferred[n.out.name]
             term = k.fma_product(r) if r.op == "matmul" else k.f32(r.args[0])
             k.emit(f"{acc} = {acc} + {term}", ind)
+        elif n.out.name in k.swapped:
+            acc = f"{k.var[n.out.name]}_t"
+            k.emit(f"{acc} = {acc} + {k.swapped_dot(k.producer[n.args[0]])}", ind)
         elif op_info(n.op).category is Category.ACCUM:
             k.accumulate(n, ind)
         elif var[n.out.name] in (Variance.LOOP, Variance.RUNNING) and n.out.name not in skipped:
@@ -541,6 +569,8 @@ def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph, prefetch: b
         m = _mask(k.real[src], k.pad[src], [dim])
         x = f"tl.where({m}, {k.var[name]}_el, 0.0)" if m else f"{k.var[name]}_el"
         k.emit(f"{k.var[name]} = tl.sum({x}, axis={dim}, keep_dims={bool(r.attr('keepdim'))})", 1)
+    for name in k.swapped:
+        k.emit(f"{k.var[name]} = tl.trans({k.var[name]}_t)", 1)
     for n in b.nodes:
         if var[n.out.name] == Variance.POST and op_info(n.op).category is not Category.ACCUM:
             k.node(n, 1)
@@ -554,6 +584,30 @@ def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph, prefetch: b
     text = f"@triton.jit\ndef {kname}({', '.join(params)}):\n{body}\n"
     spec = dataclasses.replace(spec, grid=grid)
     return spec, text + "\n" + _launcher(spec) + "\n"
+
+
+def _swapped_accums(b: BlockGraph, producer: dict[str, Node], pad: dict[str, tuple[int, ...]],
+                    fma: set[str]) -> dict[str, Node]:
+    """accum_sum nodes fed only by a loop-variant rank-2 ``tl.dot`` of fewer than 64 (padded) rows
+    and at least 64 columns, mapped to the accum_sum: the kernel accumulates the product
+    transposed (``_Kernel.swapped_dot``) and transposes the sum once, after the loop."""
+    var = block_variance(b)
+    uses: dict[str, int] = {}
+    for n in b.nodes:
+        for a in n.args:
+            uses[a] = uses.get(a, 0) + 1
+    for o in b.outputs:
+        uses[o.value] = uses.get(o.value, 0) + 1
+    out = {}
+    for n in b.nodes:
+        r = producer.get(n.args[0]) if n.op == "accum_sum" else None
+        if (r is None or r.op != "matmul" or r.out.name in fma or uses[r.out.name] != 1
+                or var[r.out.name] != Variance.LOOP or len(pad[r.out.name]) != 2):
+            continue
+        rows, cols = pad[r.out.name]
+        if rows < SWAP_MIN_COLS <= cols:
+            out[n.out.name] = n
+    return out
 
 
 def _deferred_sums(b: BlockGraph, var: dict[str, str], fma: set[str]) -> dict[str, Node]:

@@ -1,6 +1,8 @@
 """The μGraph cases the Triton tests run: every fixture at its small default shape plus odd shapes."""
 from __future__ import annotations
 
+import dataclasses
+
 from tests.fixtures.ugraphs import FIXTURES
 
 # (case id, fixture name, builder kwargs): odd sizes make tiles of 1, 3, 5, 7 and masks everywhere
@@ -41,8 +43,19 @@ TEXT_CASES = {"gemv_nk": dict(k=96), "gemv_nk_odd": dict(k=90), "gemv_nk_cols": 
 # (two sets of counters, 2 + 3 tiles), with masked, padded tiles.
 FOUND_CASES = {"found_kv_split_k": "qwen05b_attn_in_1_m1", "two_way_sums": "row_and_column_sums"}
 
+# Fixtures re-tiled to blocks of 64+ output columns and fewer than 64 rows (case id -> fixture name,
+# kwargs, grid, forloop): the renderer accumulates those dots transposed, (W·xᵀ)ᵀ (wgmma-eligible).
+# Odd extents pad both the rows (5 -> 16) and the columns (65, 70 -> 128); [N, K] and [K, N] weights,
+# split-K, a residual added after the loop, and K tiles padded (30 -> 32).
+WIDE_CASES = {
+    "llama_qkv_wide": ("llama_qkv", dict(rows=5, hidden=96, out=130), (1, 2, 1), 3),
+    "rmsnorm_matmul_wide": ("rmsnorm_matmul", dict(rows=3, hidden=90, out=70), (1, 1, 1), 3),
+    "llama_qkv_split_k_wide": ("llama_qkv", dict(rows=6, hidden=128, out=64, split_k=2), (1, 1, 2), 2),
+    "matmul_residual_wide": ("matmul_residual", dict(rows=9, hidden=64, out=128), (1, 2, 1), 2),
+}
+
 CASES = [(name, name, {}) for name in FIXTURES] + ODD + [(c, c, {}) for c in TEXT_CASES] + \
-    [(c, c, {}) for c in FOUND_CASES]
+    [(c, c, {}) for c in FOUND_CASES] + [(c, c, {}) for c in WIDE_CASES]
 INTERP_DTYPES = ("float32", "float16")  # bf16 arithmetic is broken in the interpreter (DESIGN.md)
 
 
@@ -70,7 +83,19 @@ def _found(case_id: str, dtype: str):
     return Fixture(case_id, ugraph, ugraph, None)
 
 
+def _wide(case_id: str, dtype: str):
+    from superopt.runtime.retile import retile
+
+    name, kw, grid, forloop = WIDE_CASES[case_id]
+    fx = FIXTURES[name](dtype=dtype, **kw)
+    g = fx.ugraph
+    idx = next(i for i, n in enumerate(g.nodes) if n.op == "customized")
+    return dataclasses.replace(fx, ugraph=retile(g, idx, grid, forloop))
+
+
 def build(case_id: str, dtype: str):
+    if case_id in WIDE_CASES:
+        return _wide(case_id, dtype)
     if case_id in FOUND_CASES:
         return _found(case_id, dtype)
     if case_id in TEXT_CASES:
