@@ -2,6 +2,7 @@
 flash-decoding kernels that ``patch()`` runs, at bench_blocks' attention shapes.
 
     python benchmarks/profile_attention.py [--only "Llama-3-8B attn 4k b1,Qwen2.5-0.5B attn 4k b1"]
+    python benchmarks/profile_attention.py --suite paper --dtype float16 --only "GQA b1" --search-seconds 60
 
 Per candidate: the time of one call replayed in a CUDA graph over inputs rotated beyond L2 (as
 bench_blocks times it), its bytes as a share of the copy bandwidth measured in the same run, and
@@ -16,7 +17,8 @@ from collections import defaultdict
 
 import torch
 
-from benchmarks.bench_blocks import candidates, llama_rows, make_inputs
+from benchmarks.bench_blocks import ATTN, candidates, llama_rows, make_inputs, paper_rows, searched
+from superopt.codegen.triton import render_triton
 from superopt.runtime import compile_graph
 from superopt.runtime.timing import copy_bandwidth, rotated_sets, time_call
 
@@ -61,11 +63,12 @@ def handwritten(kw: dict, dtype: torch.dtype, plan=None):
     return call, xs
 
 
-def attention_rows(only: str):
-    """bench_blocks' decode-attention rows (label, name, kw, dtype) whose label holds one of the
-    comma-separated substrings ``only``."""
-    for label, name, kw, dt in llama_rows():
-        if name == "decode_attention" and any(s in label for s in only.split(",")):
+def attention_rows(only: str, suite: str = "llama", dtype: str = "bfloat16"):
+    """bench_blocks' attention rows (label, name, kw, dtype) of ``suite`` (llama: decode attention;
+    paper: GQA, QKNorm in ``dtype``) whose label holds one of the comma-separated substrings ``only``."""
+    rows = llama_rows() if suite == "llama" else paper_rows(dtype)
+    for label, name, kw, dt in rows:
+        if name in ATTN and any(s in label for s in only.split(",")):
             yield label, name, kw, dt
 
 
@@ -83,23 +86,30 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", default="attn", help="comma-separated substrings of bench_blocks' row labels")
     ap.add_argument("--max-candidates", type=int, default=6)
+    ap.add_argument("--suite", choices=("llama", "paper"), default="llama")
+    ap.add_argument("--dtype", default="bfloat16", help="the paper suite's")
+    ap.add_argument("--search-seconds", type=float, default=0.0, help="also the search's μGraphs, first")
+    ap.add_argument("--launch", default="", help="num_warps,num_stages for every kernel (default: the renderer's)")
     args = ap.parse_args()
+    launch = tuple(int(v) for v in args.launch.split(",")) if args.launch else None
     bw = copy_bandwidth()
     print(f"device: {torch.cuda.get_device_name()}; copy bandwidth {bw / 1e12:.2f} TB/s\n")
     print("| row | kernels | graph µs | % copy BW | floor µs | device µs per kernel (profiler) |")
     print("|---|---|---|---|---|---|")
-    for label, name, kw, dt in attention_rows(args.only):
-        fx, cands = candidates(name, kw, dt)
+    for label, name, kw, dt in attention_rows(args.only, args.suite, args.dtype):
+        fx, cands = candidates(name, kw, dt, searched(name, kw, dt, args.search_seconds))
         xs = make_inputs(fx, dt, name)
         for g in cands[:args.max_candidates]:
             blk = g.customized_nodes()[0].block
+            names = [k.name for k in render_triton(g).kernels]
             try:
-                report(label, f"μGraph grid {'x'.join(map(str, blk.grid))} f{blk.forloop}",
-                       compile_graph(g), xs, bw)
+                cg = compile_graph(g, launch={k: launch for k in names} if launch else None)
+                report(label, f"μGraph grid {'x'.join(map(str, blk.grid))} f{blk.forloop}", cg, xs, bw)
             except Exception as e:  # one failing candidate must not hide the others
                 print(f"| {label} | grid {blk.grid}: {type(e).__name__}: {str(e)[:120]} |", flush=True)
-        fn, hxs = handwritten(kw, getattr(torch, dt))
-        report(label, "hand-written (patch)", fn, hxs, bw)
+        if name == "decode_attention":
+            fn, hxs = handwritten(kw, getattr(torch, dt))
+            report(label, "hand-written (patch)", fn, hxs, bw)
 
 
 if __name__ == "__main__":
