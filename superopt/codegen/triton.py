@@ -257,7 +257,8 @@ class _Kernel:
         ptrs, mask = self.tile_ptrs(ptr, o, out_shape)
         val = f"{self.f32(o.value)}.to({ptr}.dtype.element_ty)"
         fn = "tl.atomic_add" if atomic else "tl.store"
-        self.emit(f"{fn}({ptrs}, {val}" + (f", mask={mask})" if mask else ")"), 1)
+        args = [ptrs, val] + ([f"mask={mask}"] if mask else []) + (['sem="relaxed"'] if atomic else [])
+        self.emit(f"{fn}({', '.join(args)})", 1)
 
     def finish_sums(self, summed: list[tuple[int, object, tuple[int, ...]]], reduced: tuple[int, ...],
                     first: int) -> None:
@@ -269,7 +270,11 @@ class _Kernel:
         The barrier puts every thread's adds before the count; the count is an acquire-release
         atomic at GPU scope, so the last block's reads (atomic adds of zero, at L2 as the adds
         were, never a stale L1 line) see every other block's adds. No other block touches the
-        workspace or the counter again in this launch, so plain stores reset them."""
+        workspace or the counter again in this launch, so plain stores reset them. The adds and
+        the reads are relaxed atomics: the count alone orders them (CUTLASS's split-K semaphore
+        is the same pattern). Triton's default, acq_rel on every one, makes each vector add a
+        returning atomic that waits for the thread's earlier memory operations: a round trip to
+        L2 per 16 bytes of partial sums, in series."""
         b = self.b
         group, stride = [], 1
         for a in range(3):
@@ -282,7 +287,7 @@ class _Kernel:
         for j, o, shape in summed:
             ptrs, mask = self.tile_ptrs(f"w{j}_ptr", o, shape)
             m = f", mask={mask}" if mask else ""
-            self.emit(f"sum{j} = tl.atomic_add({ptrs}, 0.0{m})", 2)
+            self.emit(f"sum{j} = tl.atomic_add({ptrs}, 0.0{m}, sem=\"relaxed\")", 2)
             self.emit(f"tl.store({ptrs}, 0.0{m})", 2)
             optrs, _ = self.tile_ptrs(f"o{j}_ptr", o, shape)
             self.emit(f"tl.store({optrs}, sum{j}.to(o{j}_ptr.dtype.element_ty){m})", 2)
