@@ -1,20 +1,23 @@
 """Probe: how should a decode GEMV with 2–16 rows be written as ``tl.dot``?
 
-``y[M, N] = x[M, K] · Wᵀ`` with W [N, K] as ``nn.Linear`` holds it (K contiguous), M ≤ 16. Two forms:
+``y[M, N] = x[M, K] · Wᵀ`` (W [N, K] as ``nn.Linear`` holds it, K contiguous, or [K, N]), M ≤ 16:
 
-- ``x·Wᵀ``: ``tl.dot(x, tl.trans(w))`` — M padded to 16, so Triton takes the mma.sync path (wgmma
-  needs 64 rows a warpgroup); what the renderer emitted up to the fifteenth session.
-- ``(W·xᵀ)ᵀ``: ``tl.dot(w, tl.trans(x))`` — the weight tile is the dot's A operand as loaded, its
-  BN ≥ 64 rows make the dot wgmma-eligible, x is a 16-wide B; the [BN, 16] accumulator is
-  transposed once, after the loop.
+- ``x·Wᵀ``: ``tl.dot(x, tl.trans(w))`` — M padded to 16: mma.sync (PTX of the AOT build for sm_90),
+  what the renderer emitted up to the fifteenth session;
+- ``(W·xᵀ)ᵀ``: ``tl.dot(w, tl.trans(x))`` — the weight tile's BN ≥ 64 rows are the dot's M, x a
+  16-wide B: wgmma; the [BN, 16] accumulator is transposed once, after the loop.
 
-Prints µs per call (median of CUDA-event-timed CUDA-graph replays, weights rotated beyond L2) and
-% of the copy bandwidth measured in the same run, with cuBLAS (``F.linear``) as the baseline.
-    python benchmarks/probe_small_m_dot.py [--rows 8] [--k 4096] [--n 6144]
+Each also with an RMSNorm's sum of squares of x in the same loop (``rms``: summed elementwise and
+reduced after the loop as the renderer does, reduced every iteration, or from a second load of x)
+and with the weight tile widened to float32 before its transpose. Prints µs per call (median of
+CUDA-event-timed CUDA-graph replays over input sets rotated beyond L2), % of the copy bandwidth
+measured in the same run, and cuBLAS (``F.linear``, no RMSNorm) as the baseline.
+    python benchmarks/probe_small_m_dot.py [--rows 8] [--k 4096] [--n 6144] [--only "x·Wᵀ;(W·xᵀ)ᵀ"]
 """
 from __future__ import annotations
 
 import argparse
+
 import torch
 import triton
 import triton.language as tl
@@ -84,7 +87,7 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=4096)
     ap.add_argument("--n", type=int, default=6144)
     ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--only", default="", help="comma-separated variant names (default: all)")
+    ap.add_argument("--only", default="", help="semicolon-separated variant names (default: all)")
     a = ap.parse_args()
     dt = getattr(torch, a.dtype)
     M, K, N = a.rows, a.k, a.n
@@ -102,7 +105,7 @@ def main() -> None:
     print("| kernel | best µs | launch (bn bk warps stages) | µs at bk256 w2s3 / w4s3 / w4s4 | cuBLAS ÷ best "
           "| % copy BW | rel err |\n|---|---|---|---|---|---|---|")
     print(f"| cuBLAS F.linear (no rms) | {base:.1f} | | | 1.00× | {100 * nbytes / base / 1e3 / copy:.0f}% | |")
-    only = [v for v in a.only.split(",") if v] or list(VARIANTS)
+    only = [v for v in a.only.split(";") if v] or list(VARIANTS)
     for name in only:
         swap, nk, rms, roundtrip = VARIANTS[name]
         ref = normed if rms else plain
