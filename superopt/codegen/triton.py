@@ -32,7 +32,7 @@ from ..ir import (BlockGraph, Category, KernelGraph, Node, Variance, block_varia
                   reduced_axes)
 from ..ir.padding import fma_matmul, padded_shapes
 
-SWAP_MIN_COLS = 64  # a warpgroup's wgmma rows: a dot with fewer rows and this many columns is swapped
+WGMMA_MIN_ROWS = 64  # a warpgroup's wgmma rows: a dot with fewer rows and at least this many columns is swapped
 TL_DTYPES = {"float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32"}
 _UNARY = {
     "exp": "tl.exp({0})",
@@ -591,18 +591,20 @@ def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph, prefetch: b
     return spec, text + "\n" + _launcher(spec) + "\n"
 
 
+def _use_counts(b: BlockGraph) -> dict[str, int]:
+    """How many times each value of ``b`` is read (by nodes and as an output)."""
+    uses: dict[str, int] = {}
+    for a in [a for n in b.nodes for a in n.args] + [o.value for o in b.outputs]:
+        uses[a] = uses.get(a, 0) + 1
+    return uses
+
+
 def _swapped_accums(b: BlockGraph, producer: dict[str, Node], pad: dict[str, tuple[int, ...]],
                     fma: set[str]) -> dict[str, Node]:
     """accum_sum nodes fed only by a loop-variant rank-2 ``tl.dot`` of fewer than 64 (padded) rows
     and at least 64 columns, mapped to the accum_sum: the kernel accumulates the product
     transposed (``_Kernel.swapped_dot``) and transposes the sum once, after the loop."""
-    var = block_variance(b)
-    uses: dict[str, int] = {}
-    for n in b.nodes:
-        for a in n.args:
-            uses[a] = uses.get(a, 0) + 1
-    for o in b.outputs:
-        uses[o.value] = uses.get(o.value, 0) + 1
+    var, uses = block_variance(b), _use_counts(b)
     out = {}
     for n in b.nodes:
         r = producer.get(n.args[0]) if n.op == "accum_sum" else None
@@ -610,7 +612,7 @@ def _swapped_accums(b: BlockGraph, producer: dict[str, Node], pad: dict[str, tup
                 or var[r.out.name] != Variance.LOOP or len(pad[r.out.name]) != 2):
             continue
         rows, cols = pad[r.out.name]
-        if rows < SWAP_MIN_COLS <= cols:
+        if rows < WGMMA_MIN_ROWS <= cols:
             out[n.out.name] = n
     return out
 
@@ -624,12 +626,7 @@ def _deferred_sums(b: BlockGraph, var: dict[str, str], fma: set[str]) -> dict[st
     and the K loop of a decode GEMV, which then only streams its tiles.
     """
     producer = {n.out.name: n for n in b.nodes}
-    uses: dict[str, int] = {}
-    for n in b.nodes:
-        for a in n.args:
-            uses[a] = uses.get(a, 0) + 1
-    for o in b.outputs:
-        uses[o.value] = uses.get(o.value, 0) + 1
+    uses = _use_counts(b)
     out = {}
     for n in b.nodes:
         r = producer.get(n.args[0]) if n.op == "accum_sum" else None

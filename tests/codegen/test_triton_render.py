@@ -75,6 +75,39 @@ def test_decode_gemv_loop_has_no_barrier_or_shared_memory():
     assert k.metadata.shared <= 64
 
 
+def test_few_row_dot_over_wide_tiles_accumulates_transposed_with_the_weight_as_loaded():
+    # Llama qkv at 5 rows, 65-column tiles: Σ W[N,K]-tile · xᵀ, one transpose after the loop; the
+    # [N, K] weight tile feeds the dot as loaded (no float32 copy, no transpose of it)
+    src = render_triton(build("llama_qkv_wide", "bfloat16").ugraph).source
+    loop = src[src.index("for i in range"):src.index("\n    v", src.index("for i in range"))]
+    assert "tl.dot(v5_wt_nk_in, tl.trans(" in loop and "wt_nk = " not in src
+    assert src.count("tl.trans(") == 2 and "v2_acc = tl.trans(v2_acc_t)" in src
+    narrow = render_triton(build("llama_qkv", "bfloat16").ugraph).source  # 32-column tiles: x · W as before
+    assert "_t = tl.full" not in narrow
+
+
+@pytest.mark.slow
+def test_few_row_dot_over_wide_tiles_builds_to_wgmma():
+    # (W·xᵀ)ᵀ: the weight tile's 64+ rows make the dot a warpgroup MMA on sm_90 (x · W on 16 padded
+    # rows builds to mma.sync, at half the weight-streaming rate with an RMSNorm in the loop)
+    from superopt.runtime.aot import aot_compile
+
+    (k,) = aot_compile(render_triton(build("llama_qkv_wide", "bfloat16").ugraph), arch=90, num_warps=4).values()
+    assert "wgmma.mma_async" in k.asm["ptx"] and "mma.sync" not in k.asm["ptx"]
+
+
+@pytest.mark.slow
+def test_cross_block_sums_add_with_relaxed_atomics_ordered_by_one_acq_rel_count():
+    # Triton's default acq_rel made every 16-byte add a returning atomic waiting on earlier memory
+    # operations; fire-and-forget reductions, then one acquire-release count per block
+    from superopt.runtime.aot import aot_compile
+
+    (k,) = aot_compile(render_triton(build("rmsnorm_matmul_split_k", "bfloat16").ugraph), arch=90).values()
+    ptx = k.asm["ptx"]
+    assert "red.global.gpu.relaxed.add" in ptx
+    assert ptx.count(".acq_rel.") == ptx.count("atom.global.gpu.acq_rel.add.u32") == 1
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case", IDS)
 def test_every_kernel_compiles_for_sm90(case):
