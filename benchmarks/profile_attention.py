@@ -101,9 +101,8 @@ def main() -> None:
         xs = make_inputs(fx, dt, name)
         for g in cands[:args.max_candidates]:
             blk = g.customized_nodes()[0].block
-            names = [k.name for k in render_triton(g).kernels]
             try:
-                cg = compile_graph(g, launch={k: launch for k in names} if launch else None)
+                cg = compile_graph(g, launch={k.name: launch for k in render_triton(g).kernels} if launch else None)
                 report(label, f"μGraph grid {'x'.join(map(str, blk.grid))} f{blk.forloop}", cg, xs, bw)
             except Exception as e:  # one failing candidate must not hide the others
                 print(f"| {label} | grid {blk.grid}: {type(e).__name__}: {str(e)[:120]} |", flush=True)

@@ -183,7 +183,7 @@ class _Kernel:
                     and fma_matmul(self.real[n.args[0]], self.real[n.args[1]])}
         # small-M tl.dots accumulated over the loop, written as (Bᵀ·Aᵀ)ᵀ: accumulator -> the matmul
         self.swapped = _swapped_accums(b, self.producer, self.pad, self.fma)
-        swapped_dots = {n.args[0] for n in self.swapped.values()}
+        swapped_dots = {r.out.name for r in self.swapped.values()}
         self.nk: dict[str, str] = {}
         for n in b.nodes:
             t = self.producer.get(n.args[1]) if n.out.name in self.fma | swapped_dots else None
@@ -553,7 +553,7 @@ def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph, prefetch: b
             k.load(inp, arg_shapes[inp.source], ind, it=f"((i + 1) % {b.forloop})", dst=f"{v}_next")
         else:
             k.load(inp, arg_shapes[inp.source], ind)
-    skipped = {r.out.name for r in deferred.values()} | {n.args[0] for n in k.swapped.values()}
+    skipped = {r.out.name for r in (*deferred.values(), *k.swapped.values())}
     for n in b.nodes:
         if n.out.name in deferred:
             acc, r = f"{k.var[n.out.name]}_el", deferred[n.out.name]
@@ -561,7 +561,7 @@ def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph, prefetch: b
             k.emit(f"{acc} = {acc} + {term}", ind)
         elif n.out.name in k.swapped:
             acc = f"{k.var[n.out.name]}_t"
-            k.emit(f"{acc} = {acc} + {k.swapped_dot(k.producer[n.args[0]])}", ind)
+            k.emit(f"{acc} = {acc} + {k.swapped_dot(k.swapped[n.out.name])}", ind)
         elif op_info(n.op).category is Category.ACCUM:
             k.accumulate(n, ind)
         elif var[n.out.name] in (Variance.LOOP, Variance.RUNNING) and n.out.name not in skipped:
@@ -602,7 +602,7 @@ def _use_counts(b: BlockGraph) -> dict[str, int]:
 def _swapped_accums(b: BlockGraph, producer: dict[str, Node], pad: dict[str, tuple[int, ...]],
                     fma: set[str]) -> dict[str, Node]:
     """accum_sum nodes fed only by a loop-variant rank-2 ``tl.dot`` of fewer than 64 (padded) rows
-    and at least 64 columns, mapped to the accum_sum: the kernel accumulates the product
+    and at least 64 columns, mapped to that matmul: the kernel accumulates the product
     transposed (``_Kernel.swapped_dot``) and transposes the sum once, after the loop."""
     var, uses = block_variance(b), _use_counts(b)
     out = {}
@@ -613,7 +613,7 @@ def _swapped_accums(b: BlockGraph, producer: dict[str, Node], pad: dict[str, tup
             continue
         rows, cols = pad[r.out.name]
         if rows < WGMMA_MIN_ROWS <= cols:
-            out[n.out.name] = n
+            out[n.out.name] = r
     return out
 
 
