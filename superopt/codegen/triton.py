@@ -201,15 +201,21 @@ class _Kernel:
                       and readers.get(n.out.name) and readers[n.out.name] <= self.skip}
 
     def _only_feed_dots(self, b: BlockGraph) -> set[str]:
-        """Widening casts read only by matmuls: the dots take the narrow value, so never emit them."""
-        readers: dict[str, list[str]] = {}
+        """Widening casts read only by matmuls, directly or through transposes: the dots take the
+        narrow value (transposed as it is, ``narrow_transposes``), so never emit them. Widening a
+        K tile to float32 before ``tl.trans`` doubled the shared memory of the layout conversion and
+        the registers that hold it (decode attention's [KV tile, d] K)."""
+        readers: dict[str, list[Node]] = {}
         for n in b.nodes:
             for a in n.args:
-                readers.setdefault(a, []).append(n.op)
+                readers.setdefault(a, []).append(n)
         outs = {o.value for o in b.outputs}
+
+        def dots_only(v: str) -> bool:
+            return v not in outs and bool(readers.get(v)) and all(
+                r.op == "matmul" or (r.op == "transpose" and dots_only(r.out.name)) for r in readers[v])
         return {n.out.name for n in b.nodes if n.op == "cast" and self.dtype[n.args[0]] in ("float16", "bfloat16")
-                and n.out.name not in outs and readers.get(n.out.name)
-                and all(op == "matmul" for op in readers[n.out.name])}
+                and dots_only(n.out.name)}
 
     def name(self, v: str) -> str:
         if v not in self.var:
@@ -334,7 +340,14 @@ class _Kernel:
             r = len(self.real[out])
             perm = "" if r == 2 else ", " + str(tuple(list(range(r - 2)) + [r - 1, r - 2]))
             fn = "tl.trans" if r == 2 else "tl.permute"
-            self.emit(f"{lhs} = {fn}({self.f32(n.args[0])}{perm})", ind)
+            src = n.args[0]
+            if src in self.skip:  # a skipped widening: transpose the narrow tile the dots take
+                src = self.unwidened(src)
+                self.dtype[out] = self.dtype[src]
+                self.native.add(out)
+                self.emit(f"{lhs} = {fn}({self.var[src]}{perm})", ind)
+            else:
+                self.emit(f"{lhs} = {fn}({self.f32(src)}{perm})", ind)
         elif n.op == "cast":
             x, dt = self.f32(n.args[0]), n.attr("dtype")
             self.emit(f"{lhs} = {x}.to({TL_DTYPES[dt]}).to(tl.float32)" if dt in ("float16", "bfloat16")

@@ -60,6 +60,14 @@ def test_small_m_matmul_is_a_broadcast_product_summed_after_the_loop():
         assert "tl.trans(" not in gemv and "None, :, :]" not in gemv and final in gemv
 
 
+def test_transposed_tile_read_only_by_dots_stays_in_its_loaded_dtype():
+    # decode attention's K [KV tile, d]: transposed as loaded for q·Kᵀ (the flash-attention form);
+    # widening it to float32 first doubled the layout conversion's shared memory and registers
+    src = render_triton(build("decode_attention", "bfloat16").ugraph).source
+    assert "v7_ktt = tl.permute(v5_kt_in, (0, 1, 3, 2))" in src and "v5_kt_in.to(tl.float32)" not in src
+    assert "tl.reshape(v7_ktt, [16, 32])" in src  # fed to the dot as it is, no cast back
+
+
 @pytest.mark.slow
 def test_decode_gemv_loop_has_no_barrier_or_shared_memory():
     # Qwen2.5-0.5B mlp_out at m=1 (55 µs on the H200 as a padded tl.dot): each iteration is now two
