@@ -69,8 +69,13 @@ def split_kv_tilings(g: KernelGraph, sms: int = 132, kv_tiles=(32, 64, 128)) -> 
     """Flash-decoding re-tilings: the first kernel's KV splits (the grid axis that cuts the dim its
     for-loop walks) and KV tile per iteration.
 
-    Split counts that put between one and two waves of blocks on ``sms`` SMs, KV tiles that divide
-    each split; the combine kernel follows the new number of splits.
+    The two smallest split counts that put at least one block on every one of ``sms`` SMs and at
+    most four (a split kernel's block holds a few tens of KB of registers and shared memory, so
+    four fit an SM at once: still one wave), KV tiles that divide each split; the combine kernel
+    follows the new number of splits. Up to two blocks an SM only, decode attention at 4k tokens
+    b1 (16.8 MB, 256 blocks of 128 tokens) ran its split kernel at 36% of the copy bandwidth where
+    a kernel only reading the same bytes in 512 blocks reached 65%
+    (``benchmarks/probe_attention_floor.py``).
     """
     idx = next((i for i, n in enumerate(g.nodes) if n.op == "customized"), None)
     if idx is None:
@@ -84,7 +89,7 @@ def split_kv_tilings(g: KernelGraph, sms: int = 132, kv_tiles=(32, 64, 128)) -> 
     ((axis, length),) = walked
     others = b.num_blocks // b.grid[axis]
     out = []
-    for splits in sorted(s for s in range(1, length + 1) if length % s == 0 and sms <= others * s <= 2 * sms)[:2]:
+    for splits in sorted(s for s in range(1, length + 1) if length % s == 0 and sms <= others * s <= 4 * sms)[:2]:
         for t in kv_tiles:
             if (length // splits) % t:
                 continue
