@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from ..ir import (BlockGraph, Category, KernelGraph, Node, Variance, block_variance, default_stages, op_info,
                   reduced_axes)
+from ..ir.chain import Chain, chains
 from ..ir.padding import fma_matmul, padded_shapes
 
 WGMMA_MIN_ROWS = 64  # a warpgroup's wgmma rows: a dot with fewer rows and at least this many columns is swapped
@@ -66,24 +67,25 @@ class KernelSpec:
     num_stages: int            # memory estimate (ir.smem) fits sm_90; the profiler may change them
     paired: bool = False       # two instances in one launch: every pointer twice, the second set's
                                # programs at 1 on a grid axis the μGraph leaves at 1 (``render_triton``)
-    counters: int = 0          # int32 counters ``c`` of the blocks done per summed output tile;
-                               # workspaces and counters are zero before the first launch, and every
-                               # launch leaves them so
+    counters: int = 0          # int32 counters ``c`` of the blocks done per summed output tile, then
+                               # per group of a chain; zero before the first launch, and every
+                               # launch leaves them (and the workspaces) so
+    tail: int = -1             # the consumer node this kernel also runs (``ir.chain``), or -1: then
+                               # ``args`` / ``outs`` continue with the consumer's
 
     def params(self) -> list[str]:
         """The launcher's tensor parameters, in order (one instance's; ``paired`` takes them twice)."""
         ins = [f"a{j}" for j in range(len(self.args))]
         outs = [f"o{j}" for j in range(len(self.outs))]
-        return ins + outs + [f"w{j}" for j in self.workspaces] + (["c"] if self.workspaces else [])
+        return ins + outs + [f"w{j}" for j in self.workspaces] + (["c"] if self.counters else [])
 
 
 def kernel_param_dtypes(spec: KernelSpec, g: KernelGraph) -> dict[str, str]:
     """The dtype of each pointer the kernel takes, by parameter name (``a0_ptr`` …), one instance's."""
-    node = g.nodes[spec.node_index]
     out = {f"a{j}_ptr": g.type_of(a).dtype for j, a in enumerate(spec.args)}
-    out.update({f"o{j}_ptr": v.type.dtype for j, v in enumerate(node.outs)})
+    out.update({f"o{j}_ptr": g.type_of(v).dtype for j, v in enumerate(spec.outs)})
     out.update({f"w{j}_ptr": "float32" for j in spec.workspaces})
-    if spec.workspaces:
+    if spec.counters:
         out["c_ptr"] = "int32"
     return out
 
@@ -102,6 +104,11 @@ def prefetched(launch: dict | None) -> frozenset[str]:
     return frozenset(k for k, v in (launch or {}).items() if len(v) > 2 and v[2])
 
 
+def chained(launch: dict | None) -> frozenset[str]:
+    """The kernels a launch dict renders running their consumer (a fourth element 1: ``render_triton``)."""
+    return frozenset(k for k, v in (launch or {}).items() if len(v) > 3 and v[3])
+
+
 @dataclass(frozen=True)
 class TritonModule:
     name: str
@@ -110,8 +117,8 @@ class TritonModule:
     graph: KernelGraph
 
 
-def render_triton(ugraph: KernelGraph, prefetch: frozenset[str] = frozenset(), paired: bool = False
-                  ) -> TritonModule:
+def render_triton(ugraph: KernelGraph, prefetch: frozenset[str] = frozenset(), paired: bool = False,
+                  chain: frozenset[str] = frozenset()) -> TritonModule:
     """Render every customized op of ``ugraph``; library ops are left to the runtime.
 
     Kernels named in ``prefetch`` load the next iteration's tiles before this iteration's work
@@ -119,16 +126,22 @@ def render_triton(ugraph: KernelGraph, prefetch: frozenset[str] = frozenset(), p
     ``paired``: every kernel runs two instances of the graph in one launch (k_proj and v_proj of a
     layer: one program, two weights), taking each pointer twice (the second set suffixed ``_b``);
     the programs at 1 on a grid axis the μGraph does not use run the second instance, or, when
-    every axis is cut, the upper half of a doubled x axis."""
+    every axis is cut, the upper half of a doubled x axis.
+    ``chain``: kernels that also run their consumer, where ``ir.chain`` finds that legal (one
+    launch for a split kernel and its combine); the consumer's kernel is then not rendered.
+    Never with ``paired``."""
     base = _ident(ugraph.name)
     parts = ["import torch", "import triton", "import triton.language as tl",
              "from torch.library import wrap_triton", ""]
+    legal = {} if paired or not chain else chains(ugraph)
+    runs = {idx: c for idx, c in legal.items() if f"{base}_k{idx}" in chain}
+    consumed = {c.consumer for c in runs.values()}
     kernels = []
     for idx, n in enumerate(ugraph.nodes):
-        if n.op != "customized":
+        if n.op != "customized" or idx in consumed:
             continue
         name = f"{base}_k{idx}"
-        spec, text = _render_kernel(name, idx, n, ugraph, name in prefetch, paired)
+        spec, text = _render_kernel(name, idx, n, ugraph, name in prefetch, paired, runs.get(idx))
         kernels.append(spec)
         parts.append(text)
     return TritonModule(base, "\n".join(parts), kernels, ugraph)
@@ -164,9 +177,18 @@ def _mask(real: tuple[int, ...], pad: tuple[int, ...], dims=None) -> str | None:
 class _Kernel:
     """Text of one kernel body; ``self.var`` maps block value names to Triton variables."""
 
-    def __init__(self, b: BlockGraph, narrow: str | None):
+    def __init__(self, b: BlockGraph, narrow: str | None, prefix: str = "v", args: list[str] | None = None,
+                 base: int = 0, fresh: frozenset[int] = frozenset()):
+        """``prefix``: of its variables and block indices (``{prefix}pid0`` …); ``args``: the pointer
+        of each node argument (default ``a{j}_ptr``); ``base``: indentation levels added to every
+        line; ``fresh``: arguments this launch wrote (a chained consumer's, ``ir.chain``), loaded at
+        L2 (``.cg``), never from an L1 line another launch left."""
         self.b = b
         self.narrow = narrow
+        self.prefix, self.base, self.fresh = prefix, base, fresh
+        self.args = args if args is not None else [f"a{j}_ptr" for j in range(1 + max((i.source for i in b.inputs),
+                                                                                     default=-1))]
+        self.pid = "pid" if prefix == "v" else f"{prefix}pid"
         self.producer = {n.out.name: n for n in b.nodes}
         self.pad = padded_shapes(b)
         self.real = {i.value.name: i.value.type.shape for i in b.inputs}
@@ -219,7 +241,7 @@ class _Kernel:
 
     def name(self, v: str) -> str:
         if v not in self.var:
-            self.var[v] = f"v{len(self.var)}_{_ident(v)[:24]}"
+            self.var[v] = f"{self.prefix}{len(self.var)}_{_ident(v)[:24]}"
         return self.var[v]
 
     def f32(self, v: str) -> str:
@@ -227,7 +249,7 @@ class _Kernel:
         return f"{self.var[v]}.to(tl.float32)" if native else self.var[v]
 
     def emit(self, line: str, ind: int) -> None:
-        self.lines.append("    " * ind + line)
+        self.lines.append("    " * (ind + self.base) + line)
 
     # ------------------------------------------------------------ loads and stores
     def load(self, inp, src_shape: tuple[int, ...], ind: int, it: str = "i", dst: str | None = None) -> None:
@@ -236,15 +258,17 @@ class _Kernel:
         tile, pad = self.real[name], self.pad[name]
         terms = []
         for d, stride in enumerate(_strides(src_shape)):
-            parts = [f"pid{a} * {src_shape[d] // b.grid[a]}" for a in range(3)
+            parts = [f"{self.pid}{a} * {src_shape[d] // b.grid[a]}" for a in range(3)
                      if inp.imap[a] == d and b.grid[a] > 1]
             if inp.fmap == d and b.forloop > 1:
                 parts.append(f"{it} * {tile[d]}")
             idx = " + ".join(parts + [_ar(pad[d], d, len(tile))])
             terms.append(f"({idx})" + (f" * {stride}" if stride != 1 else ""))
-        ptrs = f"a{inp.source}_ptr + " + " + ".join(terms)
+        ptrs = f"{self.args[inp.source]} + " + " + ".join(terms)
         mask = _mask(tile, pad)
         args = f"{ptrs}, mask={mask}, other=0.0" if mask else ptrs
+        if inp.source in self.fresh:
+            args += ', cache_modifier=".cg"'
         self.emit(f"{dst or self.name(name)} = tl.load({args})", ind)
         self.native.add(name)
 
@@ -254,7 +278,7 @@ class _Kernel:
         tile, pad = self.real[o.value], self.pad[o.value]
         terms = []
         for d, stride in enumerate(_strides(out_shape)):
-            parts = [f"pid{a} * {tile[d]}" for a in range(3) if o.omap[a] == d and b.grid[a] > 1]
+            parts = [f"{self.pid}{a} * {tile[d]}" for a in range(3) if o.omap[a] == d and b.grid[a] > 1]
             idx = " + ".join(parts + [_ar(pad[d], d, len(tile))])
             terms.append(f"({idx})" + (f" * {stride}" if stride != 1 else ""))
         return f"{ptr} + " + " + ".join(terms), _mask(tile, pad)
@@ -285,7 +309,7 @@ class _Kernel:
         group, stride = [], 1
         for a in range(3):
             if a not in reduced and b.grid[a] > 1:
-                group.append(f"pid{a} * {stride}" if stride > 1 else f"pid{a}")
+                group.append(f"{self.pid}{a} * {stride}" if stride > 1 else f"{self.pid}{a}")
                 stride *= b.grid[a]
         cnt = "c_ptr" + (f" + {first}" if first else "") + "".join(f" + {t}" for t in group)
         parts = math.prod(b.grid[a] for a in reduced)
@@ -487,29 +511,41 @@ def _float(v: float) -> str:
     return repr(v)
 
 
+def _narrow(node: Node, g: KernelGraph) -> str | None:
+    """The fp16/bf16 dtype a kernel's dots take: the first narrow dtype among its tensors."""
+    io = [g.type_of(a).dtype for a in node.args] + [v.type.dtype for v in node.outs]
+    return next((d for d in io if d in ("float16", "bfloat16")), None)
+
+
 def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph, prefetch: bool = False,
-                   paired: bool = False) -> tuple[KernelSpec, str]:
+                   paired: bool = False, chain: Chain | None = None) -> tuple[KernelSpec, str]:
     """One customized op as a @triton.jit kernel and its launcher.
 
     ``prefetch``: the loop's tiles are loaded one iteration ahead (iteration 0's before the loop,
     iteration i+1's — wrapping to 0 on the last, a harmless in-bounds reload — at the top of
     iteration i), so a tile's memory latency overlaps the previous iteration's work. Triton only
     software-pipelines loads that reach a ``tl.dot`` through shared memory; small-M decode GEMVs
-    (a padded dot, operands in registers) otherwise wait a full latency every iteration."""
+    (a padded dot, operands in registers) otherwise wait a full latency every iteration.
+    ``chain``: the kernel also runs its consumer in the last block of each group (``_emit_chained``);
+    it takes the consumer's other arguments after its own and writes the consumer's outputs after
+    its own."""
     b: BlockGraph = node.block
-    io = [g.type_of(a).dtype for a in node.args] + [v.type.dtype for v in node.outs]
-    k = _Kernel(b, next((d for d in io if d in ("float16", "bfloat16")), None))
-    var = block_variance(b)
-    arg_shapes = [g.type_of(a).shape for a in node.args]
+    k = _Kernel(b, _narrow(node, g))
     reduced = [reduced_axes(o, b.grid) for o in b.outputs]
     atomic = [bool(r) for r in reduced]
     # outputs summed over the same grid axes share counters: one per tile of theirs (the product
     # of the other axes), after those of the sets before
     sets = list(dict.fromkeys(r for r in reduced if r))
     tiles = [math.prod(n for a, n in enumerate(b.grid) if a not in r) for r in sets]
-    spec = KernelSpec(kname, f"launch_{kname}", idx, tuple(b.grid), tuple(node.args),
-                      tuple(v.name for v in node.outs), tuple(j for j, a in enumerate(atomic) if a),
-                      max(1, b.block_threads // 32), default_stages(b) or 1, paired, sum(tiles))
+    args, outs = tuple(node.args), tuple(v.name for v in node.outs)
+    if chain is not None:
+        tail = g.nodes[chain.consumer]
+        args += tuple(tail.args[s] for s in chain.extra_args)
+        outs += tuple(v.name for v in tail.outs)
+    spec = KernelSpec(kname, f"launch_{kname}", idx, tuple(b.grid), args, outs,
+                      tuple(j for j, a in enumerate(atomic) if a), max(1, b.block_threads // 32),
+                      default_stages(b) or 1, paired, sum(tiles) + (chain.groups if chain else 0),
+                      chain.consumer if chain else -1)
     params = [f"{p_}_ptr" for p_ in spec.params()]
     grid = tuple(b.grid)
     pids = [a for a in range(3) if b.grid[a] > 1]
@@ -529,6 +565,27 @@ def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph, prefetch: b
         params = params + [f"{p_}_b" for p_ in params]
     for a in pids:
         k.emit(f"pid{a} = tl.program_id({a})", 1)
+    _emit_block(k, node, g, [f"w{j}_ptr" if atomic[j] else f"o{j}_ptr" for j in range(len(b.outputs))],
+                atomic, prefetch)
+    if sets:
+        k.emit("tl.debug_barrier()", 1)
+    for r, first in zip(sets, itertools.accumulate([0] + tiles)):
+        k.finish_sums([(j, o, node.outs[j].type.shape) for j, o in enumerate(b.outputs) if reduced[j] == r], r, first)
+    if chain is not None:
+        _emit_chained(k, chain, g, len(node.args), len(node.outs), sum(tiles))
+    body = "\n".join(k.lines) if k.lines else "    pass"
+    text = f"@triton.jit\ndef {kname}({', '.join(params)}):\n{body}\n"
+    spec = dataclasses.replace(spec, grid=grid)
+    return spec, text + "\n" + _launcher(spec) + "\n"
+
+
+def _emit_block(k: _Kernel, node: Node, g: KernelGraph, stores: list[str], atomic: list[bool],
+                prefetch: bool) -> None:
+    """The block graph of ``node`` from its loads to its stores (output j through pointer
+    ``stores[j]``, added atomically where ``atomic[j]``), in ``k``'s indentation."""
+    b: BlockGraph = node.block
+    var = block_variance(b)
+    arg_shapes = [g.type_of(a).shape for a in node.args]
     for inp in b.inputs:
         if inp.fmap == -1:
             k.load(inp, arg_shapes[inp.source], 1)
@@ -593,15 +650,35 @@ def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph, prefetch: b
         if var[n.out.name] == Variance.POST and op_info(n.op).category is not Category.ACCUM:
             k.node(n, 1)
     for j, o in enumerate(b.outputs):
-        k.store(f"w{j}_ptr" if atomic[j] else f"o{j}_ptr", o, node.outs[j].type.shape, atomic[j])
-    if sets:
-        k.emit("tl.debug_barrier()", 1)
-    for r, first in zip(sets, itertools.accumulate([0] + tiles)):
-        k.finish_sums([(j, o, node.outs[j].type.shape) for j, o in enumerate(b.outputs) if reduced[j] == r], r, first)
-    body = "\n".join(k.lines) if k.lines else "    pass"
-    text = f"@triton.jit\ndef {kname}({', '.join(params)}):\n{body}\n"
-    spec = dataclasses.replace(spec, grid=grid)
-    return spec, text + "\n" + _launcher(spec) + "\n"
+        k.store(stores[j], o, node.outs[j].type.shape, atomic[j])
+
+
+def _emit_chained(k: _Kernel, chain: Chain, g: KernelGraph, n_args: int, n_outs: int, first: int) -> None:
+    """After the producer's stores: each block counts itself in its group (counter ``first`` + the
+    group's index over the matched axes); the last one runs the consumer's blocks of that group —
+    block indices on matched axes are the producer's, free axes are looped — then resets the
+    counter. The barrier and the acquire-release count order every block's stores before the last
+    block's loads, which read at L2 (``.cg``), as ``finish_sums`` does."""
+    tail = g.nodes[chain.consumer]
+    group, stride = [], 1
+    for _, a in sorted(chain.matched, key=lambda m: m[1]):
+        group.append(f"pid{a} * {stride}" if stride > 1 else f"pid{a}")
+        stride *= k.b.grid[a]
+    cnt = "c_ptr" + (f" + {first}" if first else "") + "".join(f" + {t}" for t in group)
+    k.emit("tl.debug_barrier()", 1)
+    k.emit(f"if tl.atomic_add({cnt}, 1, sem=\"acq_rel\", scope=\"gpu\") == {chain.parts - 1}:", 1)
+    ptr = {s: f"o{o}_ptr" for s, o in chain.from_producer}
+    ptr.update((s, f"a{n_args + m}_ptr") for m, s in enumerate(chain.extra_args))
+    t = _Kernel(tail.block, _narrow(tail, g), prefix="t", args=[ptr[s] for s in range(len(tail.args))],
+                base=1, fresh=frozenset(s for s, _ in chain.from_producer))
+    for b_axis, a_axis in chain.matched:
+        t.emit(f"{t.pid}{b_axis} = pid{a_axis}", 1)
+    for b_axis in chain.free:
+        t.emit(f"for {t.pid}{b_axis} in range({tail.block.grid[b_axis]}):", 1)
+        t.base += 1
+    _emit_block(t, tail, g, [f"o{n_outs + j}_ptr" for j in range(len(tail.outs))], [False] * len(tail.outs), False)
+    k.lines += t.lines
+    k.emit(f"tl.store({cnt}, 0)", 2)
 
 
 def _use_counts(b: BlockGraph) -> dict[str, int]:

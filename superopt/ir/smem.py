@@ -135,7 +135,13 @@ def default_stages(b: BlockGraph, num_warps: int | None = None, arch: str = "sm_
     return next((s for s in STAGE_CHOICES if triton_smem_bytes(b, num_warps, s) <= budget), None)
 
 
-def launch_fits(g, num_warps: int, num_stages: int, arch: str = "sm_90") -> bool:
-    """Whether every customized op of kernel graph ``g`` fits ``arch`` at this launch config."""
-    return all(triton_smem_bytes(n.block, num_warps, num_stages) <= SMEM_BUDGET[arch]
-               for n in g.nodes if n.op == "customized")
+def launch_fits(g, num_warps: int, num_stages: int, arch: str = "sm_90", chained: bool = False) -> bool:
+    """Whether every customized op of kernel graph ``g`` fits ``arch`` at this launch config;
+    ``chained``: a kernel running its consumer too (``ir.chain``) is counted as both (Triton may
+    reuse one's buffers for the other; the sum is the bound)."""
+    from .chain import chains
+
+    need = {i: triton_smem_bytes(n.block, num_warps, num_stages) for i, n in enumerate(g.nodes) if n.op == "customized"}
+    for c in chains(g).values() if chained else ():
+        need[c.producer] += need.pop(c.consumer)
+    return all(v <= SMEM_BUDGET[arch] for v in need.values())

@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..codegen.triton import launch_config, prefetched, render_triton
+from ..codegen.triton import chained, launch_config, prefetched, render_triton
 from ..ir import KernelGraph, check
 from . import binaries as _binaries
 from .build import interpreting, kernel_op, load_module
@@ -42,7 +42,7 @@ class CompiledGraph:
         self.graph = check(ugraph)
         self.device = torch.device(device)
         ahead = prefetched(launch)
-        self.module = render_triton(ugraph, ahead)
+        self.module = render_triton(ugraph, ahead, chain=chained(launch))
         if source is not None and source != self.module.source:
             # A cache entry's source (hash-checked by the cache) is what its binaries were built
             # from; the kernel specs still come from rendering (pure, milliseconds).
@@ -62,9 +62,11 @@ class CompiledGraph:
                                "TRITON_INTERPRET=1 before triton is imported")
         self.kernels = {s.node_index: (kernel_op(self.built, s, cache_dir), s, *launch_config(launch, s)[:2])
                         for s in self.built.kernels}
-        # what a cache entry stores and a later build takes back: a third element marks a
-        # kernel rendered with prefetched loads
-        self.launch = {s.name: (nw, ns, 1) if s.name in ahead else (nw, ns)
+        # nodes whose work a chained kernel does (``ir.chain``): never launched themselves
+        self.tails = {s.tail for s in self.built.kernels if s.tail >= 0}
+        # what a cache entry stores and a later build takes back: a third element 1 marks a
+        # kernel rendered with prefetched loads, a fourth element 1 one that runs its consumer
+        self.launch = {s.name: _launch_value(nw, ns, s.name in ahead, s.tail >= 0)
                        for _, s, nw, ns in self.kernels.values()}
         if self.device.type == "cuda" and self.module.kernels and not interpreting():
             self._warm(cache_dir, binaries)
@@ -81,7 +83,7 @@ class CompiledGraph:
                 continue
             for v in n.outs:
                 self.pool[v.name] = torch.empty(v.type.shape, dtype=TORCH_DTYPES[v.type.dtype], device=self.device)
-            if n.op == "customized" and self.kernels[idx][1].workspaces:
+            if idx in self.kernels and self.kernels[idx][1].counters:
                 self.sums[idx] = self._summed(idx, n)
 
     def _summed(self, idx: int, n) -> "_Summed":
@@ -92,16 +94,16 @@ class CompiledGraph:
         # every view starts 16-byte aligned (offsets in multiples of 8 elements), as Triton's
         # stored kernels were specialised for: a misaligned pointer would need another compile
         starts = [sum(-(-size // 8) * 8 for size in sizes[:i]) for i in range(len(sizes))]
-        ws = torch.zeros(starts[-1] + sizes[-1], dtype=torch.float32, device=self.device)
+        ws = torch.zeros(starts[-1] + sizes[-1] if sizes else 0, dtype=torch.float32, device=self.device)
         for j, at, size in zip(spec.workspaces, starts, sizes):
             self.workspace[(idx, j)] = ws[at:at + size].view(n.outs[j].type.shape)
         return _Summed(ws, torch.zeros(spec.counters, dtype=torch.int32, device=self.device))
 
     def finish_args(self, idx: int) -> list[torch.Tensor]:
         """What node ``idx``'s kernel takes after its outputs (``KernelSpec.params``): the workspaces
-        and counters of its cross-block sums, if it has any."""
+        of its cross-block sums and its counters, if it has any."""
         spec = self.kernels[idx][1]
-        if not spec.workspaces:
+        if not spec.counters:
             return []
         return [self.workspace[(idx, j)] for j in spec.workspaces] + [self.sums[idx].counter]
 
@@ -158,12 +160,14 @@ class CompiledGraph:
                 env[n.out.name] = view(n, env[n.args[0]])
             elif n.op == "const":
                 env[n.out.name] = targets[n.out.name]
+            elif idx in self.tails:  # its kernel ran inside its producer's launch (ir.chain)
+                continue
             elif n.op == "customized":
                 op, spec, nw, ns = self.kernels[idx]
-                args = [self._arg(idx, j, env[a]) for j, a in enumerate(n.args)]
-                outs = [targets[v.name] for v in n.outs]
+                args = [self._arg(idx, j, env[a]) for j, a in enumerate(spec.args)]
+                outs = [targets[v] for v in spec.outs]
                 op(*args, *outs, *self.finish_args(idx), nw, ns)
-                env.update((v.name, t) for v, t in zip(n.outs, outs))
+                env.update(zip(spec.outs, outs))
             else:
                 run_library(n, [env[a] for a in n.args], targets[n.out.name])
                 env[n.out.name] = targets[n.out.name]
@@ -202,13 +206,15 @@ class CompiledGraph:
                     plan.steps.append(functools.partial(_view_step, n, plan.slot[n.args[0]], plan.add(n.out.name)))
             elif n.op == "const":
                 plan.add(n.out.name, self.pool[n.out.name])
+            elif idx in self.tails:  # its outputs are slots of its producer's step
+                continue
             elif n.op == "customized":
                 op, spec, nw, ns = self.kernels[idx]
-                for v in n.outs:
-                    plan.add(v.name, self.pool[v.name])
-                tail = [self.pool[v.name] for v in n.outs] + self.finish_args(idx)
-                args = [plan.slot[a] for a in n.args]
-                staged = [functools.partial(self._arg, idx, j) for j in range(len(n.args))]
+                for v in spec.outs:
+                    plan.add(v, self.pool[v])
+                tail = [self.pool[v] for v in spec.outs] + self.finish_args(idx)
+                args = [plan.slot[a] for a in spec.args]
+                staged = [functools.partial(self._arg, idx, j) for j in range(len(spec.args))]
                 plan.steps.append(functools.partial(_kernel_step, op.launch, args, staged, tail, nw, ns))
             else:
                 plan.add(n.out.name, self.pool[n.out.name])
@@ -257,6 +263,13 @@ class _Plan:
 
     def fixed_value(self, name: str) -> torch.Tensor | None:
         return self.values[self.slot[name]]
+
+
+def _launch_value(nw: int, ns: int, prefetch: bool, chain: bool) -> tuple[int, ...]:
+    """A kernel's entry in ``CompiledGraph.launch``: (num_warps, num_stages[, prefetch[, chain]])."""
+    if chain:
+        return nw, ns, int(prefetch), 1
+    return (nw, ns, 1) if prefetch else (nw, ns)
 
 
 def _view_step(n, src: int, dst: int, env: list) -> None:

@@ -35,6 +35,8 @@ class PairedGraph:
     def __init__(self, a: CompiledGraph, b: CompiledGraph, binaries: dict[str, bytes] | None = None):
         if a is b or digest(a.graph) != digest(b.graph) or a.launch != b.launch or a.device != b.device:
             raise ValueError("PairedGraph: two distinct builds of one μGraph with one launch configuration")
+        if a.tails:  # the paired rendering launches every customized op on its own
+            raise ValueError("PairedGraph: a build whose kernel runs its consumer (ir.chain) is not paired")
         self.a, self.b = a, b
         module = render_triton(a.graph, prefetched(a.launch), paired=True)
         if a.built is not a.module:  # built for programmatic dependent launch, as the instances are

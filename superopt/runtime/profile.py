@@ -13,14 +13,18 @@ from typing import Mapping, Sequence
 import torch
 
 from ..ir import KernelGraph, launch_fits, to_text
+from ..ir.chain import chains
 from .compiled import compile_graph
 from .timing import rotated_sets, time_call
 
-# (num_warps, num_stages[, prefetch]). Measured on an H200 (benchmarks/results/blocks_triton_h200.md):
+# (num_warps, num_stages[, prefetch[, chain]]). Measured on an H200 (benchmarks/results/blocks_triton_h200.md):
 # decode GEMVs ran fastest on 2 warps, attention on 4-8, so both ends stay in the default sweep. A
 # third element 1 renders the kernels with the next iteration's loads issued ahead (codegen.triton
-# ``prefetch``); it is timed only for graphs with a for-loop.
-DEFAULT_CONFIGS = ((2, 3), (2, 4), (4, 3), (4, 4), (8, 3), (2, 3, 1), (4, 3, 1))
+# ``prefetch``); it is timed only for graphs with a for-loop. A fourth element 1 runs a kernel's
+# consumer in its last blocks where ``ir.chain`` allows (a split kernel and its combine in one
+# launch); timed only for graphs with such a pair.
+DEFAULT_CONFIGS = ((2, 3), (2, 4), (4, 3), (4, 4), (8, 3), (2, 3, 1), (4, 3, 1), (2, 3, 0, 1), (4, 3, 0, 1),
+                   (8, 3, 0, 1))
 
 
 @dataclass(frozen=True)
@@ -52,7 +56,7 @@ def profile_candidates(ugraphs: Sequence[KernelGraph], example_inputs: Sequence[
             if why is not None:
                 err = f"skipped {config_label(config)}: {why}"
                 continue
-            if config is not None and not launch_fits(g, *config[:2]):  # Triton would refuse the launch
+            if config is not None and not fits(g, config):  # Triton would refuse the launch
                 err = f"skipped {tuple(config)}: shared memory estimate (ir.smem) over the sm_90 budget"
                 continue
             try:
@@ -78,15 +82,24 @@ def launch_key(text: str, config) -> tuple[str, tuple | None]:
 
 
 def config_label(c: tuple | None) -> str:
-    """w<num_warps>s<num_stages>, with "p" for a prefetch-rendered launch; None: the renderer's default."""
+    """w<num_warps>s<num_stages>, with "p" for a prefetch-rendered launch and "c" for a chained one;
+    None: the renderer's default."""
     if c is None:
         return "default"
-    return f"w{c[0]}s{c[1]}" + ("p" if len(c) > 2 and c[2] else "")
+    return f"w{c[0]}s{c[1]}" + ("p" if len(c) > 2 and c[2] else "") + ("c" if len(c) > 3 and c[3] else "")
+
+
+def fits(g: KernelGraph, config: tuple) -> bool:
+    """Whether ``g``'s kernels fit the GPU's shared memory at ``config`` (``ir.launch_fits``)."""
+    return launch_fits(g, config[0], config[1], chained=len(config) > 3 and bool(config[3]))
 
 
 def applies(g: KernelGraph, config: tuple) -> bool:
-    """Whether ``config`` changes anything for ``g``: a prefetch variant needs a kernel with a for-loop."""
-    return len(config) < 3 or not config[2] or any(n.block.forloop > 1 for n in g.customized_nodes())
+    """Whether ``config`` changes anything for ``g``: a prefetch variant needs a kernel with a
+    for-loop, a chained one a kernel that can run its consumer (``ir.chain``)."""
+    if len(config) > 2 and config[2] and not any(n.block.forloop > 1 for n in g.customized_nodes()):
+        return False
+    return len(config) < 4 or not config[3] or bool(chains(g))
 
 
 def _kernels(g: KernelGraph):

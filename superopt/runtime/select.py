@@ -24,8 +24,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..ir import KernelGraph, from_text, launch_fits, to_text
-from .profile import DEFAULT_CONFIGS, ProfileResult, applies, launch_key, profile_candidates
+from ..ir import KernelGraph, from_text, to_text
+from .profile import DEFAULT_CONFIGS, ProfileResult, applies, fits, launch_key, profile_candidates
 
 SWEEP_TOP = 3  # candidates whose launch configurations are swept after the first stage
 # The first stage's launches: the renderer's default (4 warps, 3 stages for 128 threads), 2 warps,
@@ -35,7 +35,8 @@ SWEEP_TOP = 3  # candidates whose launch configurations are swept after the firs
 # of the swept few once the search offered 14 candidates instead of 7 (ninth session). Over the 29
 # candidates the ninth session's block benchmark timed at every launch, these three came within
 # 10% of each one's best (26 within 5%); default and 2 warps alone: within 41% (20 within 5%).
-PROBE = (None, (2, 3), (4, 3, 1))
+# The last, a split kernel running its combine (``ir.chain``), is timed only where it applies.
+PROBE = (None, (2, 3), (4, 3, 1), (4, 3, 0, 1))
 
 
 def default_workers() -> int:
@@ -61,12 +62,12 @@ class Selector:
         incumbent whose best launch is known to be one the probes leave out)."""
         unique = list({to_text(g): g for g in candidates}.values())
         self._prebuild([(g, c) for g in unique for c in PROBE
-                        if c is None or (applies(g, c) and launch_fits(g, *c[:2]))], inputs)
+                        if c is None or (applies(g, c) and fits(g, c))], inputs)
         first = profile_candidates(unique, inputs, configs=PROBE, refused=self._refused)
         top = [r.ugraph for r in first if r.error is None][:SWEEP_TOP]
         top += [g for g in sweep_also if g not in top]
         # configs whose shared memory cannot fit are skipped by the timing pass: do not build them
-        self._prebuild([(g, c) for g in top for c in self.configs if applies(g, c) and launch_fits(g, *c[:2])],
+        self._prebuild([(g, c) for g in top for c in self.configs if applies(g, c) and fits(g, c)],
                        inputs)
         swept = profile_candidates(top, inputs, configs=self.configs, refused=self._refused)
         best = {to_text(r.ugraph): r for r in first}

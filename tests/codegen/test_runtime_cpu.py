@@ -162,7 +162,7 @@ def test_selector_sweeps_a_candidate_that_is_slow_only_at_its_default_launch(mon
         return sorted(out, key=lambda r: r.median_us)
 
     monkeypatch.setattr(select, "profile_candidates", fake_profile)
-    monkeypatch.setattr(select, "launch_fits", lambda g, *c: True)
+    monkeypatch.setattr(select, "fits", lambda g, c: True)
     ranked = select.Selector(torch.device("cpu"), workers=1).pick(graphs, [])
     assert ranked[0].ugraph is graphs[3] and ranked[0].median_us == 17.0
 
@@ -184,7 +184,7 @@ def test_selector_sweeps_the_launches_of_a_graph_it_is_told_to(monkeypatch):
         return sorted(out, key=lambda r: r.median_us)
 
     monkeypatch.setattr(select, "profile_candidates", fake_profile)
-    monkeypatch.setattr(select, "launch_fits", lambda g, *c: True)
+    monkeypatch.setattr(select, "fits", lambda g, c: True)
     sel = select.Selector(torch.device("cpu"), workers=1)
     assert sel.pick(graphs, [])[0].ugraph is graphs[0]  # ranked 5th at the probes: never swept
     assert sel.pick(graphs, [], sweep_also=[graphs[4]])[0].ugraph is graphs[4]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.codegen.triton_cases import CASES, INTERP_DTYPES
+from tests.codegen.triton_cases import CASES, CHAIN_CASES, INTERP_DTYPES
 
 ROOT = Path(__file__).resolve().parents[2]
 TOL = {"float32": 1e-5, "float16": 2e-3}  # CONVENTIONS.md tolerance table
@@ -62,3 +62,14 @@ def test_paired_launch_matches_float64_for_both_instances(interp_errors, case, d
 def test_site_pairing_takes_the_paired_launch_and_matches_the_separate_calls(interp_errors):
     # mirage_serve.patch_pairing.Pairing on two builds of a found k/v program, weights bound per instance
     assert interp_errors["site_pairing"] is True, interp_errors["site_pairing"]
+
+
+@pytest.mark.parametrize("dtype", INTERP_DTYPES)
+@pytest.mark.parametrize("case", CHAIN_CASES)
+def test_chained_kernel_matches_float64(interp_errors, case, dtype):
+    # the split kernel runs the combine in the last block of each group (ir.chain): one launch,
+    # the same results; the bound call (a second launch) also checks that the counters were reset
+    err = interp_errors[f"{case}/{dtype}/chain"]
+    assert not isinstance(err, str), err
+    assert math.isfinite(err) and err <= TOL[dtype], f"{case} {dtype} chained: relative error {err:.3e}"
+    assert interp_errors[f"{case}/{dtype}/chain/bound"] is True, interp_errors[f"{case}/{dtype}/chain/bound"]

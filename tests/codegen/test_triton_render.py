@@ -186,3 +186,41 @@ def test_paired_kernels_compile_for_sm90_with_the_same_vector_loads(case):
         # the pointers chosen at run time keep their 16-byte alignment: loads as wide as the plain kernel's
         for width in ("ld.global.v4", "ld.global.v2"):
             assert ptx.count(width) == ref.count(width), (name, width)
+
+
+def test_only_the_chain_cases_have_a_kernel_that_can_run_its_consumer():
+    from superopt.ir.chain import chains
+    from tests.codegen.triton_cases import CHAIN_CASES
+
+    assert {c for c in IDS if chains(build(c, "float32").ugraph)} == set(CHAIN_CASES)
+
+
+def test_chained_split_kernel_runs_the_combine_in_the_last_block_of_each_group():
+    g = build("decode_attention", "bfloat16").ugraph  # grid (1, 2 kv heads, 2 splits); combine (1, 2, 2 q heads)
+    plain = render_triton(g)
+    split, combine = plain.kernels
+    tm = render_triton(g, chain=frozenset({split.name}))
+    (k,) = tm.kernels
+    assert k.name == split.name and k.tail == combine.node_index and k.counters == 2  # one counter a kv head
+    assert k.args == split.args and k.outs == split.outs + combine.outs
+    body = tm.source[tm.source.index(f"def {k.name}("):tm.source.index("def launch_")]
+    count = 'if tl.atomic_add(c_ptr + pid1, 1, sem="acq_rel", scope="gpu") == 1:'
+    assert body.index("tl.debug_barrier()") < body.index(count) < body.index("for tpid2 in range(2):")
+    # the partials are read at L2 by the last block; the counter is reset for the next launch
+    assert body.count('cache_modifier=".cg"') == 3 and body.rstrip().endswith("tl.store(c_ptr + pid1, 0)")
+    assert "o3_ptr" in body[body.index(count):]  # the combine's output, after the split's three
+    assert render_triton(g, chain=frozenset({combine.name})).source == plain.source  # the consumer cannot chain
+    assert render_triton(g, chain=frozenset({split.name}), paired=True).source == render_triton(g, paired=True).source
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["decode_attention", "gqa"])
+def test_chained_kernels_compile_for_sm90_with_l2_loads_of_the_partials(case):
+    from superopt.runtime.aot import aot_compile
+
+    g = build(case, "bfloat16").ugraph
+    tm = render_triton(g, chain=frozenset(k.name for k in render_triton(g).kernels))
+    (k,) = aot_compile(tm, arch=90).values()
+    ptx = k.asm["ptx"]
+    assert k.asm["cubin"] and ".target sm_90" in ptx
+    assert "ld.global.cg" in ptx and ptx.count("atom.global.gpu.acq_rel.add") == 1

@@ -54,6 +54,10 @@ WIDE_CASES = {
     "matmul_residual_wide": ("matmul_residual", dict(rows=9, hidden=64, out=128), (1, 2, 1), 2),
 }
 
+# Cases whose split kernel can run its combine in its last blocks (ir.chain): the renderer's chained
+# launch variant is run for these (and test_triton_render checks that no other case chains)
+CHAIN_CASES = ("gqa", "qknorm", "decode_attention", "decode_attention_odd")
+
 CASES = [(name, name, {}) for name in FIXTURES] + ODD + [(c, c, {}) for c in TEXT_CASES] + \
     [(c, c, {}) for c in FOUND_CASES] + [(c, c, {}) for c in WIDE_CASES]
 INTERP_DTYPES = ("float32", "float16")  # bf16 arithmetic is broken in the interpreter (DESIGN.md)

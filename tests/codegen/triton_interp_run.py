@@ -19,22 +19,27 @@ import torch  # noqa: E402
 from superopt.interp import NumpyDomain, evaluate  # noqa: E402
 from superopt.codegen.triton import render_triton  # noqa: E402
 from superopt.runtime import compile_graph  # noqa: E402
-from tests.codegen.triton_cases import CASES, INTERP_DTYPES, build  # noqa: E402
+from tests.codegen.triton_cases import CASES, CHAIN_CASES, INTERP_DTYPES, build  # noqa: E402
 
 
-def run_case(case_id: str, dtype: str, seed: int = 0, prefetch: bool = False) -> tuple[float, bool]:
+def run_case(case_id: str, dtype: str, seed: int = 0, prefetch: bool = False, chain: bool = False
+             ) -> tuple[float, bool]:
     """(relative error, whether the bound call matches); ``prefetch``: every kernel rendered with its
-    loads one iteration ahead (the profiler's launch variant)."""
+    loads one iteration ahead (the profiler's launch variant); ``chain``: a kernel that can run its
+    consumer does (``ir.chain``; an error where none can)."""
     fx = build(case_id, dtype)
     rng = np.random.default_rng(seed)
     xs = [torch.from_numpy(rng.standard_normal(v.type.shape)).to(getattr(torch, dtype)) for v in fx.program.inputs]
     ref = evaluate(fx.program, [x.double().numpy() for x in xs], NumpyDomain())
     launch = None
-    if prefetch:
-        launch = {k.name: (k.num_warps, k.num_stages, 1) for k in render_triton(fx.ugraph).kernels}
+    if prefetch or chain:
+        launch = {k.name: (k.num_warps, k.num_stages, int(prefetch), int(chain))[:4 if chain else 3]
+                  for k in render_triton(fx.ugraph).kernels}
     cg = compile_graph(fx.ugraph, device="cpu", launch=launch)
-    if prefetch and cg.launch != launch:
+    if prefetch and not chain and cg.launch != launch:
         raise AssertionError(f"launch {cg.launch} does not keep the prefetch mark of {launch}")
+    if chain and (not cg.tails or any(cg.launch[k] != launch[k] for k in cg.launch)):
+        raise AssertionError(f"no kernel runs its consumer: launch {cg.launch}")
     for buf in cg.pool.values():
         if buf.dim():
             buf.fill_(float("nan"))
@@ -122,6 +127,11 @@ def main(argv: list[str]) -> None:
                 result[f"{cid}/{dt}/prefetch"], _ = run_case(cid, dt, prefetch=True)
             except Exception as e:
                 result[f"{cid}/{dt}/prefetch"] = f"{type(e).__name__}: {e}"
+            if cid in CHAIN_CASES:
+                try:
+                    result[f"{cid}/{dt}/chain"], result[f"{cid}/{dt}/chain/bound"] = run_case(cid, dt, chain=True)
+                except Exception as e:
+                    result[f"{cid}/{dt}/chain"] = result[f"{cid}/{dt}/chain/bound"] = f"{type(e).__name__}: {e}"
             try:
                 result[f"{cid}/{dt}/paired"] = run_paired(cid, dt)
             except Exception as e:
