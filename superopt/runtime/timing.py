@@ -69,3 +69,12 @@ def copy_bandwidth(nbytes: int = 1 << 30) -> float:
     b = torch.empty_like(a)
     us = time_call(lambda x, y: y.copy_(x), [[a, b]], graph=False, reps=20)
     return 2 * a.numel() / (us * 1e-6)
+
+
+def same_size_copy_us(nbytes: int) -> float:
+    """µs of a device-to-device copy that moves ``nbytes`` (half read, half written), timed as
+    ``time_call`` times a kernel: graph-replayed over buffers rotated beyond L2. At a decode block's
+    few MB a launch's fixed costs (the first bytes' latency, the last wave) are a large share, so
+    this, not the 1 GiB ``copy_bandwidth``, is what a kernel of that size can reach."""
+    half = torch.empty(max(1, nbytes // 2), dtype=torch.uint8, device="cuda").random_()
+    return time_call(lambda a, b: b.copy_(a), rotated_sets([half, torch.empty_like(half)]), graph=True)
