@@ -22,9 +22,11 @@ from .timing import rotated_sets, time_call
 # third element 1 renders the kernels with the next iteration's loads issued ahead (codegen.triton
 # ``prefetch``); it is timed only for graphs with a for-loop. A fourth element 1 runs a kernel's
 # consumer in its last blocks where ``ir.chain`` allows (a split kernel and its combine in one
-# launch); timed only for graphs with such a pair.
-DEFAULT_CONFIGS = ((2, 3), (2, 4), (4, 3), (4, 4), (8, 3), (2, 3, 1), (4, 3, 1), (2, 3, 0, 1), (4, 3, 0, 1),
-                   (8, 3, 0, 1))
+# launch), timed only for graphs with such a pair: on an H100 it lost to two launches (with
+# programmatic dependent launch) at every attention tiling that was competitive, by up to 1.8×
+# where the last block loops over a GQA group (benchmarks/results/blocks_h100_2026-11-25_s17.md),
+# so it is swept over the few fastest candidates only, not probed on every one.
+DEFAULT_CONFIGS = ((2, 3), (2, 4), (4, 3), (4, 4), (8, 3), (2, 3, 1), (4, 3, 1), (2, 3, 0, 1), (4, 3, 0, 1))
 
 
 @dataclass(frozen=True)

@@ -35,8 +35,7 @@ SWEEP_TOP = 3  # candidates whose launch configurations are swept after the firs
 # of the swept few once the search offered 14 candidates instead of 7 (ninth session). Over the 29
 # candidates the ninth session's block benchmark timed at every launch, these three came within
 # 10% of each one's best (26 within 5%); default and 2 warps alone: within 41% (20 within 5%).
-# The last, a split kernel running its combine (``ir.chain``), is timed only where it applies.
-PROBE = (None, (2, 3), (4, 3, 1), (4, 3, 0, 1))
+PROBE = (None, (2, 3), (4, 3, 1))
 
 
 def default_workers() -> int:
