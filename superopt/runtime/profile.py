@@ -14,6 +14,7 @@ import torch
 
 from ..ir import KernelGraph, launch_fits, to_text
 from ..ir.chain import chains
+from ..ir.registers import registers_fit
 from .compiled import compile_graph
 from .timing import rotated_sets, time_call
 
@@ -58,8 +59,8 @@ def profile_candidates(ugraphs: Sequence[KernelGraph], example_inputs: Sequence[
             if why is not None:
                 err = f"skipped {config_label(config)}: {why}"
                 continue
-            if config is not None and not fits(g, config):  # Triton would refuse the launch
-                err = f"skipped {tuple(config)}: shared memory estimate (ir.smem) over the sm_90 budget"
+            if not fits(g, config):  # Triton would refuse the launch, or spill and compile for minutes
+                err = f"skipped {config_label(config)}: over the sm_90 shared memory (ir.smem) or registers (ir.registers)"
                 continue
             try:
                 launch = None if config is None else {k.name: tuple(config) for k in _kernels(g)}
@@ -91,9 +92,13 @@ def config_label(c: tuple | None) -> str:
     return f"w{c[0]}s{c[1]}" + ("p" if len(c) > 2 and c[2] else "") + ("c" if len(c) > 3 and c[3] else "")
 
 
-def fits(g: KernelGraph, config: tuple) -> bool:
-    """Whether ``g``'s kernels fit the GPU's shared memory at ``config`` (``ir.launch_fits``)."""
-    return launch_fits(g, config[0], config[1], chained=len(config) > 3 and bool(config[3]))
+def fits(g: KernelGraph, config: tuple | None) -> bool:
+    """Whether ``g``'s kernels fit the GPU's shared memory (``ir.launch_fits``) and a thread's registers
+    (``ir.registers``) at ``config`` (None: the renderer's default launch, whose stages fit by construction)."""
+    if config is None:
+        return registers_fit(g)
+    return registers_fit(g, config[0]) and launch_fits(g, config[0], config[1],
+                                                       chained=len(config) > 3 and bool(config[3]))
 
 
 def applies(g: KernelGraph, config: tuple) -> bool:

@@ -61,7 +61,7 @@ class Selector:
         incumbent whose best launch is known to be one the probes leave out)."""
         unique = list({to_text(g): g for g in candidates}.values())
         self._prebuild([(g, c) for g in unique for c in PROBE
-                        if c is None or (applies(g, c) and fits(g, c))], inputs)
+                        if (c is None or applies(g, c)) and fits(g, c)], inputs)
         first = profile_candidates(unique, inputs, configs=PROBE, refused=self._refused)
         top = [r.ugraph for r in first if r.error is None][:SWEEP_TOP]
         top += [g for g in sweep_also if g not in top]
