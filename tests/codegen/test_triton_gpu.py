@@ -26,14 +26,29 @@ def _errors(fx, xs, outs):
     return [float(np.linalg.norm(o.double().cpu().numpy() - r) / np.linalg.norm(r)) for o, r in zip(outs, ref)]
 
 
-def _poisoned(fx, dtype):
+def _poisoned(fx, dtype, launch=None):
     from superopt.runtime import compile_graph
 
-    cg = compile_graph(fx.ugraph, device="cuda")
+    cg = compile_graph(fx.ugraph, device="cuda", launch=launch)
     for buf in cg.pool.values():
         if buf.dim():
             buf.fill_(float("nan"))
     return cg
+
+
+def _replayed_errors(fx, cg, dtype, seeds):
+    """(seed, float64 errors) of ``cg`` captured once in a CUDA graph, replayed on fresh inputs per seed."""
+    xs = _inputs(fx, dtype, seeds[0] - 1)
+    cg(*xs)  # compiles outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = cg(*xs)
+    for seed in seeds:
+        for x, n in zip(xs, _inputs(fx, dtype, seed)):
+            x.copy_(n)
+        graph.replay()
+        yield seed, _errors(fx, xs, [o.clone() for o in outs])
 
 
 @pytest.mark.parametrize("dtype", list(TOL))
@@ -75,19 +90,8 @@ def test_cross_block_sums_stay_right_over_many_replays(case):
     # launch: a missed reset or a read before another block's add shows up as a wrong sum within a
     # few replays (atomics sum in any order, so replays are compared to float64, not to each other)
     fx = build(case, "bfloat16")
-    cg = _poisoned(fx, "bfloat16")
-    xs = _inputs(fx, "bfloat16", 7)
-    cg(*xs)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outs = cg(*xs)
-    for seed in range(8, 28):
-        for x, n in zip(xs, _inputs(fx, "bfloat16", seed)):
-            x.copy_(n)
-        graph.replay()
-        errs = _errors(fx, xs, [o.clone() for o in outs])
-        assert max(errs) <= TOL["bfloat16"], f"{case} replay with seed {seed}: {errs}"
+    for seed, errs in _replayed_errors(fx, _poisoned(fx, "bfloat16"), "bfloat16", range(8, 28)):
+        assert all(np.isfinite(errs)) and max(errs) <= TOL["bfloat16"], f"{case} replay with seed {seed}: {errs}"
 
 
 def _llama_4k_attention_64_splits(dtype):
@@ -106,26 +110,11 @@ def test_chained_split_and_combine_stay_right_over_many_replays(case, dtype):
     # reset, or a last block reading a partial another block has not yet made visible, shows up
     # as a wrong (or poisoned) output within a few replays on fresh inputs
     from superopt.codegen.triton import render_triton
-    from superopt.runtime import compile_graph
 
     fx = _llama_4k_attention_64_splits(dtype) if case == "llama_4k_64_splits" else build(case, dtype)
-    launch = {k.name: (4, 3, 0, 1) for k in render_triton(fx.ugraph).kernels}
-    cg = compile_graph(fx.ugraph, device="cuda", launch=launch)
+    cg = _poisoned(fx, dtype, launch={k.name: (4, 3, 0, 1) for k in render_triton(fx.ugraph).kernels})
     assert cg.tails and len(cg.kernels) == 1
-    for buf in cg.pool.values():
-        if buf.dim():
-            buf.fill_(float("nan"))
-    xs = _inputs(fx, dtype, 11)
-    cg(*xs)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outs = cg(*xs)
-    for seed in range(12, 24):
-        for x, n in zip(xs, _inputs(fx, dtype, seed)):
-            x.copy_(n)
-        graph.replay()
-        errs = _errors(fx, xs, [o.clone() for o in outs])
+    for seed, errs in _replayed_errors(fx, cg, dtype, range(12, 24)):
         assert all(np.isfinite(errs)) and max(errs) <= TOL[dtype], f"{case} {dtype} replay {seed}: {errs}"
 
 

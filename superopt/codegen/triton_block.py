@@ -1,0 +1,442 @@
+"""The text of one block graph inside a Triton kernel: its loads, ops, accumulators and stores.
+
+``BlockWriter`` holds a kernel body's lines while ``codegen.triton`` walks a block graph through it
+(``_emit_block``): each value becomes a Triton variable, each op a line, with the padding, masks and
+layouts the module docstring of ``codegen.triton`` describes. A kernel that also runs its consumer
+(``ir.chain``) writes the consumer's block with a second writer: its own variable prefix, pointers
+and indentation. This module imports no triton and no torch; it only writes text.
+"""
+from __future__ import annotations
+
+import math
+import re
+
+from ..ir import BlockGraph, Category, Node, Variance, block_variance, op_info
+from ..ir.padding import fma_matmul, padded_shapes
+
+WGMMA_MIN_ROWS = 64  # a warpgroup's wgmma rows: a dot with fewer rows and at least this many columns is swapped
+TL_DTYPES = {"float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32"}
+_UNARY = {
+    "exp": "tl.exp({0})",
+    "neg": "(-{0})",
+    "square": "({0} * {0})",
+    "sqrt": "tl.sqrt({0})",
+    "rsqrt": "tl.rsqrt({0})",
+    "sigmoid": "tl.sigmoid({0})",
+    "silu": "({0} * tl.sigmoid({0}))",
+    "tanh": "(2.0 * tl.sigmoid(2.0 * {0}) - 1.0)",
+    "gelu_tanh": "(0.5 * {0} * (1.0 + (2.0 * tl.sigmoid(1.5957691216057308 * ({0} + 0.044715 * {0} * {0} * {0}))"
+                 " - 1.0)))",
+}
+_BINARY = {"add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "div": "({0} / {1})",
+           "max": "tl.maximum({0}, {1})"}
+
+
+def identifier(name: str) -> str:
+    """``name`` as a Python identifier (kernel and variable names)."""
+    s = re.sub(r"\W", "_", name)
+    return s if s and not s[0].isdigit() else f"g_{s}"
+
+
+def _strides(shape: tuple[int, ...]) -> list[int]:
+    out, acc = [], 1
+    for s in reversed(shape):
+        out.append(acc)
+        acc *= s
+    return out[::-1]
+
+
+def _ar(p: int, d: int, rank: int) -> str:
+    """tl.arange over dim ``d`` of a rank-``rank`` tile, with broadcast axes elsewhere."""
+    r = f"tl.arange(0, {p})"
+    if rank == 1:
+        return r
+    return r + "[" + ", ".join(":" if k == d else "None" for k in range(rank)) + "]"
+
+
+def tile_mask(real: tuple[int, ...], pad: tuple[int, ...], dims=None) -> str | None:
+    dims = range(len(real)) if dims is None else dims
+    terms = [f"({_ar(pad[d], d, len(real))} < {real[d]})" for d in dims if pad[d] > real[d]]
+    return " & ".join(terms) if terms else None
+
+
+class BlockWriter:
+    """Text of one kernel body; ``self.var`` maps block value names to Triton variables."""
+
+    def __init__(self, b: BlockGraph, narrow: str | None, prefix: str = "v", args: list[str] | None = None,
+                 base: int = 0, fresh: frozenset[int] = frozenset()):
+        """``prefix``: of its variables and block indices (``{prefix}pid0`` …); ``args``: the pointer
+        of each node argument (default ``a{j}_ptr``); ``base``: indentation levels added to every
+        line; ``fresh``: arguments this launch wrote (a chained consumer's, ``ir.chain``), loaded at
+        L2 (``.cg``), never from an L1 line another launch left."""
+        self.b = b
+        self.narrow = narrow
+        self.prefix, self.base, self.fresh = prefix, base, fresh
+        self.args = args if args is not None else [f"a{j}_ptr" for j in range(1 + max((i.source for i in b.inputs),
+                                                                                     default=-1))]
+        self.pid = "pid" if prefix == "v" else f"{prefix}pid"
+        self.producer = {n.out.name: n for n in b.nodes}
+        self.pad = padded_shapes(b)
+        self.real = {i.value.name: i.value.type.shape for i in b.inputs}
+        self.real.update((n.out.name, n.out.type.shape) for n in b.nodes)
+        self.dtype = {i.value.name: i.value.type.dtype for i in b.inputs}
+        self.dtype.update((n.out.name, n.out.type.dtype) for n in b.nodes)
+        self.var: dict[str, str] = {}
+        self.native: set[str] = set()  # values held in their loaded dtype, not yet float32
+        self.lines: list[str] = []
+        self.skip = self._only_feed_dots(b) if narrow else set()
+        # small-M matmuls written as a broadcast product + tl.sum (ir.padding.fma_matmul); one whose
+        # B is transpose(w) reads w [N, K] as loaded (K contiguous) and the transpose is never emitted
+        self.fma = {n.out.name for n in b.nodes if op_info(n.op).category is Category.MATMUL
+                    and fma_matmul(self.real[n.args[0]], self.real[n.args[1]])}
+        # small-M tl.dots accumulated over the loop, written as (Bᵀ·Aᵀ)ᵀ: accumulator -> the matmul
+        self.swapped = _swapped_accums(b, self.producer, self.pad, self.fma)
+        swapped_dots = {r.out.name for r in self.swapped.values()}
+        self.nk: dict[str, str] = {}
+        for n in b.nodes:
+            t = self.producer.get(n.args[1]) if n.out.name in self.fma | swapped_dots else None
+            if t is not None and t.op == "transpose" and len(self.real[t.args[0]]) == 2:
+                self.nk[n.out.name] = t.args[0]
+        readers: dict[str, set[str]] = {}
+        for n in b.nodes:
+            for a in n.args:
+                readers.setdefault(a, set()).add(n.out.name)
+        outs = {o.value for o in b.outputs}
+        self.skip |= {w for m, src in self.nk.items() for w in [self.producer[m].args[1]]
+                      if w not in outs and readers[w] <= set(self.nk)}
+        # and the widening of w' that only those transposes read (the dots take w' as loaded)
+        self.skip |= {n.out.name for n in b.nodes if n.op == "cast" and n.out.name not in outs
+                      and readers.get(n.out.name) and readers[n.out.name] <= self.skip}
+
+    def _only_feed_dots(self, b: BlockGraph) -> set[str]:
+        """Widening casts read only by matmuls, directly or through transposes: the dots take the
+        narrow value (transposed as it is, ``narrow_transposes``), so never emit them. Widening a
+        K tile to float32 before ``tl.trans`` doubled the shared memory of the layout conversion and
+        the registers that hold it (decode attention's [KV tile, d] K)."""
+        readers: dict[str, list[Node]] = {}
+        for n in b.nodes:
+            for a in n.args:
+                readers.setdefault(a, []).append(n)
+        outs = {o.value for o in b.outputs}
+
+        def dots_only(v: str) -> bool:
+            return v not in outs and bool(readers.get(v)) and all(
+                r.op == "matmul" or (r.op == "transpose" and dots_only(r.out.name)) for r in readers[v])
+        return {n.out.name for n in b.nodes if n.op == "cast" and self.dtype[n.args[0]] in ("float16", "bfloat16")
+                and dots_only(n.out.name)}
+
+    def name(self, v: str) -> str:
+        if v not in self.var:
+            self.var[v] = f"{self.prefix}{len(self.var)}_{identifier(v)[:24]}"
+        return self.var[v]
+
+    def f32(self, v: str) -> str:
+        native = v in self.native and self.dtype[v] != "float32"
+        return f"{self.var[v]}.to(tl.float32)" if native else self.var[v]
+
+    def emit(self, line: str, ind: int) -> None:
+        self.lines.append("    " * (ind + self.base) + line)
+
+    # ------------------------------------------------------------ loads and stores
+    def load(self, inp, src_shape: tuple[int, ...], ind: int, it: str = "i", dst: str | None = None) -> None:
+        """``inp``'s tile at for-loop iteration ``it`` (an expression) into ``dst`` (default: its variable)."""
+        b, name = self.b, inp.value.name
+        tile, pad = self.real[name], self.pad[name]
+        terms = []
+        for d, stride in enumerate(_strides(src_shape)):
+            parts = [f"{self.pid}{a} * {src_shape[d] // b.grid[a]}" for a in range(3)
+                     if inp.imap[a] == d and b.grid[a] > 1]
+            if inp.fmap == d and b.forloop > 1:
+                parts.append(f"{it} * {tile[d]}")
+            idx = " + ".join(parts + [_ar(pad[d], d, len(tile))])
+            terms.append(f"({idx})" + (f" * {stride}" if stride != 1 else ""))
+        ptrs = f"{self.args[inp.source]} + " + " + ".join(terms)
+        mask = tile_mask(tile, pad)
+        args = f"{ptrs}, mask={mask}, other=0.0" if mask else ptrs
+        if inp.source in self.fresh:
+            args += ', cache_modifier=".cg"'
+        self.emit(f"{dst or self.name(name)} = tl.load({args})", ind)
+        self.native.add(name)
+
+    def tile_ptrs(self, ptr: str, o, out_shape: tuple[int, ...]) -> tuple[str, str | None]:
+        """(pointers, mask) of the block's tile of output ``o`` in the tensor at ``ptr``."""
+        b = self.b
+        tile, pad = self.real[o.value], self.pad[o.value]
+        terms = []
+        for d, stride in enumerate(_strides(out_shape)):
+            parts = [f"{self.pid}{a} * {tile[d]}" for a in range(3) if o.omap[a] == d and b.grid[a] > 1]
+            idx = " + ".join(parts + [_ar(pad[d], d, len(tile))])
+            terms.append(f"({idx})" + (f" * {stride}" if stride != 1 else ""))
+        return f"{ptr} + " + " + ".join(terms), tile_mask(tile, pad)
+
+    def store(self, ptr: str, o, out_shape: tuple[int, ...], atomic: bool) -> None:
+        ptrs, mask = self.tile_ptrs(ptr, o, out_shape)
+        val = f"{self.f32(o.value)}.to({ptr}.dtype.element_ty)"
+        fn = "tl.atomic_add" if atomic else "tl.store"
+        args = [ptrs, val] + ([f"mask={mask}"] if mask else []) + (['sem="relaxed"'] if atomic else [])
+        self.emit(f"{fn}({', '.join(args)})", 1)
+
+    def finish_sums(self, summed: list[tuple[int, object, tuple[int, ...]]], reduced: tuple[int, ...],
+                    first: int) -> None:
+        """After the blocks of one tile of the outputs ``summed`` (all summed over grid axes
+        ``reduced``) added their parts into workspaces ``w{j}``: the last of them to count itself in
+        (counters from ``first`` on, one per tile) stores the sums into ``o{j}`` and leaves the
+        workspaces and its counter zero.
+
+        The barrier puts every thread's adds before the count; the count is an acquire-release
+        atomic at GPU scope, so the last block's reads (atomic adds of zero, at L2 as the adds
+        were, never a stale L1 line) see every other block's adds. No other block touches the
+        workspace or the counter again in this launch, so plain stores reset them. The adds and
+        the reads are relaxed atomics: the count alone orders them (CUTLASS's split-K semaphore
+        is the same pattern). Triton's default, acq_rel on every one, makes each vector add a
+        returning atomic that waits for the thread's earlier memory operations: a round trip to
+        L2 per 16 bytes of partial sums, in series."""
+        b = self.b
+        group, stride = [], 1
+        for a in range(3):
+            if a not in reduced and b.grid[a] > 1:
+                group.append(f"{self.pid}{a} * {stride}" if stride > 1 else f"{self.pid}{a}")
+                stride *= b.grid[a]
+        cnt = "c_ptr" + (f" + {first}" if first else "") + "".join(f" + {t}" for t in group)
+        parts = math.prod(b.grid[a] for a in reduced)
+        self.emit(f"if tl.atomic_add({cnt}, 1, sem=\"acq_rel\", scope=\"gpu\") == {parts - 1}:", 1)
+        for j, o, shape in summed:
+            ptrs, mask = self.tile_ptrs(f"w{j}_ptr", o, shape)
+            m = f", mask={mask}" if mask else ""
+            self.emit(f"sum{j} = tl.atomic_add({ptrs}, 0.0{m}, sem=\"relaxed\")", 2)
+            self.emit(f"tl.store({ptrs}, 0.0{m})", 2)
+            optrs, _ = self.tile_ptrs(f"o{j}_ptr", o, shape)
+            self.emit(f"tl.store({optrs}, sum{j}.to(o{j}_ptr.dtype.element_ty){m})", 2)
+        self.emit(f"tl.store({cnt}, 0)", 2)
+
+    # ------------------------------------------------------------ nodes
+    def operand(self, v: str, out: str) -> str:
+        """``v`` in float32, squeezed where a padded extent-1 dim must broadcast (rare)."""
+        x, rv, pv = self.f32(v), self.real[v], self.pad[v]
+        po = self.pad[out]
+        for i in range(1, len(rv) + 1):
+            d = len(rv) - i
+            if rv[d] == 1 and pv[d] > 1 and i <= len(po) and po[-i] != pv[d]:
+                # real extent 1 padded for a dot elsewhere: keep element 0 only, as extent 1
+                x = f"tl.sum(tl.where({_ar(pv[d], d, len(rv))} == 0, {x}, 0.0), axis={d}, keep_dims=True)"
+        return x
+
+    def node(self, n: Node, ind: int) -> None:
+        out, cat = n.out.name, op_info(n.op).category
+        if out in self.skip:
+            return
+        lhs = self.name(out)
+        if cat is Category.CONST:
+            self.emit(f"{lhs} = tl.full([], {_float(n.attr('value'))}, tl.float32)", ind)
+        elif cat is Category.UNARY:
+            self.emit(f"{lhs} = {_UNARY[n.op].format(self.f32(n.args[0]))}", ind)
+        elif cat is Category.BINARY:
+            a, c = (self.operand(x, out) for x in n.args)
+            self.emit(f"{lhs} = {_BINARY[n.op].format(a, c)}", ind)
+        elif cat is Category.REDUCE:
+            src, dim = n.args[0], n.attr("dim")
+            x = self.f32(src)
+            m = tile_mask(self.real[src], self.pad[src], [dim])
+            if m:
+                fill = "0.0" if n.op == "reduce_sum" else '-float("inf")'
+                x = f"tl.where({m}, {x}, {fill})"
+            fn = "tl.sum" if n.op == "reduce_sum" else "tl.max"
+            self.emit(f"{lhs} = {fn}({x}, axis={dim}, keep_dims={bool(n.attr('keepdim'))})", ind)
+        elif cat is Category.MATMUL and out in self.fma:
+            self.emit(f"{lhs} = {self.fma_sum(n, self.fma_product(n))}", ind)
+        elif cat is Category.MATMUL:
+            self.matmul(n, lhs, ind)
+        elif n.op == "transpose":
+            r = len(self.real[out])
+            perm = "" if r == 2 else ", " + str(tuple(list(range(r - 2)) + [r - 1, r - 2]))
+            fn = "tl.trans" if r == 2 else "tl.permute"
+            src = n.args[0]
+            if src in self.skip:  # a skipped widening: transpose the narrow tile the dots take
+                src = self.unwidened(src)
+                self.dtype[out] = self.dtype[src]
+                self.native.add(out)
+                self.emit(f"{lhs} = {fn}({self.var[src]}{perm})", ind)
+            else:
+                self.emit(f"{lhs} = {fn}({self.f32(src)}{perm})", ind)
+        elif n.op == "cast":
+            x, dt = self.f32(n.args[0]), n.attr("dtype")
+            self.emit(f"{lhs} = {x}.to({TL_DTYPES[dt]}).to(tl.float32)" if dt in ("float16", "bfloat16")
+                      else f"{lhs} = {x}", ind)
+        else:
+            raise NotImplementedError(f"render_triton: no Triton form for block op {n.op!r}")
+
+    def dot_operand(self, v: str, kdim: int) -> str:
+        """``v`` as a ``tl.dot`` operand: in the dtype the μGraph declares, padding along K zeroed."""
+        if self.narrow:
+            v = self.unwidened(v)
+        rv, pv = self.real[v], list(self.pad[v])
+        want = self.narrow or "float32"
+        native = v in self.native
+        x = self.var[v] if native else self.f32(v)
+        m = tile_mask(rv, pv, [kdim])
+        if m:  # padding along K must contribute nothing, whatever garbage it holds
+            x = f"tl.where({m}, {x}, 0.0)"
+        if want != "float32" and (not native or m or self.dtype[v] != want):
+            x = f"{x}.to({TL_DTYPES[want]})"
+        return x
+
+    def swapped_dot(self, n: Node) -> str:
+        """``matmul(a, b)``ᵀ [N, M] as ``tl.dot(bᵀ, aᵀ)``: a decode GEMV's few rows (M padded to 16)
+        are the dot's N, the weight tile's columns its M, which makes the dot wgmma-eligible
+        (64 rows a warpgroup) instead of mma.sync on 16; an [N, K] weight (b = transpose(w)) is
+        the A operand as loaded. With the sum of squares of an RMSNorm in the same loop, the
+        x·W form ran at half the weight-streaming rate on an H200 (``benchmarks/probe_small_m_dot.py``)."""
+        a, b = n.args
+        w = self.nk.get(n.out.name)
+        lhs = self.dot_operand(w, 1) if w is not None else f"tl.trans({self.dot_operand(b, 0)})"
+        prec = "" if self.narrow else ', input_precision="ieee"'
+        return f"tl.dot({lhs}, tl.trans({self.dot_operand(a, 1)}), out_dtype=tl.float32{prec})"
+
+    def matmul(self, n: Node, lhs: str, ind: int) -> None:
+        """tl.dot on rank 2, or rank 3 with the batch dims flattened; unit batch dims dropped."""
+        po = list(self.pad[n.out.name])
+        batch = 1
+        for e in po[:-2]:
+            batch *= e
+        ops = []
+        for j, v in enumerate(n.args):
+            x, pv = self.dot_operand(v, len(self.real[v]) - (1 if j == 0 else 2)), list(self.pad[v])
+            if batch > 1 and (len(pv) < len(po) or pv[:-2] != po[:-2]):
+                x = f"{x}[{', '.join(['None'] * (len(po) - len(pv)) + [':'] * len(pv))}]"
+                x = f"tl.broadcast_to({x}, {po[:-2] + pv[-2:]})"
+            if len(po) != 3 or batch == 1:
+                x = f"tl.reshape({x}, {([batch] if batch > 1 else []) + pv[-2:]})" if len(pv) != 2 else x
+            ops.append(x)
+        prec = "" if self.narrow else ', input_precision="ieee"'
+        dot = f"tl.dot({ops[0]}, {ops[1]}, out_dtype=tl.float32{prec})"
+        if len(po) != 2 and (len(po) != 3 or batch == 1):
+            dot = f"tl.reshape({dot}, {po})"
+        self.emit(f"{lhs} = {dot}", ind)
+
+    def fma_operand(self, v: str, kdim: int) -> str:
+        """A float32 operand of a broadcast-product matmul, rounded as ``tl.dot`` would take it."""
+        if self.narrow:
+            v = self.unwidened(v)
+        x = self.f32(v)
+        if self.narrow and not (v in self.native and self.dtype[v] == self.narrow):
+            x = f"{x}.to({TL_DTYPES[self.narrow]}).to(tl.float32)"
+        m = tile_mask(self.real[v], self.pad[v], [kdim])
+        return f"tl.where({m}, {x}, 0.0)" if m else x  # padding along K contributes nothing
+
+    def fma_form(self, n: Node) -> str:
+        """How the products of ``matmul(a, b)`` are laid out: in 2-D where a side is a single row.
+
+        "row": b = transpose(w'), w' [N, K] with N == 1 (or M == N == 1): products a * w' [M, K].
+        "col": b = transpose(w'), M == 1: products a * w' [N, K], the decode GEMV of an HF Linear.
+        Both keep the loaded tiles' layout (no shared-memory layout conversion in the loop).
+        "3d": [M, K, N] (or [M, N, K] for a transposed b), a broadcast over a third axis.
+        """
+        pm, pn = self.pad[n.out.name]
+        if n.out.name in self.nk and pn == 1:
+            return "row"
+        if n.out.name in self.nk and pm == 1:
+            return "col"
+        return "3d"
+
+    def fma_shape(self, n: Node) -> list[int]:
+        """Padded shape of the elementwise products of ``matmul(a, b)``."""
+        (pm, pk), pn = self.pad[n.args[0]], self.pad[n.out.name][1]
+        form = self.fma_form(n)
+        if form == "row":
+            return [pm, pk]
+        if form == "col":
+            return [pn, pk]
+        return [pm, pn, pk] if n.out.name in self.nk else [pm, pk, pn]
+
+    def fma_product(self, n: Node) -> str:
+        """The elementwise products of ``matmul(a, b)`` (see ``fma_form``)."""
+        a, w = n.args
+        ea = self.fma_operand(a, 1)
+        form = self.fma_form(n)
+        if n.out.name in self.nk:  # b = transpose(w'), w' [N, K]: out[m, n] = Σ_k a[m, k] w'[n, k]
+            eb = self.fma_operand(self.nk[n.out.name], 1)
+            return f"({ea}) * ({eb})" if form in ("row", "col") else f"({ea})[:, None, :] * ({eb})[None, :, :]"
+        return f"({ea})[:, :, None] * ({self.fma_operand(w, 0)})[None, :, :]"
+
+    def fma_sum(self, n: Node, products: str) -> str:
+        """``matmul(a, b)`` [M, N] from its products: the sum over K."""
+        form = self.fma_form(n)
+        if form == "row":
+            return f"tl.sum({products}, axis=1, keep_dims=True)"
+        if form == "col":
+            return f"tl.sum({products}, axis=1)[None, :]"
+        return f"tl.sum({products}, axis={2 if n.out.name in self.nk else 1})"
+
+    def unwidened(self, v: str) -> str:
+        """The fp16/bf16 value a float32 ``v`` was cast from, if it was: the dot can take it exactly."""
+        n = self.producer.get(v)
+        while n is not None and n.op == "cast" and self.dtype[n.args[0]] in ("float16", "bfloat16"):
+            v = n.args[0]
+            n = self.producer.get(v)
+        return v
+
+    def accumulate(self, n: Node, ind: int) -> None:
+        acc, x = self.var[n.out.name], self.f32(n.args[0])
+        if n.op == "accum_sum":
+            self.emit(f"{acc} = {acc} + {x}", ind)
+        elif n.op == "accum_sum_sq":
+            self.emit(f"{acc} = {acc} + {x} * {x}", ind)
+        elif n.op == "accum_max":
+            self.emit(f"{acc} = tl.maximum({acc}, {x})", ind)
+        else:  # online-softmax rescale: acc·exp(m_prev − m) + x, m updated earlier this iteration
+            m = n.args[1]
+            self.emit(f"{acc} = {acc} * tl.exp({self.var[m]}_prev - {self.var[m]}) + {x}", ind)
+
+
+def _float(v: float) -> str:
+    v = float(v)
+    if v != v:
+        return 'float("nan")'
+    if v in (float("inf"), float("-inf")):
+        return f'{"-" if v < 0 else ""}float("inf")'
+    return repr(v)
+
+
+def _use_counts(b: BlockGraph) -> dict[str, int]:
+    """How many times each value of ``b`` is read (by nodes and as an output)."""
+    uses: dict[str, int] = {}
+    for a in [a for n in b.nodes for a in n.args] + [o.value for o in b.outputs]:
+        uses[a] = uses.get(a, 0) + 1
+    return uses
+
+
+def _swapped_accums(b: BlockGraph, producer: dict[str, Node], pad: dict[str, tuple[int, ...]],
+                    fma: set[str]) -> dict[str, Node]:
+    """accum_sum nodes fed only by a loop-variant rank-2 ``tl.dot`` of fewer than 64 (padded) rows
+    and at least 64 columns, mapped to that matmul: the kernel accumulates the product
+    transposed (``BlockWriter.swapped_dot``) and transposes the sum once, after the loop."""
+    var, uses = block_variance(b), _use_counts(b)
+    out = {}
+    for n in b.nodes:
+        r = producer.get(n.args[0]) if n.op == "accum_sum" else None
+        if (r is None or r.op != "matmul" or r.out.name in fma or uses[r.out.name] != 1
+                or var[r.out.name] != Variance.LOOP or len(pad[r.out.name]) != 2):
+            continue
+        rows, cols = pad[r.out.name]
+        if rows < WGMMA_MIN_ROWS <= cols:
+            out[n.out.name] = r
+    return out
+
+
+def deferred_sums(b: BlockGraph, var: dict[str, str], fma: set[str]) -> dict[str, Node]:
+    """accum_sum nodes fed only by a loop-variant reduce_sum or broadcast-product matmul, mapped to it.
+
+    Σ_i Σ_j x_ij = Σ_j Σ_i x_ij: the kernel adds the reduce's operand (the matmul's products)
+    elementwise every iteration and reduces once after the loop, instead of a cross-warp reduction
+    (shared memory and a barrier) per iteration: the RMSNorm sum of squares in a matmul's K loop,
+    and the K loop of a decode GEMV, which then only streams its tiles.
+    """
+    producer = {n.out.name: n for n in b.nodes}
+    uses = _use_counts(b)
+    out = {}
+    for n in b.nodes:
+        r = producer.get(n.args[0]) if n.op == "accum_sum" else None
+        summed = r is not None and (r.op == "reduce_sum" or r.out.name in fma)
+        if summed and uses[r.out.name] == 1 and var[r.out.name] == Variance.LOOP:
+            out[n.out.name] = r
+    return out
