@@ -12,6 +12,7 @@ import time
 
 import torch
 
+from superopt.codegen.triton import chained
 from superopt.ir import digest
 from superopt.lax.extract import ExtractError, Extracted, extract
 from superopt.lax.rows import RowsError, with_rows
@@ -306,7 +307,8 @@ class Preparer:
         if not sr.source:  # the largest bucket's (searched) μGraph speaks for the site
             sr.source, sr.source_note, sr.verdict = choice.source, choice.note, ver.verdict
         sr.kernels = max(sr.kernels, len(choice.graph.customized_nodes()))
-        sr.launches = max(sr.launches, choice.graph.num_kernels)
+        # a kernel that runs its consumer (a chained launch, superopt.ir.chain) is one launch for two
+        sr.launches = max(sr.launches, choice.graph.num_kernels - len(chained(choice.launch)))
         if not ver.ok:
             raise SiteError(f"verification failed: {ver.verdict}")
         by_name = dict(zip((v.name for v in program.inputs), ex.sources))
