@@ -281,13 +281,8 @@ def _emit_chained(k: BlockWriter, chain: Chain, g: KernelGraph, n_args: int, n_o
     counter. The barrier and the acquire-release count order every block's stores before the last
     block's loads, which read at L2 (``.cg``), as ``finish_sums`` does."""
     tail = g.nodes[chain.consumer]
-    group, stride = [], 1
-    for _, a in sorted(chain.matched, key=lambda m: m[1]):
-        group.append(f"pid{a} * {stride}" if stride > 1 else f"pid{a}")
-        stride *= k.b.grid[a]
-    cnt = "c_ptr" + (f" + {first}" if first else "") + "".join(f" + {t}" for t in group)
     k.emit("tl.debug_barrier()", 1)
-    k.emit(f"if tl.atomic_add({cnt}, 1, sem=\"acq_rel\", scope=\"gpu\") == {chain.parts - 1}:", 1)
+    cnt = k.count_in(sorted(a for _, a in chain.matched), first, chain.parts)
     ptr = {s: f"o{o}_ptr" for s, o in chain.from_producer}
     ptr.update((s, f"a{n_args + m}_ptr") for m, s in enumerate(chain.extra_args))
     t = BlockWriter(tail.block, _narrow(tail, g), prefix="t", args=[ptr[s] for s in range(len(tail.args))],

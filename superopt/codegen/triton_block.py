@@ -72,8 +72,7 @@ class BlockWriter:
         self.b = b
         self.narrow = narrow
         self.prefix, self.base, self.fresh = prefix, base, fresh
-        self.args = args if args is not None else [f"a{j}_ptr" for j in range(1 + max((i.source for i in b.inputs),
-                                                                                     default=-1))]
+        self.args = args  # None: a{j}_ptr
         self.pid = "pid" if prefix == "v" else f"{prefix}pid"
         self.producer = {n.out.name: n for n in b.nodes}
         self.pad = padded_shapes(b)
@@ -150,7 +149,8 @@ class BlockWriter:
                 parts.append(f"{it} * {tile[d]}")
             idx = " + ".join(parts + [_ar(pad[d], d, len(tile))])
             terms.append(f"({idx})" + (f" * {stride}" if stride != 1 else ""))
-        ptrs = f"{self.args[inp.source]} + " + " + ".join(terms)
+        ptr = self.args[inp.source] if self.args is not None else f"a{inp.source}_ptr"
+        ptrs = f"{ptr} + " + " + ".join(terms)
         mask = tile_mask(tile, pad)
         args = f"{ptrs}, mask={mask}, other=0.0" if mask else ptrs
         if inp.source in self.fresh:
@@ -192,14 +192,8 @@ class BlockWriter:
         returning atomic that waits for the thread's earlier memory operations: a round trip to
         L2 per 16 bytes of partial sums, in series."""
         b = self.b
-        group, stride = [], 1
-        for a in range(3):
-            if a not in reduced and b.grid[a] > 1:
-                group.append(f"{self.pid}{a} * {stride}" if stride > 1 else f"{self.pid}{a}")
-                stride *= b.grid[a]
-        cnt = "c_ptr" + (f" + {first}" if first else "") + "".join(f" + {t}" for t in group)
-        parts = math.prod(b.grid[a] for a in reduced)
-        self.emit(f"if tl.atomic_add({cnt}, 1, sem=\"acq_rel\", scope=\"gpu\") == {parts - 1}:", 1)
+        cnt = self.count_in([a for a in range(3) if a not in reduced and b.grid[a] > 1], first,
+                            math.prod(b.grid[a] for a in reduced))
         for j, o, shape in summed:
             ptrs, mask = self.tile_ptrs(f"w{j}_ptr", o, shape)
             m = f", mask={mask}" if mask else ""
@@ -208,6 +202,18 @@ class BlockWriter:
             optrs, _ = self.tile_ptrs(f"o{j}_ptr", o, shape)
             self.emit(f"tl.store({optrs}, sum{j}.to(o{j}_ptr.dtype.element_ty){m})", 2)
         self.emit(f"tl.store({cnt}, 0)", 2)
+
+    def count_in(self, axes: list[int], first: int, parts: int) -> str:
+        """Count this block in with an acquire-release atomic on counter ``first`` + its index over
+        grid ``axes`` (one counter per combination of them), and open ``if`` it is the last of the
+        ``parts`` blocks sharing that counter; returns the counter's pointer (to reset it)."""
+        group, stride = [], 1
+        for a in axes:
+            group.append(f"{self.pid}{a} * {stride}" if stride > 1 else f"{self.pid}{a}")
+            stride *= self.b.grid[a]
+        cnt = "c_ptr" + (f" + {first}" if first else "") + "".join(f" + {t}" for t in group)
+        self.emit(f"if tl.atomic_add({cnt}, 1, sem=\"acq_rel\", scope=\"gpu\") == {parts - 1}:", 1)
+        return cnt
 
     # ------------------------------------------------------------ nodes
     def operand(self, v: str, out: str) -> str:
