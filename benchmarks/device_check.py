@@ -18,7 +18,7 @@ import torch
 
 def _warm(case_dtype: tuple[str, str]) -> str:
     from superopt.runtime import compile_graph
-    from tests.codegen.triton_cases import build
+    from tests.superopt.codegen.triton_cases import build
 
     case, dtype = case_dtype
     try:
@@ -32,7 +32,7 @@ def _warm(case_dtype: tuple[str, str]) -> str:
 
 
 def main(workers: int = 12) -> int:
-    from tests.codegen.triton_cases import CASES
+    from tests.superopt.codegen.triton_cases import CASES
 
     props = torch.cuda.get_device_properties(0)
     import triton
@@ -45,7 +45,7 @@ def main(workers: int = 12) -> int:
                 print("warm:", msg, flush=True)
     print(f"compiled ahead in {time.time() - t0:.0f} s", flush=True)
     rc = pytest.main(["-q", "-m", "gpu", "-p", "no:cacheprovider", "-rfE", "--tb=short",
-                      "tests/codegen/test_triton_gpu.py"])
+                      "tests/superopt/codegen/test_triton_gpu.py"])
     print(f"device_check: pytest exit {int(rc)} in {time.time() - t0:.0f} s", flush=True)
     return int(rc)
 

@@ -36,8 +36,8 @@ step() {  # step NAME TIMEOUT CMD...
 
 while [ $# -gt 0 ]; do
   case $1 in
-    tests) step tests 420 python -m pytest -q -m gpu tests/patches tests/decode tests/cache -p no:cacheprovider \
-             -k "not registry" tests/codegen/test_triton_gpu.py ;;
+    tests) step tests 420 python -m pytest -q -m gpu tests/patches tests/mirage_serve/decode tests/mirage_serve/cache -p no:cacheprovider \
+             -k "not registry" tests/superopt/codegen/test_triton_gpu.py ;;
     registry) step registry 240 python -m pytest -q -m gpu -p no:cacheprovider -rf --tb=short \
                 "tests/patches/test_patch_gpu.py::test_registry_model_decode" ;;
     warm-patch) step warm_llama_1_8 200 mirage-serve warm Llama-3.1-8B --layers 2 --batch 1,8  # fills the user cache
@@ -64,7 +64,7 @@ while [ $# -gt 0 ]; do
     decode-qwen3) step decode_qwen3 330 python benchmarks/bench_decode.py --models Qwen3-8B --batch 1,8 \
                     --new-tokens "${NEW_TOKENS:-64}" --repeats 2 --baselines "${BASELINES:-eager}" \
                     --markdown "$OUT/decode.md" --json-dir "$OUT" ;;
-    tests-pdl) step tests_pdl 120 python -m pytest -q -m gpu -p no:cacheprovider tests/codegen/test_triton_gpu.py \
+    tests-pdl) step tests_pdl 120 python -m pytest -q -m gpu -p no:cacheprovider tests/superopt/codegen/test_triton_gpu.py \
                  -k "pdl or wait" ;;
     nopdl-*|unpaired-*|unfused-*)  # the same decode as a
       # variant, to compare on one machine: nopdl-*: without programmatic dependent launch; unpaired-*: k_proj and
@@ -81,7 +81,7 @@ while [ $# -gt 0 ]; do
     profile-qwen3) step profile_qwen3 200 python benchmarks/profile_decode_step.py Qwen3-8B ;;
     profile-attn) step profile_attn 200 env PYTHONPATH="$PWD" python benchmarks/profile_attention.py ;;  # issue 4: per kernel
     sweep-attn) step sweep_attn 450 env PYTHONPATH="$PWD" python benchmarks/sweep_attention.py ;;  # launch plans
-    cuda) step cuda 200 python -m tests.codegen_cuda.device_check "$OUT" ;;
+    cuda) step cuda 200 python -m tests.superopt.codegen_cuda.device_check "$OUT" ;;
     probe-gemv) step probe_gemv_qkv 150 env PYTHONPATH="$PWD" python benchmarks/probe_gemv_ceiling.py --n 6144 --k 4096
                 step probe_gemv_o 150 env PYTHONPATH="$PWD" python benchmarks/probe_gemv_ceiling.py --n 4096 --k 4096 ;;
     research) export MIRAGE_SERVE_RESEARCH=1  # every later step's patch() searches the shipped programs

@@ -1,7 +1,7 @@
 """The axioms the normal form decides, kept as data: each is a pair of small Lax programs.
 
 ``nf.NFStore`` builds these rules into its normal form, so the search never saturates an e-graph;
-this table states them and ``tests/search/test_abstract.py`` proves each one holds (both sides
+this table states them and ``tests/superopt/abstract/test_abstract.py`` proves each one holds (both sides
 normalise to the same expression) and that the oracle accepts each side's parts. The split-sum
 axiom (Σ_k = Σ_tiles Σ_in-tile) involves tiling, so its check lives with the block search tests.
 """

@@ -2,7 +2,7 @@
 
 Triton keeps tiles in registers; shared memory holds only what its compiler stages there, all of
 it at the *padded* tile shapes the renderer uses (``padding.padded_shapes``: powers of two, dot
-dims ≥ 16). Measured against ``metadata.shared`` of sm_90 builds (tests/codegen/test_smem_estimate.py):
+dims ≥ 16). Measured against ``metadata.shared`` of sm_90 builds (tests/superopt/codegen/test_smem_estimate.py):
 
 * **pipelined loads**: in a for-loop of ``num_stages`` > 1, a loop-variant load that (through
   elementwise ops, casts, transposes) feeds a ``tl.dot`` is copied ahead by ``cp.async`` into

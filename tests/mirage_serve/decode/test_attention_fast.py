@@ -1,0 +1,115 @@
+"""The decode-attention fast path: kernels against float64, families end to end (Triton interpreter)."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import Gemma2Config, Gemma3TextConfig, LlamaConfig, Qwen3Config
+
+from mirage_serve.decode.attention_fast import fused_qk_norm, unsupported
+from mirage_serve.decode.attention_launch import BLOCK_N, split_plan
+
+from .attention_cases import FAMILIES, KERNEL_CASES
+
+ROOT = Path(__file__).resolve().parents[3]
+TOL = {"float32": 1e-5, "float16": 2e-3}  # CONVENTIONS.md tolerance table
+
+
+@pytest.fixture(scope="module")
+def interp() -> dict:
+    # one interpreter process for all cases: TRITON_INTERPRET must precede triton's import
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-m", "tests.mirage_serve.decode.attention_interp_run"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("dtype", TOL)
+@pytest.mark.parametrize("case", KERNEL_CASES)
+def test_kernels_match_float64(interp, case, dtype):
+    r = interp[f"kernel/{case}/{dtype}"]
+    assert not isinstance(r, str), r
+    for what in ("out", "key_slot", "value_slot"):
+        assert math.isfinite(r[what]) and r[what] <= TOL[dtype], f"{case} {dtype} {what}: {r[what]:.3e}"
+    assert r["others_untouched"], "a cache slot other than the new token's was written"
+    assert r["advanced"], "the cache's length counter did not advance by one"
+
+
+@pytest.mark.parametrize("name", list(FAMILIES) + ["llama_patched", "llama_patched_residual", "llama_unpadded",
+                                                   "qwen3_patched"])
+def test_family_decodes_hf_tokens_through_the_fast_path(interp, name):
+    r = interp[f"family/{name}"]
+    assert not isinstance(r, str), r
+    assert r["tokens_equal"], f"{name}: greedy tokens differ from the model without the fast path"
+    assert r["logits_err"] <= TOL["float32"], r
+    assert r["verdicts"] and all(v == "ok" for v in r["verdicts"].values()), r["verdicts"]
+    # 15 decode steps per eligible layer (the first one is the checked step)
+    assert r["fast_calls"] == 15 * len(r["verdicts"]), r
+    # SDPA's boolean mask, or eager attention's additive one
+    assert r["masks"] == (["float32"] if name == "qwen2_eager_mask" else ["bool"]), r["masks"]
+    # Qwen3's per-head q/k RMSNorms run inside the kernel; Gemma 3's (1 + weight) form stays the module's
+    assert r["qk_norm_fused"] == (len(r["verdicts"]) if name.startswith("qwen3") else 0), r
+
+
+def test_unpatch_removes_the_attention_path(interp):
+    r = interp["family/llama_patched"]
+    assert r["unpatched_clean"], "a forward patch() set is still on a module after unpatch()"
+    assert r["unpatched_identical"], "after unpatch(), tokens or logits differ from the model before patch()"
+
+
+def test_wrong_kernel_is_refused_at_first_use(interp):
+    r = interp["family/llama_mutant"]
+    assert not isinstance(r, str), r
+    assert r["tokens_equal"] and r["logits_err"] == 0.0, r  # the checked step kept the original's result
+    assert all("differs from the original forward" in v for v in r["verdicts"].values()), r["verdicts"]
+    assert r["fast_calls"] == len(r["verdicts"]), "a refused module ran the fast path again"
+
+
+@pytest.mark.parametrize("rows,kv,cap,sms", [(1, 8, 256, 132), (16, 8, 32768, 132), (1, 2, 100, 132),
+                                             (3, 1, 1000, 8), (8, 8, 64, 132)])
+def test_split_plan_covers_the_cache_in_whole_tiles(rows, kv, cap, sms):
+    splits, chunk = split_plan(rows, kv, cap, sms)
+    assert chunk % BLOCK_N == 0 and splits * chunk >= cap > (splits - 1) * chunk
+    tiles = -(-cap // BLOCK_N)
+    assert splits == tiles or rows * kv * splits >= 2 * sms  # fills two waves unless out of tiles
+
+
+def _attn(config):
+    from transformers import AutoModelForCausalLM
+    return AutoModelForCausalLM.from_config(config).model.layers[0].self_attn
+
+
+def test_unsupported_attention_is_named():
+    llama = LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                        num_attention_heads=4, num_key_value_heads=2)
+    assert unsupported(_attn(llama), llama) is None
+    gemma2 = Gemma2Config(vocab_size=32, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+    assert "softcapping" in unsupported(_attn(gemma2), gemma2)
+    assert "no q/k/v" in unsupported(torch.nn.Linear(2, 2), llama)
+
+
+def test_qk_norm_is_fused_only_in_hf_usual_form_and_the_model_dtype():
+    qwen3 = Qwen3Config(vocab_size=32, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-5)
+    attn = _attn(qwen3)
+    with torch.no_grad():
+        attn.q_norm.weight.uniform_(0.5, 1.5)
+    q_w, k_w, eps = fused_qk_norm(attn)
+    assert q_w is attn.q_norm.weight and k_w is attn.k_norm.weight and eps == 1e-5
+    attn.to(torch.bfloat16)
+    assert fused_qk_norm(attn) is not None
+    attn.k_norm.float()  # float32 norm weights in a bf16 model: HF returns float32 there, the kernel would not
+    assert fused_qk_norm(attn) is None
+    gemma3 = Gemma3TextConfig(vocab_size=32, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+    assert fused_qk_norm(_attn(gemma3)) is None  # scales by 1 + weight
+    assert fused_qk_norm(_attn(LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=48,
+                                           num_hidden_layers=1, num_attention_heads=4))) is None

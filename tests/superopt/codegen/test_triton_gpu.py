@@ -1,0 +1,237 @@
+"""Generated Triton kernels on the GPU: bf16/fp16 correctness, poisoned outputs, CUDA-graph replay,
+re-tiled variants, and the custom ops under torch.compile (all marked ``gpu``)."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from superopt.interp import NumpyDomain, evaluate
+from tests.superopt.codegen.triton_cases import CASES, CHAIN_CASES, build
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.gpu
+TOL = {"bfloat16": 1e-2, "float16": 2e-3}  # CONVENTIONS.md tolerance table
+DT = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _inputs(fx, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(v.type.shape, generator=g).to(DT[dtype]).cuda() for v in fx.program.inputs]
+
+
+def _errors(fx, xs, outs):
+    ref = evaluate(fx.program, [x.double().cpu().numpy() for x in xs], NumpyDomain())
+    return [float(np.linalg.norm(o.double().cpu().numpy() - r) / np.linalg.norm(r)) for o, r in zip(outs, ref)]
+
+
+def _poisoned(fx, dtype, launch=None):
+    from superopt.runtime import compile_graph
+
+    cg = compile_graph(fx.ugraph, device="cuda", launch=launch)
+    for buf in cg.pool.values():
+        if buf.dim():
+            buf.fill_(float("nan"))
+    return cg
+
+
+def _replayed_errors(fx, cg, dtype, seeds):
+    """(seed, float64 errors) of ``cg`` captured once in a CUDA graph, replayed on fresh inputs per seed."""
+    xs = _inputs(fx, dtype, seeds[0] - 1)
+    cg(*xs)  # compiles outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = cg(*xs)
+    for seed in seeds:
+        for x, n in zip(xs, _inputs(fx, dtype, seed)):
+            x.copy_(n)
+        graph.replay()
+        yield seed, _errors(fx, xs, [o.clone() for o in outs])
+
+
+@pytest.mark.parametrize("dtype", list(TOL))
+@pytest.mark.parametrize("case", [c[0] for c in CASES])
+def test_kernel_matches_float64(case, dtype):
+    fx = build(case, dtype)
+    cg = _poisoned(fx, dtype)
+    for seed in (1, 2):  # fresh inputs each time: a stale or racy result cannot pass twice
+        xs = _inputs(fx, dtype, seed)
+        errs = _errors(fx, xs, cg(*xs))
+        assert all(np.isfinite(errs)) and max(errs) <= TOL[dtype], f"{case} {dtype} seed {seed}: {errs}"
+
+
+@pytest.mark.parametrize("case", ["llama_qkv", "decode_attention", "gqa", "lora"])
+def test_cuda_graph_replay_equals_eager(case):
+    fx = build(case, "bfloat16")
+    cg = _poisoned(fx, "bfloat16")
+    xs = _inputs(fx, "bfloat16", 3)
+    cg(*xs)  # warm-up: compiles the kernels outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = cg(*xs)
+    for seed in (4, 5):
+        new = _inputs(fx, "bfloat16", seed)
+        for x, n in zip(xs, new):
+            x.copy_(n)
+        graph.replay()
+        replayed = [o.clone() for o in outs]
+        eager = cg(*xs)
+        for r, e in zip(replayed, eager):
+            assert torch.equal(r, e), f"{case}: replay differs from eager"
+        assert max(_errors(fx, xs, replayed)) <= TOL["bfloat16"]
+
+
+@pytest.mark.parametrize("case", ["found_kv_split_k", "two_way_sums"])
+def test_cross_block_sums_stay_right_over_many_replays(case):
+    # the last block of a tile stores the sum and zeroes the workspace and counter for the next
+    # launch: a missed reset or a read before another block's add shows up as a wrong sum within a
+    # few replays (atomics sum in any order, so replays are compared to float64, not to each other)
+    fx = build(case, "bfloat16")
+    for seed, errs in _replayed_errors(fx, _poisoned(fx, "bfloat16"), "bfloat16", range(8, 28)):
+        assert all(np.isfinite(errs)) and max(errs) <= TOL["bfloat16"], f"{case} replay with seed {seed}: {errs}"
+
+
+def _llama_4k_attention_64_splits(dtype):
+    from superopt.runtime.retile import split_kv_tilings
+    from tests.fixtures.ugraphs import FIXTURES
+
+    fx = FIXTURES["decode_attention"](batch=1, q_heads=32, kv_heads=8, head_dim=128, kv_len=4096, dtype=dtype)
+    g = next(g for g in split_kv_tilings(fx.ugraph) if g.customized_nodes()[0].block.grid[2] == 64)
+    return dataclasses.replace(fx, ugraph=g)
+
+
+@pytest.mark.parametrize("dtype", list(TOL))
+@pytest.mark.parametrize("case", [*CHAIN_CASES, "llama_4k_64_splits"])
+def test_chained_split_and_combine_stay_right_over_many_replays(case, dtype):
+    # the split kernel runs the combine in the last block of each group (ir.chain): a counter not
+    # reset, or a last block reading a partial another block has not yet made visible, shows up
+    # as a wrong (or poisoned) output within a few replays on fresh inputs
+    from superopt.codegen.triton import render_triton
+
+    fx = _llama_4k_attention_64_splits(dtype) if case == "llama_4k_64_splits" else build(case, dtype)
+    cg = _poisoned(fx, dtype, launch={k.name: (4, 3, 0, 1) for k in render_triton(fx.ugraph).kernels})
+    assert cg.tails and len(cg.kernels) == 1
+    for seed, errs in _replayed_errors(fx, cg, dtype, range(12, 24)):
+        assert all(np.isfinite(errs)) and max(errs) <= TOL[dtype], f"{case} {dtype} replay {seed}: {errs}"
+
+
+def test_out_argument_and_no_allocation_per_call():
+    fx = build("rmsnorm_matmul_odd", "float16")
+    from superopt.runtime import compile_graph
+
+    cg = compile_graph(fx.ugraph, device="cuda")
+    xs = _inputs(fx, "float16", 6)
+    cg(*xs)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_stats()["allocation.all.allocated"]
+    dst = torch.full(fx.ugraph.output_types[0].shape, float("nan"), dtype=torch.float16, device="cuda")
+    after_dst = torch.cuda.memory_stats()["allocation.all.allocated"]
+    for _ in range(3):
+        (o,) = cg(*xs, out=[dst])
+    assert o is dst
+    assert torch.cuda.memory_stats()["allocation.all.allocated"] == after_dst == before + 1
+    assert max(_errors(fx, xs, [dst])) <= TOL["float16"]
+
+
+def test_retiled_variants_match():
+    from superopt.runtime import compile_graph
+    from superopt.runtime.retile import dense_tilings
+    from tests.fixtures.ugraphs import FIXTURES
+
+    fx = FIXTURES["rmsnorm_gated_mlp"](rows=3, hidden=512, inter=1024, dtype="bfloat16")
+    variants = dense_tilings(fx.ugraph, sms=16)
+    assert variants
+    xs = _inputs(fx, "bfloat16", 7)
+    for g in variants:
+        assert max(_errors(fx, xs, compile_graph(g)(*xs))) <= TOL["bfloat16"]
+
+
+def test_custom_ops_under_torch_compile():
+    from superopt.runtime import compile_graph
+
+    fx = build("matmul_residual", "bfloat16")
+    cg = compile_graph(fx.ugraph, device="cuda")
+    xs = _inputs(fx, "bfloat16", 8)
+    want = cg(*xs)[0].clone()
+    f = torch.compile(lambda *a: cg(*a)[0] * 2.0)
+    assert torch.equal(f(*xs), want * 2.0)
+
+
+def test_selector_times_search_candidates_and_its_winner_is_correct():
+    """The profiler's pick among a real search's candidates computes the program (bf16 tolerance)."""
+    from superopt.lax import Program
+    from superopt.runtime import compile_graph
+    from superopt.runtime.select import Selector
+    from superopt.search import SearchBudget, superoptimize
+
+    p = Program("down_proj")
+    x = p.input("x", (3, 1216), "bfloat16")
+    w = p.input("w", (448, 1216), "bfloat16")
+    p.output(p.matmul(x, p.transpose(w)))
+    program = p.build()
+    result = superoptimize(program, SearchBudget(max_seconds=30))
+    cands = result.candidates()
+    assert len(cands) > len(result.ranked[:3])  # designs at other extents are offered too
+    g = torch.Generator().manual_seed(3)
+    xs = [torch.randn(3, 1216, generator=g).cuda().bfloat16(), torch.randn(448, 1216, generator=g).cuda().bfloat16()]
+    with Selector(torch.device("cuda"), workers=2) as sel:
+        ranked = sel.pick(cands, xs)
+    assert ranked[0].error is None and ranked[0].median_us == min(r.median_us for r in ranked)
+    want = xs[0].double() @ xs[1].double().T
+    got = compile_graph(ranked[0].ugraph, launch=ranked[0].launch)(*xs)[0].double()
+    assert ((got - want).norm() / want.norm()).item() <= TOL["bfloat16"]
+
+
+def test_kernels_wait_for_their_predecessor_on_sm90():
+    """On sm_90+ every kernel is built with programmatic dependent launch's wait and signal
+    (superopt.runtime.grid_dependency); the source a cache stores stays as rendered."""
+    from superopt.runtime import compile_graph
+    from superopt.runtime.build import load_module
+    from superopt.runtime.grid_dependency import WAIT, launch_options
+
+    cg = compile_graph(build("llama_qkv", "bfloat16").ugraph, device="cuda")
+    major, minor = torch.cuda.get_device_capability()
+    if 10 * major + minor < 90:
+        pytest.skip("programmatic dependent launch needs sm_90+")
+    assert WAIT not in cg.source and cg.built.source.count(WAIT) == len(cg.built.kernels)
+    module = load_module(cg.built)
+    assert all(launch_options(getattr(module, s.name)) == {"launch_pdl": True} for s in cg.built.kernels)
+
+
+def test_a_dependent_chain_replays_bitwise_as_without_pdl():
+    """Twelve launches where each reads the one before it's output and overwrites what the one
+    before that read, captured in a CUDA graph with programmatic dependent launch: a kernel that
+    started work before its predecessor completed would read a stale or half-written input."""
+    from superopt.runtime import compile_graph
+    from superopt.runtime.grid_dependency import set_enabled
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch needs sm_90+")
+    fx = build("gqa", "bfloat16")  # attention [2,16,64] -> [2,16,64], two kernels
+
+    def chain(graphs, x, kv):
+        for i in range(12):
+            x = graphs[i % 2](x, *kv)[0]
+        return x
+
+    set_enabled(False)
+    try:
+        plain = [compile_graph(fx.ugraph, device="cuda") for _ in range(2)]
+    finally:
+        set_enabled(True)
+    pdl = [compile_graph(fx.ugraph, device="cuda") for _ in range(2)]
+    x, *kv = _inputs(fx, "bfloat16", 6)
+    chain(pdl, x, kv)  # compiles outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = chain(pdl, x, kv)
+    for seed in (7, 8, 9):
+        x2, *kv2 = _inputs(fx, "bfloat16", seed)
+        for dst, src in zip([x, *kv], [x2, *kv2]):
+            dst.copy_(src)
+        graph.replay()
+        assert torch.equal(out, chain(plain, x, kv).clone()), f"seed {seed}: replay with PDL differs"

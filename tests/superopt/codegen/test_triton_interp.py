@@ -1,0 +1,75 @@
+"""Generated Triton kernels, run in Triton's CPU interpreter, match the float64 program (fp32, fp16)."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.superopt.codegen.triton_cases import CASES, CHAIN_CASES, INTERP_DTYPES
+
+ROOT = Path(__file__).resolve().parents[3]
+TOL = {"float32": 1e-5, "float16": 2e-3}  # CONVENTIONS.md tolerance table
+
+
+@pytest.fixture(scope="module")
+def interp_errors() -> dict:
+    # one interpreter process for all cases: TRITON_INTERPRET must precede triton's import
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-m", "tests.superopt.codegen.triton_interp_run"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("dtype", INTERP_DTYPES)
+@pytest.mark.parametrize("case", [c[0] for c in CASES])
+def test_interpreted_kernel_matches_float64(interp_errors, case, dtype):
+    err = interp_errors[f"{case}/{dtype}"]
+    assert not isinstance(err, str), err
+    assert math.isfinite(err) and err <= TOL[dtype], f"{case} {dtype}: relative error {err:.3e}"
+
+
+@pytest.mark.parametrize("dtype", INTERP_DTYPES)
+@pytest.mark.parametrize("case", [c[0] for c in CASES])
+def test_prefetched_kernel_matches_float64(interp_errors, case, dtype):
+    # loads issued one iteration ahead (a profiler launch variant): the same results
+    err = interp_errors[f"{case}/{dtype}/prefetch"]
+    assert not isinstance(err, str), err
+    assert math.isfinite(err) and err <= TOL[dtype], f"{case} {dtype} prefetch: relative error {err:.3e}"
+
+
+@pytest.mark.parametrize("case", [c[0] for c in CASES])
+def test_bound_call_gives_the_plain_calls_outputs(interp_errors, case):
+    # CompiledGraph.bind (the patched sites' per-call path) with half the inputs fixed
+    for dtype in INTERP_DTYPES:
+        assert interp_errors[f"{case}/{dtype}/bound"] is True, interp_errors[f"{case}/{dtype}/bound"]
+
+
+@pytest.mark.parametrize("dtype", INTERP_DTYPES)
+@pytest.mark.parametrize("case", [c[0] for c in CASES])
+def test_paired_launch_matches_float64_for_both_instances(interp_errors, case, dtype):
+    # two instances (shared first input, their own other inputs) in one launch (PairedGraph)
+    err = interp_errors[f"{case}/{dtype}/paired"]
+    assert not isinstance(err, str), err
+    assert math.isfinite(err) and err <= TOL[dtype], f"{case} {dtype} paired: relative error {err:.3e}"
+
+
+def test_site_pairing_takes_the_paired_launch_and_matches_the_separate_calls(interp_errors):
+    # mirage_serve.patch_pairing.Pairing on two builds of a found k/v program, weights bound per instance
+    assert interp_errors["site_pairing"] is True, interp_errors["site_pairing"]
+
+
+@pytest.mark.parametrize("dtype", INTERP_DTYPES)
+@pytest.mark.parametrize("case", CHAIN_CASES)
+def test_chained_kernel_matches_float64(interp_errors, case, dtype):
+    # the split kernel runs the combine in the last block of each group (ir.chain): one launch,
+    # the same results; the bound call (a second launch) also checks that the counters were reset
+    err = interp_errors[f"{case}/{dtype}/chain"]
+    assert not isinstance(err, str), err
+    assert math.isfinite(err) and err <= TOL[dtype], f"{case} {dtype} chained: relative error {err:.3e}"
+    assert interp_errors[f"{case}/{dtype}/chain/bound"] is True, interp_errors[f"{case}/{dtype}/chain/bound"]

@@ -1,0 +1,237 @@
+"""Runtime pieces that need no kernel: library ops into preallocated buffers, re-tiling, launch plumbing."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from superopt.interp import NumpyDomain, evaluate
+from superopt.codegen.triton import render_triton
+from superopt.runtime import compile_graph
+from superopt.runtime.compiled import CompiledGraph
+from superopt.runtime.retile import dense_tilings, retile, split_kv_tilings
+from tests.superopt.codegen.triton_cases import build as build_case
+from tests.fixtures.ugraphs import FIXTURES, random_inputs
+
+
+@pytest.mark.parametrize("name", sorted(FIXTURES))
+def test_lax_program_runs_as_library_ops_into_the_pool(name):
+    # a Lax program is all library ops: every one writes into a preallocated buffer or is a view
+    fx = FIXTURES[name]()
+    xs = random_inputs(fx, np.random.default_rng(1))
+    cg = compile_graph(fx.program, device="cpu")
+    for buf in cg.pool.values():
+        if buf.dim():
+            buf.fill_(float("nan"))
+    outs = cg(*[torch.from_numpy(x).float() for x in xs])
+    ref = evaluate(fx.program, xs, NumpyDomain())
+    for o, r in zip(outs, ref):
+        assert np.linalg.norm(o.double().numpy() - r) / np.linalg.norm(r) <= 1e-5
+    again = cg(*[torch.from_numpy(x).float() for x in xs])
+    assert all(a.data_ptr() == b.data_ptr() for a, b in zip(outs, again))  # same pool, no new buffers
+
+
+@pytest.mark.parametrize("name", sorted(FIXTURES))
+@pytest.mark.parametrize("given", ["first", "last", "all"])
+def test_bound_call_gives_the_plain_calls_outputs(name, given):
+    # bind() fixes some inputs once (a site's weights) and plans the rest; same values as a call
+    fx = FIXTURES[name]()
+    xs = [torch.from_numpy(x).float() for x in random_inputs(fx, np.random.default_rng(4))]
+    cg = compile_graph(fx.program, device="cpu")
+    want = [o.clone() for o in cg(*xs)]
+    per_call = {"first": [0], "last": [len(xs) - 1], "all": range(len(xs))}[given]
+    call = cg.bind([None if i in per_call else x for i, x in enumerate(xs)])
+    for buf in cg.pool.values():
+        if buf.dim():
+            buf.fill_(float("nan"))
+    got = call(*[xs[i] for i in per_call])
+    assert len(got) == len(want) and all(torch.equal(g, w) for g, w in zip(got, want))
+    fresh = [torch.randn_like(xs[i]) for i in per_call]  # a second call reads the new inputs
+    merged = list(xs)
+    for i, x in zip(per_call, fresh):
+        merged[i] = x
+    again = [o.clone() for o in call(*fresh)]
+    assert all(torch.equal(g, w) for g, w in zip(again, cg(*merged)))
+
+
+def test_bind_checks_the_fixed_inputs():
+    fx = FIXTURES["lora"]()
+    cg = compile_graph(fx.program, device="cpu")
+    good = [torch.randn(v.type.shape) for v in fx.program.inputs]
+    with pytest.raises(ValueError, match="expected float32"):
+        cg.bind([None, good[1].double(), *good[2:]])
+
+
+def test_out_argument_receives_library_outputs():
+    fx = FIXTURES["ntrans"]()
+    xs = [torch.from_numpy(x).float() for x in random_inputs(fx, np.random.default_rng(2))]
+    cg = compile_graph(fx.program, device="cpu")
+    dst = torch.full(fx.program.output_types[0].shape, float("nan"))
+    (o,) = cg(*xs, out=[dst])
+    assert o is dst and torch.isfinite(dst).all()
+    torch.testing.assert_close(dst, compile_graph(fx.program, device="cpu")(*xs)[0])
+
+
+def test_inputs_are_checked():
+    fx = FIXTURES["lora"]()
+    cg = compile_graph(fx.program, device="cpu")
+    good = [torch.randn(v.type.shape) for v in fx.program.inputs]
+    with pytest.raises(ValueError, match="expected float32"):
+        cg(good[0].double(), *good[1:])
+    with pytest.raises(TypeError, match="expected 4 inputs"):
+        cg(*good[:2])
+
+
+def _same_function(a, b, fx, seed=3):
+    xs = random_inputs(fx, np.random.default_rng(seed))
+    ya, yb = evaluate(a, xs, NumpyDomain()), evaluate(b, xs, NumpyDomain())
+    return all(np.allclose(p, q, rtol=1e-10, atol=1e-10) for p, q in zip(ya, yb))
+
+
+@pytest.mark.parametrize("name, split_k", [("rmsnorm_matmul", 1), ("llama_qkv", 1), ("rmsnorm_gated_mlp", 1),
+                                           ("lora", 1), ("matmul_residual", 1), ("rmsnorm_matmul", 2),
+                                           ("llama_qkv", 4)])
+def test_dense_retilings_keep_the_function(name, split_k):
+    kw = {"inter": 256} if "mlp" in name else {"out": 384}
+    fx = FIXTURES[name](hidden=1024, **kw, **({"split_k": split_k} if split_k > 1 else {}))
+    variants = dense_tilings(fx.ugraph, n_tiles=(32, 64, 128), k_tiles=(128, 256), sms=4, keep=3)
+    assert len(variants) >= 3
+    blocks = {(v.customized_nodes()[0].block.grid, v.customized_nodes()[0].block.forloop) for v in variants}
+    assert len(blocks) == len(variants)
+    for (grid, forloop) in blocks:  # the K parts kept, the loop walking each part in 128 or 256 rows
+        assert grid[2] == split_k and 1024 // split_k // forloop in (128, 256)
+    for v in variants:
+        assert _same_function(fx.ugraph, v, fx)
+
+
+@pytest.mark.parametrize("name", ["decode_attention", "gqa", "qknorm"])
+def test_kv_split_retilings_keep_the_function(name):
+    kw = dict(batch=3, q_heads=4, kv_heads=2, head_dim=16, kv_len=256) if name == "decode_attention" else \
+        dict(batch=1, q_len=16, head_dim=16, kv_len=256)
+    fx = FIXTURES[name](**kw)
+    variants = split_kv_tilings(fx.ugraph, sms=8)
+    assert variants
+    for v in variants:
+        assert v.output_types == fx.ugraph.output_types
+        assert _same_function(fx.ugraph, v, fx)
+
+
+def test_retile_rejects_a_grid_that_does_not_divide():
+    fx = FIXTURES["matmul_residual"]()
+    with pytest.raises(Exception, match="divisible"):
+        retile(fx.ugraph, 0, (1, 7, 1), 3)
+
+
+def test_summed_workspaces_share_one_zeroed_buffer_and_stay_16_byte_aligned():
+    # the found split-K μGraph sums three outputs ([1,1], [128,1], [128,1]) across its 112 blocks;
+    # its buffers are laid out here without building its kernels (no Triton on this path)
+    fx = build_case("found_kv_split_k", "float16")
+    node = next(i for i, n in enumerate(fx.ugraph.nodes) if n.op == "customized")
+    spec = next(s for s in render_triton(fx.ugraph).kernels if s.node_index == node)
+    assert spec.workspaces == (0, 1, 2) and spec.counters == 1  # the three outputs share one tile count
+    cg = CompiledGraph.__new__(CompiledGraph)
+    cg.device, cg.workspace, cg.kernels = torch.device("cpu"), {}, {node: (None, spec, 4, 3)}
+    cg.sums = {node: cg._summed(node, fx.ugraph.nodes[node])}
+    ws = cg.finish_args(node)
+    assert len(ws) == 4 and ws[-1].dtype == torch.int32 and not ws[-1].any()
+    assert all(w.untyped_storage().data_ptr() == cg.sums[node].ws.untyped_storage().data_ptr() for w in ws[:3])
+    assert all(w.data_ptr() % 16 == 0 and w.dtype == torch.float32 and not w.any() for w in ws[:3])
+    assert [tuple(w.shape) for w in ws[:3]] == [v.type.shape for v in fx.ugraph.nodes[node].outs]
+
+
+def test_selector_sweeps_a_candidate_that_is_slow_only_at_its_default_launch(monkeypatch):
+    # The GPU case (ninth session): Llama-3.1-8B q_proj at 8 rows, its best design 49.7 µs at the
+    # renderer's default launch and 17.4 µs at 2 warps, fell out of the swept few when timed at the
+    # default alone. Stand-in timings: four designs, the last fast only at 2 warps.
+    from superopt.runtime import select
+    from superopt.runtime.profile import ProfileResult
+
+    graphs = [FIXTURES[n]().ugraph for n in sorted(FIXTURES)[:4]]
+    at_default = [20.0, 21.0, 22.0, 50.0]
+    def timed(g, config):
+        i = graphs.index(g)
+        if config is None:
+            return at_default[i]
+        return 17.0 if (i == 3 and config[0] == 2) else at_default[i] + 1.0
+
+    def fake_profile(ugraphs, inputs, configs, **_):
+        out = []
+        for g in ugraphs:
+            us, config = min((timed(g, c), c) for c in configs)
+            out.append(ProfileResult(graphs.index(g), g, {"k": config}, us))
+        return sorted(out, key=lambda r: r.median_us)
+
+    monkeypatch.setattr(select, "profile_candidates", fake_profile)
+    monkeypatch.setattr(select, "fits", lambda g, c: True)
+    ranked = select.Selector(torch.device("cpu"), workers=1).pick(graphs, [])
+    assert ranked[0].ugraph is graphs[3] and ranked[0].median_us == 17.0
+
+
+def test_selector_sweeps_the_launches_of_a_graph_it_is_told_to(monkeypatch):
+    # research mode's shipped μGraph: slow at every probe launch, fastest at one the sweep holds
+    from superopt.runtime import select
+    from superopt.runtime.profile import ProfileResult
+
+    graphs = [FIXTURES[n]().ugraph for n in sorted(FIXTURES)[:5]]
+
+    def fake_profile(ugraphs, inputs, configs, **_):
+        out = []
+        for g in ugraphs:
+            i = graphs.index(g)
+            us, config = min((((5.0 if (i == 4 and c == (4, 4)) else 20.0 + i), c) for c in configs),
+                             key=lambda t: t[0])
+            out.append(ProfileResult(i, g, {"k": config}, us))
+        return sorted(out, key=lambda r: r.median_us)
+
+    monkeypatch.setattr(select, "profile_candidates", fake_profile)
+    monkeypatch.setattr(select, "fits", lambda g, c: True)
+    sel = select.Selector(torch.device("cpu"), workers=1)
+    assert sel.pick(graphs, [])[0].ugraph is graphs[0]  # ranked 5th at the probes: never swept
+    assert sel.pick(graphs, [], sweep_also=[graphs[4]])[0].ugraph is graphs[4]
+
+
+def test_a_job_that_kills_its_worker_is_found_and_the_others_still_run():
+    # The H200 case (eleventh session): one candidate's Triton build hit an LLVM assertion, which
+    # aborts the process; the broken pool failed every later build and the block benchmark lost
+    # all its remaining rows. Here jobs 1 and 3 exit their process; the others return.
+    import functools
+    import multiprocessing as mp
+    import operator
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
+    from superopt.runtime.select import map_isolating_crashes
+
+    def new_pool():
+        return ProcessPoolExecutor(2, mp_context=mp.get_context("spawn"))
+
+    die = functools.partial(os._exit, 3)
+    jobs = [int, die, int, die, int]
+    pool, crashed = map_isolating_crashes(new_pool(), new_pool, operator.call, jobs)
+    try:
+        assert crashed == {1, 3}
+        assert pool.submit(operator.call, int).result() == 0  # the pool handed back works
+    finally:
+        pool.shutdown()
+
+
+def test_a_refused_launch_is_never_built_and_says_why(monkeypatch):
+    from superopt.ir import to_text
+    from superopt.runtime import profile
+
+    g = FIXTURES[sorted(FIXTURES)[0]]().ugraph
+    built = []
+    from types import SimpleNamespace
+
+    def compile_graph(*a, launch=None, **k):
+        built.append(launch)
+        return SimpleNamespace(launch=launch)
+
+    monkeypatch.setattr(profile, "compile_graph", compile_graph)
+    monkeypatch.setattr(profile, "time_call", lambda *a, **k: 1.0)
+    monkeypatch.setattr(profile, "rotated_sets", lambda xs: [xs])
+    refused = {profile.launch_key(to_text(g), None): "the build killed its worker process"}
+    (r,) = profile.profile_candidates([g], [torch.zeros(1)], configs=[None], refused=refused)
+    assert built == [] and r.error == "skipped default: the build killed its worker process"
+    (r,) = profile.profile_candidates([g], [torch.zeros(1)], configs=[None, (2, 3)], refused=refused)
+    assert len(built) == 1 and r.error is None and r.tried[0][0] == (2, 3)
