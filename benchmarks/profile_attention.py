@@ -97,7 +97,7 @@ def main() -> None:
     print("| row | kernels | graph µs | % copy BW | floor µs | device µs per kernel (profiler) |")
     print("|---|---|---|---|---|---|")
     for label, name, kw, dt in attention_rows(args.only, args.suite, args.dtype):
-        fx, cands = candidates(name, kw, dt, searched(name, kw, dt, args.search_seconds))
+        fx, cands = candidates(name, kw, dt, searched(name, kw, dt, args.search_seconds)[0])
         xs = make_inputs(fx, dt, name)
         for g in cands[:args.max_candidates]:
             blk = g.customized_nodes()[0].block
