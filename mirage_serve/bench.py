@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 from . import bench_sampling, registry
+from .cache import default_cache_dir
 from .bench_load import LoadedModel
 from .bench_timing import Progress, copy_bandwidth, decode_step_time, first_divergence, generate
 
@@ -162,7 +163,8 @@ def run(lm: LoadedModel, opts: BenchOptions) -> dict[str, Any]:
                   "num_hidden_layers": facts.get("num_hidden_layers"), "params": registry.param_count(facts),
                   "decode_bytes": registry.decode_bytes(facts, opts.dtype)},
         "settings": {k: getattr(opts, k) for k in ("batches", "prompt_len", "new_tokens", "dtype",
-                                                  "baselines", "backend", "device", "repeats", "seed", "graphs")},
+                                                  "baselines", "backend", "device", "repeats", "seed", "graphs")}
+        | {"cache_dir": str(default_cache_dir(opts.cache_dir))},  # the user cache patch() fills
         "environment": environment(opts.device),
         "notes": [],
     }

@@ -161,7 +161,9 @@ def test_warm_tiny_config_fills_cache(tmp_path, capsys):
                "--cache-dir", str(tmp_path / "cache"), "--backend", "torch"])
     assert rc == E.EXIT_OK
     out = capsys.readouterr()
-    assert "warmed tiny (fp32, batch 1,3)" in out.out and "warm [3/3]" in out.err
+    assert out.out.startswith("warmed tiny in ") and "fp32 kernels for batch buckets 1,3 on cpu" in out.out
+    assert f"cache {tmp_path / 'cache'}: " in out.out and out.out.count("warmed") == 1
+    assert "warm [3/3] done" in out.err
 
 
 def test_verify_demo(capsys):
