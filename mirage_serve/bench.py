@@ -333,7 +333,7 @@ def _tie_check(model, opts: BenchOptions, measured: dict, d: dict) -> dict:
     before the divergent step and compare the logits of the two competing tokens.
 
     Random weights give flat logits, so in bf16 two tokens often differ by less than the rounding of
-    any reordered sum; CONVENTIONS.md sets greedy agreement "ties aside". Tolerance: TIE_ULPS units
+    any reordered sum; docs/conventions.md sets greedy agreement "ties aside". Tolerance: TIE_ULPS units
     in the last place of the largest logit, in the model's dtype.
     """
     import torch

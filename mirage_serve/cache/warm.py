@@ -87,7 +87,7 @@ def build_model(config, dtype: str, device=None):
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=tdtype)
-    # from_config under a device context may leave memory uninitialised (DESIGN.md); the numeric
+    # from_config under a device context may leave memory uninitialised (docs/measuring.md); the numeric
     # checks inside patch() need finite weights.
     with torch.no_grad():
         for p in model.parameters():
