@@ -190,11 +190,12 @@ def test_bare_bench_runs_the_embedded_default_on_cpu():
         pytest.skip("on a GPU the bare command runs the full GPU benchmark")
     if patch_available():
         pytest.skip(f"needs mirage_serve.patch: {patch_available()}")
+    # ~2 min on a quiet 2-core machine; 10 min measured at load 10 (three timed repeats of each run)
     r = subprocess.run([sys.executable, "-m", "mirage_serve.cli", "bench"], capture_output=True, text=True,
-                       timeout=600)
+                       timeout=1200)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "correctness OK: greedy tokens identical to eager for 8 steps x batch 1" in r.stdout
-    assert "speed numbers need a GPU" in r.stdout
+    assert r.stdout.startswith("speed numbers need a GPU") and "median of 3" in r.stdout
     from mirage_serve.bench_load import smollm2_gguf
 
     assert ("SmolLM2-135M" in r.stdout) if smollm2_gguf() else ("small-llama" in r.stdout)
