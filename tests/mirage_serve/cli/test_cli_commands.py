@@ -190,7 +190,7 @@ def test_bare_bench_runs_the_embedded_default_on_cpu():
         pytest.skip("on a GPU the bare command runs the full GPU benchmark")
     if patch_available():
         pytest.skip(f"needs mirage_serve.patch: {patch_available()}")
-    # ~2 min on a quiet 2-core machine; 10 min measured at load 10 (three timed repeats of each run)
+    # 595 s measured on 2 cores at load average 10-13 (three timed repeats of each run)
     r = subprocess.run([sys.executable, "-m", "mirage_serve.cli", "bench"], capture_output=True, text=True,
                        timeout=1200)
     assert r.returncode == 0, r.stderr[-2000:]
