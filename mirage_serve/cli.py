@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--set", dest="overrides", type=_key_value, action="append", default=[],
                    metavar="KEY=VALUE", help="override a config fact of a random-weight model "
                    "(e.g. --set hidden_size=128); repeatable")
-    b.add_argument("--repeats", type=_positive, help="timed repetitions, median taken (GPU default 3; CPU 1)")
+    b.add_argument("--repeats", type=_positive, help="timed repetitions, median taken (default 3)")
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--cache-dir", help="kernel cache for patch() (default: MIRAGE_SERVE_CACHE_DIR or "
                    "~/.cache/mirage_serve)")
