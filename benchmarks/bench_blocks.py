@@ -1,7 +1,7 @@
 """Block benchmark: our Triton kernels vs PyTorch eager and torch.compile, each also in a CUDA graph.
 
 Rows: the Mirage paper suite (6 programs × b ∈ {1, 8}, weights [K, N]: x · W) and Llama-3-8B /
-Qwen2.5-0.5B decode blocks (../shared/BENCHMARKS.md §1–2) with their weights as the models hold them,
+Qwen2.5-0.5B decode blocks (docs/measuring.md "The workloads") with their weights as the models hold them,
 ``nn.Linear``'s [N, K] (x · Wᵀ, the programs ``patch()`` extracts; tests/fixtures/dense.py). Our candidates per row: what the search hands the profiler for the
 row's program (``SearchResult.candidates``, searched first in this process, ``--search-s`` each),
 and, as a reference only, the hand-written fixture (tests/fixtures) and its re-tilings

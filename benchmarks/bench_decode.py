@@ -1,4 +1,4 @@
-"""End-to-end decode benchmark (BENCHMARKS.md §3, issue "decode fast path") over several models.
+"""End-to-end decode benchmark (docs/measuring.md, issue "decode fast path") over several models.
 
 One `mirage-serve bench` per model, in one process each after the other: HF eager, HF static
 cache + auto torch.compile, and ours (patch(): fused kernels + owned static KV cache + CUDA-graph

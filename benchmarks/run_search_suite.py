@@ -4,7 +4,7 @@
     python benchmarks/run_search_suite.py --only rmsnorm gqa   # rows whose name contains a word
     python benchmarks/run_search_suite.py --no-ablation --out /tmp/x.md
 
-Every row is searched from its Lax program alone (BENCHMARKS.md §1 and §2 shapes, float16) with
+Every row is searched from its Lax program alone (docs/measuring.md "The workloads", float16) with
 one per-row ``SearchBudget``; the table gives the kernels of the best verified μGraph, the search
 statistics and the command. The pruning ablation reruns two rows with ``abstract_pruning=False``
 under the same state cap.
@@ -26,7 +26,7 @@ DT = "float16"
 EPS = 1e-6
 
 
-# ---------------------------------------------------------------- programs (BENCHMARKS.md)
+# ---------------------------------------------------------------- programs (docs/measuring.md)
 
 
 def rmsnorm_matmul(rows: int, hidden: int, out: int, weight: bool, name: str):

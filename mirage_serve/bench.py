@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 from . import bench_sampling, registry
+from .cache import default_cache_dir
 from .bench_load import LoadedModel
 from .bench_timing import Progress, copy_bandwidth, decode_step_time, first_divergence, generate
 
@@ -162,7 +163,8 @@ def run(lm: LoadedModel, opts: BenchOptions) -> dict[str, Any]:
                   "num_hidden_layers": facts.get("num_hidden_layers"), "params": registry.param_count(facts),
                   "decode_bytes": registry.decode_bytes(facts, opts.dtype)},
         "settings": {k: getattr(opts, k) for k in ("batches", "prompt_len", "new_tokens", "dtype",
-                                                  "baselines", "backend", "device", "repeats", "seed", "graphs")},
+                                                  "baselines", "backend", "device", "repeats", "seed", "graphs")}
+        | {"cache_dir": str(default_cache_dir(opts.cache_dir))},  # the user cache patch() fills
         "environment": environment(opts.device),
         "notes": [],
     }
@@ -331,7 +333,7 @@ def _tie_check(model, opts: BenchOptions, measured: dict, d: dict) -> dict:
     before the divergent step and compare the logits of the two competing tokens.
 
     Random weights give flat logits, so in bf16 two tokens often differ by less than the rounding of
-    any reordered sum; CONVENTIONS.md sets greedy agreement "ties aside". Tolerance: TIE_ULPS units
+    any reordered sum; docs/conventions.md sets greedy agreement "ties aside". Tolerance: TIE_ULPS units
     in the last place of the largest logit, in the model's dtype.
     """
     import torch

@@ -128,6 +128,31 @@ def _pretrained(path: str, name: str, source: str, dtype: str, device: str, laye
     return LoadedModel(model.eval(), name, source, False, _facts(model.config))
 
 
+def check_spec(spec: str | None) -> None:
+    """Refuse a MODEL argument that `load` would refuse, without importing torch or transformers.
+
+    A typo must be answered in well under a second, not after the ~20 s a cold torch import takes
+    on a loaded machine: CheckpointError for a missing path, UnknownModelError (with the closest
+    names) for an unregistered name. Hub ids (owner/name) are only checked when loaded."""
+    if spec is None:
+        return
+    path = Path(os.path.expanduser(spec))
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise CheckpointError(f"no such GGUF file: {spec}")
+        return
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise CheckpointError(f"checkpoint directory {path} has no config.json")
+        return
+    if path.suffix == ".safetensors" and path.is_file():
+        return check_spec(str(path.parent))
+    if spec.startswith((".", "/", "~")) or path.suffix in (".safetensors", ".json"):
+        raise CheckpointError(f"no such checkpoint: {spec}")
+    if "/" not in spec:
+        registry.get(spec)  # raises UnknownModelError with the closest names
+
+
 def load(spec: str | None, *, dtype: str, device: str, layers: int | None = None,
          overrides: dict | None = None, seed: int = 0) -> LoadedModel:
     """The model named by `spec` (None: the embedded default), in eval mode on `device`."""

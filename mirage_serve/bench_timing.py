@@ -1,7 +1,7 @@
 """Timing for `bench`: decode-step time from generate(), copy bandwidth, and a stderr progress bar.
 
 Decode-step time = (time for N new tokens − time for 1) ÷ (N − 1), with `min_new_tokens` fixing the
-length, so prefill and per-call overheads cancel (BENCHMARKS.md §3). Each length is run once untimed
+length, so prefill and per-call overheads cancel (docs/measuring.md). Each length is run once untimed
 first: torch.compile (static-cache baseline) compiles per cache length, and that must not be timed.
 """
 from __future__ import annotations

@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--set", dest="overrides", type=_key_value, action="append", default=[],
                    metavar="KEY=VALUE", help="override a config fact of a random-weight model "
                    "(e.g. --set hidden_size=128); repeatable")
-    b.add_argument("--repeats", type=_positive, help="timed repetitions, median taken (GPU default 3; CPU 1)")
+    b.add_argument("--repeats", type=_positive, help="timed repetitions, median taken (default 3)")
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--cache-dir", help="kernel cache for patch() (default: MIRAGE_SERVE_CACHE_DIR or "
                    "~/.cache/mirage_serve)")
@@ -93,9 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--plot", metavar="FILE.png", help="draw tok/s per batch size for ours and baselines")
 
     w = sub.add_parser("warm", help="search and compile every kernel of a model into a cache")
-    w.add_argument("model", help="registry name or config.json path")
+    w.add_argument("model", help="registry name (or its hub id), or a config.json path (file or folder)")
     w.add_argument("--batch", type=_int_list, default=[1, 2, 4, 8, 16])
-    w.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
+    w.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), help="GPU default bf16; CPU fp32")
     w.add_argument("--cache-dir", help="cache directory (default: MIRAGE_SERVE_CACHE_DIR or "
                    "~/.cache/mirage_serve)")
     w.add_argument("--backend", choices=("auto", "torch", "triton"), default=None)

@@ -1,8 +1,10 @@
 """`mirage-serve bench`: resolve defaults per device, run bench.run, print the table, write JSON / PNG.
 
 CPU defaults are chosen so the bare command (the README's "run the main job") finishes in a couple of
-minutes on 2 cores: fp32, batch 1, prompt 32, 8 new tokens, eager baseline only, one repetition.
-On CPU the speed columns are printed but flagged: they say nothing about GPU decode speed.
+minutes on 2 cores: fp32, batch 1, prompt 32, 8 new tokens, eager baseline only, the median of three
+repetitions (one repetition let a single scheduler hiccup swing a ratio by 3×). On CPU the run checks
+correctness; its first line of output says so, because CPU times say nothing about GPU decode speed.
+The MODEL argument is checked before torch is imported, so a typo is answered at once.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from .cli_errors import (EXIT_BAD_CHECKPOINT, EXIT_INCORRECT, EXIT_NO_GPU, EXIT_
 
 GPU_DEFAULTS = dict(batch=[1, 8], prompt_len=128, new_tokens=256, dtype="bf16",
                     baselines=["eager", "static-compile"], repeats=3)
-CPU_DEFAULTS = dict(batch=[1], prompt_len=32, new_tokens=8, dtype="fp32", baselines=["eager"], repeats=1)
+CPU_DEFAULTS = dict(batch=[1], prompt_len=32, new_tokens=8, dtype="fp32", baselines=["eager"], repeats=3)
 
 
 def _device(args) -> str:
@@ -103,6 +105,8 @@ def format_result(r: dict) -> str:
         lines.append(f"patch       {'failed' if p['available'] else 'not run'}: {p['error']}")
     else:
         lines.append(f"patch       {p['seconds']:.2f} s to patch ({_counts_text(p.get('counts'))})")
+        lines.append(f"cache       {s['cache_dir']} (kernels searched and compiled here are reused "
+                     "by the next patch())")
         w = p.get("warm")
         if w:
             lines.append(f"warm patch  {w['patch_seconds']:.2f} s to patch again over the filled kernel cache "
@@ -160,6 +164,8 @@ def format_markdown(r: dict) -> str:
                      f"{_f(row['tok_per_s'], '.1f')} | {pct} | "
                      + " | ".join(_ratio(row["speedup"].get(b)) for b in s["baselines"]) + " |")
     lines += ["", "correctness: " + correctness_line(r)]
+    if r.get("speed_note"):
+        lines += ["", r["speed_note"]]
     if "sampling" in r:
         lines += ["", "sampling: " + sampling_line(r)]
     lines.append("")
@@ -186,10 +192,32 @@ def sampling_line(r: dict) -> str:
     return f"seed {r['settings']['seed']}, do_sample with the model's defaults; " + summary(r["sampling"])
 
 
+def speed_note(opts) -> str | None:
+    """The CPU warning, printed before anything else on CPU (None on a GPU)."""
+    if opts.device != "cpu":
+        return None
+    return (f"speed numbers need a GPU: on CPU this run checks correctness of the {opts.backend} backend "
+            f"over {opts.new_tokens} new tokens; its times are CPU times and say nothing about GPU decode speed")
+
+
+def check_model(spec: str | None) -> None:
+    """A bad MODEL argument as a CliError, before any heavy import (UnknownModelError passes through)."""
+    from .bench_load import CheckpointError, check_spec
+
+    try:
+        check_spec(spec)
+    except CheckpointError as err:
+        raise CliError(str(err), EXIT_BAD_CHECKPOINT) from None
+
+
 def cmd_bench(args) -> int:
+    check_model(args.model)
     from . import bench
 
     opts = options(args)
+    note = speed_note(opts)
+    if note:
+        print(note, flush=True)
     lm = _load(opts)
     try:
         result = bench.run(lm, opts)
@@ -198,10 +226,7 @@ def cmd_bench(args) -> int:
     result["environment"]["command"] = "mirage-serve " + " ".join(shlex.quote(a) for a in args.argv)
     if lm.random_weights:
         result["notes"].append("random weights: token ids are meaningless, only speed and agreement matter")
-    if opts.device == "cpu":
-        result["notes"].append(f"speed numbers need a GPU: on CPU this run checks correctness of the "
-                               f"{opts.backend} backend over {opts.new_tokens} new tokens; "
-                               "times above are CPU times")
+    result["speed_note"] = note  # printed first above; kept in the record and the markdown
     if not result["patch"]["available"]:
         result["notes"].append("ours was not measured: patch() is missing from this build")
     elif result["patch"]["error"]:

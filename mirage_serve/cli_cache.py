@@ -7,8 +7,10 @@ reports the missing piece as one line with EXIT_UNAVAILABLE.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
-from .cli_errors import EXIT_CACHE, EXIT_INCORRECT, EXIT_NO_GPU, EXIT_OK, EXIT_OOM, EXIT_UNAVAILABLE, CliError
+from .cli_errors import (EXIT_BAD_CHECKPOINT, EXIT_CACHE, EXIT_INCORRECT, EXIT_NO_GPU, EXIT_OK, EXIT_OOM,
+                         EXIT_UNAVAILABLE, CliError)
 
 
 def _cache(args):
@@ -23,20 +25,43 @@ def _progress(message: str, done: int, total: int) -> None:
     print(f"warm [{done}/{total}] {message}", file=sys.stderr, flush=True)
 
 
+def check_warm_model(spec: str) -> None:
+    """A warm MODEL that resolve_config would refuse, refused before torch is imported: a config
+    path that is not there, or a name that is neither a registry name nor a registry hub id."""
+    from . import registry
+
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise CliError(f"directory {path} has no config.json", EXIT_BAD_CHECKPOINT)
+        return
+    if path.suffix == ".json" or spec.startswith((".", "/", "~")):
+        if not path.is_file():
+            raise CliError(f"no such config file: {spec}", EXIT_BAD_CHECKPOINT)
+        return
+    if not any(e.hub_id.lower() == spec.lower() for e in registry.entries()):
+        registry.get(spec)  # UnknownModelError with the closest names
+
+
 def cmd_warm(args) -> int:
+    check_warm_model(args.model)
     import torch
 
-    if args.backend == "triton" and not torch.cuda.is_available():
+    has_gpu = torch.cuda.is_available()
+    if args.backend == "triton" and not has_gpu:
         raise CliError("--backend triton needs a CUDA GPU and none is visible", EXIT_NO_GPU)
+    # bf16 is what GPU serving runs; on a CPU (the torch executor) fp32 is the dtype that is exact
+    # enough to check against and fast enough to build.
+    dtype = args.dtype or ("bf16" if has_gpu else "fp32")
     try:
         from .cache.warm import warm_model
     except ImportError as err:
         raise CliError(f"warm is not available in this build ({err})", EXIT_UNAVAILABLE) from None
     try:
-        result = warm_model(args.model, batch_sizes=args.batch, dtype=args.dtype, cache_dir=args.cache_dir,
+        result = warm_model(args.model, batch_sizes=args.batch, dtype=dtype, cache_dir=args.cache_dir,
                             progress=_progress, backend=args.backend, num_layers=args.layers)
     except torch.cuda.OutOfMemoryError:
-        raise CliError(f"out of GPU memory while building {args.model} in {args.dtype}; try --layers 2 "
+        raise CliError(f"out of GPU memory while building {args.model} in {dtype}; try --layers 2 "
                        "(every layer has the same shapes, so the same cache keys)", EXIT_OOM) from None
     except RuntimeError as err:
         if "not available" in str(err):  # warm's own message when patch() is missing

@@ -6,7 +6,7 @@
     print(report)                                 # every site: patched or not, and why
     mirage_serve.unpatch(model)                   # the model exactly as it was
 
-Stages (DESIGN.md "patch()"): find the family adapter → per layer and site, extract the Lax
+Stages (docs/architecture.md): find the family adapter → per layer and site, extract the Lax
 program by tracing the modules (``superopt.lax.extract``) → choose a μGraph (cache / search /
 the program itself, ``optimize``) → verify → build for the backend → numeric self-check against
 the original modules → swap all prepared sites at once. A site that fails any stage stays

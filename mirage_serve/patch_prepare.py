@@ -23,7 +23,7 @@ from .report import PatchReport, SiteReport
 from .site_kernel import BucketKernel, bound_call
 from .sites import NormSite, ProjSite, signature, site_module, site_parts, unsupported_layers
 
-# CONVENTIONS.md tolerance table: relative Frobenius error against a float64 reference.
+# docs/conventions.md tolerance table: relative Frobenius error against a float64 reference.
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 TF32_TOLERANCE = 5e-4  # fp32 on GPU backends, whose matmuls may use tf32
 

@@ -7,7 +7,7 @@ Sizes are computed from the config facts alone (no torch), so `mirage-serve mode
 - `param_count`: every parameter of the HF model (embedding, layers, final norm, untied lm_head).
 - `decode_bytes`: bytes read from memory per decode step = all decoder layers + final norm + lm_head
   (the vocab × hidden matrix, whether tied or not); the one embedding row gathered per token is
-  negligible. KV-cache reads are excluded: the floor is the weight stream, as in BENCHMARKS.md §3.
+  negligible. KV-cache reads are excluded: the floor is the weight stream (docs/measuring.md).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The layout rules of DESIGN.md, enforced: import direction, torch only at the edges, a cheap
+"""The layout rules of docs/architecture.md, enforced: import direction, torch only at the edges, a cheap
 ``import superopt.ir``, no source file over 800 lines, every package folder installed."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 MAX_LINES = 800
 
-# superopt subpackage -> the superopt subpackages it may import (DESIGN.md "Import direction":
+# superopt subpackage -> the superopt subpackages it may import (docs/architecture.md "Import direction":
 # ir <- interp <- abstract, verify <- search; lax, layout, codegen on ir; runtime on codegen;
 # pipeline on all). abstract may use lax: its axioms are written as Lax programs (a builder on ir).
 ALLOWED = {
@@ -30,7 +30,7 @@ ALLOWED = {
 }
 NEVER_IN_SUPEROPT = {"mirage_serve", "transformers", "patches"}
 HEAVY = {"torch", "triton"}
-# the edges where torch / triton may appear (DESIGN.md: lax extraction, runtime, a torch Domain)
+# the edges where torch / triton may appear (docs/architecture.md: lax extraction, runtime, a torch Domain)
 HEAVY_OK = ("superopt/runtime/", "superopt/lax/extract.py", "superopt/interp/torch_domain.py")
 
 
@@ -84,7 +84,7 @@ def test_superopt_import_direction(path):
                 continue
             if own not in ALLOWED:
                 problems.append(f"{rel}: superopt.{own} is not in tests/test_layout.py ALLOWED; add its "
-                                f"place in DESIGN.md's import direction")
+                                f"place in docs/architecture.md's import direction")
             elif target not in ALLOWED[own]:
                 problems.append(f"{rel}:{line} imports {mod}: superopt.{own} may import only "
                                 f"{sorted(ALLOWED[own]) or 'nothing else in superopt'}")

@@ -36,9 +36,14 @@ class WarmResult:
     report: Any                    # the PatchReport patch() returned
 
     def summary(self) -> str:
-        text = (f"warmed {self.model} ({self.dtype}, batch {','.join(map(str, self.batch_sizes))}) "
-                f"in {self.seconds:.1f} s: {self.entries_after - self.entries_before} new entries, "
-                f"{self.entries_after} in {self.cache_dir}")
+        """What was built and where: model, dtype, buckets, device and backend; the cache directory
+        with its new and total entries; patch()'s counts and every site it left unpatched."""
+        built = f"{self.dtype} kernels for batch buckets {','.join(map(str, self.batch_sizes))}"
+        if hasattr(self.report, "device"):
+            built += f" on {self.report.device}, backend {self.report.backend}"
+        text = (f"warmed {self.model} in {self.seconds:.1f} s: {built}\n"
+                f"  cache {self.cache_dir}: {self.entries_after - self.entries_before} new entries, "
+                f"{self.entries_after} in all")
         if not hasattr(self.report, "counts"):  # no PatchReport (a stand-in patch)
             return text
         # programs shared with a model warmed before are cache hits, not new entries: say so
@@ -82,7 +87,7 @@ def build_model(config, dtype: str, device=None):
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=tdtype)
-    # from_config under a device context may leave memory uninitialised (DESIGN.md); the numeric
+    # from_config under a device context may leave memory uninitialised (docs/measuring.md); the numeric
     # checks inside patch() need finite weights.
     with torch.no_grad():
         for p in model.parameters():
@@ -143,7 +148,7 @@ def warm_model(model_name_or_config, batch_sizes=DEFAULT_BATCH_SIZES, dtype: str
         _free_device_memory()
     result = WarmResult(name, dtype, batch_sizes, cache_dir, time.perf_counter() - t0,
                         before, _count(cache_dir), report)
-    note(result.summary(), 3, 3)
+    note(f"done in {result.seconds:.1f} s", 3, 3)  # the caller prints result.summary() once
     return result
 
 

@@ -4,7 +4,7 @@ A *kernel graph* is a list of nodes over device tensors. A node is a library op 
 elementwise, reduction, …) or a ``customized`` op that holds a *block graph*: the program one
 threadblock runs. A Lax program is itself a kernel graph of library ops.
 
-Block graph semantics (Mirage paper §3, DESIGN.md "The μGraph"):
+Block graph semantics (Mirage paper §3; docs/architecture.md):
 
 * ``grid`` (x, y, z) threadblocks run the same block graph; ``forloop`` iterations run inside each.
 * A block input reads a tile of kernel tensor ``args[source]``. ``imap[a]`` names the tensor dim

@@ -72,7 +72,7 @@ OPS: dict[str, OpInfo] = _table(
     OpInfo("slice", C.STRUCTURAL, L.STRUCTURAL, 1),
     OpInfo("cast", C.STRUCTURAL, L.STRUCTURAL, 1),
     OpInfo("customized", C.CUSTOMIZED, L.STRUCTURAL, -1, block_level=False),
-    # Block-level for-loop accumulators (DESIGN.md "Block graph").
+    # Block-level for-loop accumulators (Mirage paper §3).
     OpInfo("accum_sum", C.ACCUM, L.MULTILINEAR, 1, kernel_level=False),
     OpInfo("accum_sum_sq", C.ACCUM, L.MULTILINEAR, 1, kernel_level=False),
     OpInfo("accum_max", C.ACCUM, L.OPAQUE, 1, kernel_level=False),

@@ -10,7 +10,7 @@ Parameters and buffers become program inputs named after their path in the trace
 (``head.weight`` → ``%head_weight``), so identical blocks of different layers give identical
 programs (one digest, one search).
 
-torch is imported here only: this module is an edge of ``superopt`` (DESIGN.md "Import direction").
+torch is imported here only: this module is an edge of ``superopt`` (docs/architecture.md "Import direction").
 """
 from __future__ import annotations
 

@@ -25,6 +25,7 @@ from typing import Callable, Sequence
 import torch
 
 from ..ir import KernelGraph, from_text, to_text
+from . import procs
 from .profile import DEFAULT_CONFIGS, ProfileResult, applies, fits, launch_key, profile_candidates
 
 SWEEP_TOP = 3  # candidates whose launch configurations are swept after the first stage
@@ -100,7 +101,10 @@ class Selector:
     def __enter__(self) -> "Selector":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is not None and self._pool is not None:  # interrupted: do not wait for builds
+            procs.kill_pool(self._pool)
+            self._pool = None
         self.close()
 
 
@@ -109,26 +113,32 @@ def map_isolating_crashes(pool: ProcessPoolExecutor, new_pool: Callable[[], Proc
     """Run ``fn`` over ``jobs`` in ``pool``; returns the pool to use from now on and the indices of
     the jobs that killed their worker process. When one worker dies the pool breaks and every job
     not yet finished fails with it: those are run again one at a time, each in a fresh pool after a
-    crash, so only the jobs that crash a process of their own are blamed."""
-    futures = [pool.submit(fn, job) for job in jobs]
-    unfinished = []
-    for i, f in enumerate(futures):
-        try:
-            f.result()
-        except BrokenProcessPool:
-            unfinished.append(i)
-    crashed: set[int] = set()
-    broken = bool(unfinished)
-    for i in unfinished:
-        if broken:
-            pool.shutdown(cancel_futures=True)
-            pool, broken = new_pool(), False
-        try:
-            pool.submit(fn, jobs[i]).result()
-        except BrokenProcessPool:
-            crashed.add(i)
-            broken = True
-    return pool, crashed
+    crash, so only the jobs that crash a process of their own are blamed. An exception here
+    (KeyboardInterrupt included) kills the workers and the compilers they started before it
+    propagates, rather than leaving them building."""
+    try:
+        futures = [pool.submit(fn, job) for job in jobs]
+        unfinished = []
+        for i, f in enumerate(futures):
+            try:
+                f.result()
+            except BrokenProcessPool:
+                unfinished.append(i)
+        crashed: set[int] = set()
+        broken = bool(unfinished)
+        for i in unfinished:
+            if broken:
+                pool.shutdown(cancel_futures=True)
+                pool, broken = new_pool(), False
+            try:
+                pool.submit(fn, jobs[i]).result()
+            except BrokenProcessPool:
+                crashed.add(i)
+                broken = True
+        return pool, crashed
+    except BaseException:
+        procs.kill_pool(pool)  # the pool in use now (a crash may have replaced the one passed in)
+        raise
 
 
 def _build_once(job) -> str | None:

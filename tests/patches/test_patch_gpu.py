@@ -162,7 +162,7 @@ def _assert_same_tokens_ties_aside(model, got, want) -> None:
     """Greedy tokens equal, except that the first divergence may be a bf16 near-tie.
 
     Fused kernels sum in another order than cuBLAS, so two tokens whose logits differ by less than
-    the rounding of the largest logit may swap (CONVENTIONS.md: "ties aside"). The unpatched model
+    the rounding of the largest logit may swap (docs/conventions.md: "ties aside"). The unpatched model
     re-scores the common prefix and the two tokens' logits must be within TIE_ULPS ulps; after a
     divergence the sequences are different inputs, so nothing later is compared.
     """

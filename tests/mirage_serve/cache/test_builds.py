@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -22,6 +21,7 @@ from mirage_serve.cache.builds import SOURCE, load_build, store_build
 from mirage_serve.cache.entry import META
 from superopt.codegen.triton import render_triton
 from superopt.ir import to_text
+from superopt.runtime import procs
 from tests.mirage_serve.cache._helpers import make_key
 from tests.superopt.codegen.triton_cases import build
 
@@ -32,7 +32,8 @@ ROOT = Path(__file__).resolve().parents[3]
 def _worker(tmp: Path, triton_dir: str, *args: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(TRITON_CACHE_DIR=str(tmp / triton_dir), PYTHONPATH=str(ROOT), TRITON_DEFAULT_FP_FUSION="1")
-    r = subprocess.run([sys.executable, "-m", "tests.mirage_serve.cache._builds_worker", *args], cwd=ROOT, env=env,
+    # procs.run: an interrupted test kills the worker's ptxas too, not the worker alone
+    r = procs.run([sys.executable, "-m", "tests.mirage_serve.cache._builds_worker", *args], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])

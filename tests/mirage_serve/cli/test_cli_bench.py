@@ -54,12 +54,14 @@ def test_bench_tiny_json_and_plot(tmp_path, capsys, needs_patch):
                            "--cache-dir", str(tmp_path / "kc"))
     assert main(argv) == E.EXIT_OK
     out = capsys.readouterr().out
-    assert "random weights" in out and "speed numbers need a GPU" in out
+    assert "random weights" in out and out.startswith("speed numbers need a GPU")
+    assert f"cache       {tmp_path / 'kc'} " in out and "median of 3" in out
     assert "correctness OK: greedy tokens identical to eager for 6 steps x batch 1,3" in out
     assert "s to patch" in out
     assert "sampling    seed 0" in out and "batch 3 OK: first decode step's logits" in out
     doc = json.loads(j.read_text())
     check_schema(doc, [1, 3], ["eager"])
+    assert doc["settings"]["cache_dir"] == str(tmp_path / "kc") and doc["speed_note"].startswith("speed numbers")
     assert doc["model"]["num_hidden_layers"] == 2 and doc["model"]["random_weights"] is True
     assert doc["correctness"] == {"reference": "eager", "checked": True, "identical": True, "steps": 6,
                                   "first_divergence": None}

@@ -161,7 +161,9 @@ def test_warm_tiny_config_fills_cache(tmp_path, capsys):
                "--cache-dir", str(tmp_path / "cache"), "--backend", "torch"])
     assert rc == E.EXIT_OK
     out = capsys.readouterr()
-    assert "warmed tiny (fp32, batch 1,3)" in out.out and "warm [3/3]" in out.err
+    assert out.out.startswith("warmed tiny in ") and "fp32 kernels for batch buckets 1,3 on cpu" in out.out
+    assert f"cache {tmp_path / 'cache'}: " in out.out and out.out.count("warmed") == 1
+    assert "warm [3/3] done" in out.err
 
 
 def test_verify_demo(capsys):
@@ -188,11 +190,12 @@ def test_bare_bench_runs_the_embedded_default_on_cpu():
         pytest.skip("on a GPU the bare command runs the full GPU benchmark")
     if patch_available():
         pytest.skip(f"needs mirage_serve.patch: {patch_available()}")
+    # 595 s measured on 2 cores at load average 10-13 (three timed repeats of each run)
     r = subprocess.run([sys.executable, "-m", "mirage_serve.cli", "bench"], capture_output=True, text=True,
-                       timeout=600)
+                       timeout=1200)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "correctness OK: greedy tokens identical to eager for 8 steps x batch 1" in r.stdout
-    assert "speed numbers need a GPU" in r.stdout
+    assert r.stdout.startswith("speed numbers need a GPU") and "median of 3" in r.stdout
     from mirage_serve.bench_load import smollm2_gguf
 
     assert ("SmolLM2-135M" in r.stdout) if smollm2_gguf() else ("small-llama" in r.stdout)

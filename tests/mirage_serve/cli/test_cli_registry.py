@@ -63,7 +63,7 @@ def test_formula_equals_hf_model_on_meta_device(name):
 
 
 def test_decode_bytes_llama8b_matches_the_documented_floor():
-    """BENCHMARKS.md: Llama-3-8B floor 3.53 ms at 4.25 TB/s copy → ~15.0 GB read per step in bf16."""
+    """docs/measuring.md: Llama-3-8B floor 3.53 ms at 4.25 TB/s copy → ~15.0 GB read per step in bf16."""
     b = registry.decode_bytes(registry.get("Llama-3.1-8B").config, "bf16")
     assert abs(b / 4.25e12 * 1e3 - 3.53) < 0.01
     assert registry.decode_bytes(registry.get("Llama-3.1-8B").config, "fp32") == 2 * b

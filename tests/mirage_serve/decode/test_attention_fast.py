@@ -18,7 +18,7 @@ from mirage_serve.decode.attention_launch import BLOCK_N, split_plan
 from .attention_cases import FAMILIES, KERNEL_CASES
 
 ROOT = Path(__file__).resolve().parents[3]
-TOL = {"float32": 1e-5, "float16": 2e-3}  # CONVENTIONS.md tolerance table
+TOL = {"float32": 1e-5, "float16": 2e-3}  # docs/conventions.md tolerance table
 
 
 @pytest.fixture(scope="module")

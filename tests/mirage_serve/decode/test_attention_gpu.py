@@ -6,7 +6,7 @@ import torch
 
 from .attention_cases import KERNEL_CASES, kernel_case
 
-TOL = {"bfloat16": 1e-2, "float16": 2e-3}  # CONVENTIONS.md tolerance table
+TOL = {"bfloat16": 1e-2, "float16": 2e-3}  # docs/conventions.md tolerance table
 
 
 @pytest.mark.gpu

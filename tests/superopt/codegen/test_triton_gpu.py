@@ -12,7 +12,7 @@ from tests.superopt.codegen.triton_cases import CASES, CHAIN_CASES, build
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.gpu
-TOL = {"bfloat16": 1e-2, "float16": 2e-3}  # CONVENTIONS.md tolerance table
+TOL = {"bfloat16": 1e-2, "float16": 2e-3}  # docs/conventions.md tolerance table
 DT = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 

@@ -13,7 +13,7 @@ import pytest
 from tests.superopt.codegen.triton_cases import CASES, CHAIN_CASES, INTERP_DTYPES
 
 ROOT = Path(__file__).resolve().parents[3]
-TOL = {"float32": 1e-5, "float16": 2e-3}  # CONVENTIONS.md tolerance table
+TOL = {"float32": 1e-5, "float16": 2e-3}  # docs/conventions.md tolerance table
 
 
 @pytest.fixture(scope="module")

@@ -60,7 +60,7 @@ CHAIN_CASES = ("gqa", "qknorm", "decode_attention", "decode_attention_odd")
 
 CASES = [(name, name, {}) for name in FIXTURES] + ODD + [(c, c, {}) for c in TEXT_CASES] + \
     [(c, c, {}) for c in FOUND_CASES] + [(c, c, {}) for c in WIDE_CASES]
-INTERP_DTYPES = ("float32", "float16")  # bf16 arithmetic is broken in the interpreter (DESIGN.md)
+INTERP_DTYPES = ("float32", "float16")  # bf16 arithmetic is broken in the interpreter (docs/conventions.md)
 
 
 def _gemv_nk(dtype: str, k: int, cols: bool = False):

@@ -18,7 +18,7 @@ from tests.fixtures.ugraphs import mutants, random_inputs
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the CUDA emulator needs g++ (C++20)")
 
-TOL = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2}  # shared/CONVENTIONS.md
+TOL = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2}  # docs/conventions.md tolerance table
 CASES = sorted(all_cases())
 
 

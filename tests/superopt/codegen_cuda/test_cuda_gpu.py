@@ -14,7 +14,7 @@ import pytest
 from tests.superopt.codegen_cuda.cases import all_cases, build, compile_all
 
 pytestmark = pytest.mark.gpu
-TOL = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2}  # shared/CONVENTIONS.md
+TOL = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2}  # docs/conventions.md tolerance table
 CASES = sorted(all_cases())
 DTYPES = ("float16", "bfloat16")
 
