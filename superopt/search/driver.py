@@ -73,10 +73,10 @@ class SearchResult:
 
 
 def _job(args):
-    program, index, pattern, budget, cap, deadline = args
+    program, index, pattern, budget, cap, deadline, whole_exp = args
     if time.time() > deadline:
         return pattern, None, None
-    designs, st = run_pattern(program, index, pattern, budget, cap, deadline)
+    designs, st = run_pattern(program, index, pattern, budget, cap, deadline, whole_exp)
     return pattern, designs, st
 
 
@@ -104,7 +104,7 @@ def superoptimize(program: KernelGraph, budget: SearchBudget = SearchBudget(), a
     ckpt = Checkpoint(checkpoint, digest(program), _budget_key(budget), seed)
     if patterns:
         t0 = time.perf_counter()
-        designs = _search(search_program, index, patterns, budget, deadline, ckpt, stats)
+        designs = _search(search_program, index, patterns, budget, deadline, ckpt, stats, finish is not None)
         stats.seconds["search"] = time.perf_counter() - t0
     found = _rank_and_verify(program, index, designs, budget, arch, seed, stats, finish=finish) if designs else []
     for g, cost, _, _ in found:
@@ -173,7 +173,7 @@ def _budget_key(budget: SearchBudget) -> dict:
     return log
 
 
-def _search(program, index, patterns, budget, deadline, ckpt, stats) -> list:
+def _search(program, index, patterns, budget, deadline, ckpt, stats, whole_exp=False) -> list:
     """One block search per search key (``skeleton.search_key``), retargeted to every pattern."""
     keys = list(dict.fromkeys(search_key(p) for p in patterns))
     stats.searches = len(keys)
@@ -185,7 +185,7 @@ def _search(program, index, patterns, budget, deadline, ckpt, stats) -> list:
             results[p.key()] = ckpt.patterns[p.key()]
             stats.patterns_resumed += 1
         else:
-            todo.append((program, index, p, budget, cap, deadline))
+            todo.append((program, index, p, budget, cap, deadline, whole_exp))
     if budget.workers > 1 and len(todo) > 1:
         with mp.get_context("fork").Pool(budget.workers) as pool:
             for out in pool.imap(_job, todo):

@@ -128,6 +128,12 @@ def _summed_dims(name: str, rank: int, consumers: dict) -> set[int]:
     return dims
 
 
+def _uncast(a: str, by_out: dict) -> str:
+    while a in by_out and by_out[a].op == "cast":
+        a = by_out[a].args[0]
+    return a
+
+
 def _max_subtracted(a: str, by_out: dict) -> bool:
     """``a`` is x − m with m a max (already safe: the combine's exp(m_j − M))."""
     n = by_out.get(a)
@@ -147,24 +153,35 @@ def stabilize_block(b: BlockGraph, outputs_summed: bool) -> tuple[BlockGraph, di
     nodes: list[Node] = []
     scale_of: dict[str, str] = {}   # value -> the max m it is scaled by exp(−m) of
     by_out = {n.out.name: n for n in b.nodes}
+    max_of: dict[str, str] = {}     # value the exps' operands are casts of -> its max
     for n in b.nodes:
         if n.op == "exp" and not _max_subtracted(n.args[0], by_out):
             a = n.args[0]
             t = w.types[a]
-            dims = sorted(_summed_dims(n.out.name, t.rank, cons))
-            m = a
-            for d in dims:
-                nd = w.node("reduce_max", (m,), dim=d, keepdim=1)
-                nodes.append(nd)
-                m = nd.out.name
-            if var[a] == Variance.LOOP:
-                nd = w.node("accum_max", (m,))
-                nodes.append(nd)
-                m = nd.out.name
-            elif not dims:
-                raise Unstabilizable(f"exp -> %{n.out.name} is neither summed in the tile nor in the loop")
-            sh = w.node("sub", (a, m))
-            nodes += [sh, w.node("exp", (sh.out.name,), name=n.out.name)]
+            root = _uncast(a, by_out)
+            m = max_of.get(root)
+            if m is None:  # the first exp of this operand: its max (the same exp in another dtype reuses it)
+                m = a
+                dims = sorted(_summed_dims(n.out.name, t.rank, cons))
+                for d in dims:
+                    nd = w.node("reduce_max", (m,), dim=d, keepdim=1)
+                    nodes.append(nd)
+                    m = nd.out.name
+                if var[a] == Variance.LOOP:
+                    nd = w.node("accum_max", (m,))
+                    nodes.append(nd)
+                    m = nd.out.name
+                elif not dims:
+                    raise Unstabilizable(f"exp -> %{n.out.name} is neither summed in the tile nor in the loop")
+                max_of[root] = m
+            if w.types[m].dtype == t.dtype:
+                sh = w.node("sub", (a, m))
+                nodes += [sh, w.node("exp", (sh.out.name,), name=n.out.name)]
+            else:  # in the max's dtype, then back (a running max cast would be read after the loop)
+                ca = w.node("cast", (a,), dtype=w.types[m].dtype)
+                sh = w.node("sub", (ca.out.name, m))
+                ex = w.node("exp", (sh.out.name,))
+                nodes += [ca, sh, ex, w.node("cast", (ex.out.name,), name=n.out.name, dtype=t.dtype)]
             scale_of[n.out.name] = m
             continue
         scales = {scale_of[a] for a in n.args if a in scale_of}
