@@ -14,6 +14,7 @@ The unfused program is always in the ranking, so ``result.best`` is never None.
 """
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import time
 from dataclasses import dataclass, field, replace
@@ -244,13 +245,17 @@ def _rank_and_verify(program, index, designs, budget, arch, seed, stats, top=Non
     """
     t0 = time.perf_counter()
     best_per_design = []
+    memo: dict = {}  # a split kernel recurs in every design that retargets its combine kernel
     for d in designs:
         # Kernel costs add up and a kernel's input shapes do not depend on another kernel's
         # extents, so each kernel's extents (and then its thread count) are chosen on their own.
         types = {v.name: v.type for v in program.inputs}
         options = []
         for k in d:
-            opts = _kernel_options(k, types, index, budget, arch, stats)
+            key = (json.dumps(k.to_json(), sort_keys=True), tuple(types.get(s) for s in k.sources))
+            if key not in memo:
+                memo[key] = _kernel_options(k, types, index, budget, arch, stats)
+            opts = memo[key]
             if not opts:
                 break
             build_kernel(k, types, index, opts[0][2])  # record its output types for the next kernel

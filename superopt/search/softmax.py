@@ -70,7 +70,10 @@ def cancel_max(program: KernelGraph) -> tuple[KernelGraph, int]:
 def prepare(program: KernelGraph):
     """(the program to search, the pass every built candidate goes through or None)."""
     search_program, cancelled = cancel_max(program)
-    return search_program, (stabilize if cancelled else None)
+    if not cancelled:
+        return search_program, None
+    dtypes = dict(zip(program.outputs, (t.dtype for t in program.output_types)))
+    return search_program, lambda g: stabilize(g, dtypes)
 
 
 # ---------------------------------------------------------------- one block graph
@@ -211,10 +214,11 @@ def stabilize_block(b: BlockGraph, outputs_summed: bool) -> tuple[BlockGraph, di
 # ---------------------------------------------------------------- the kernel graph
 
 
-def stabilize(g: KernelGraph) -> KernelGraph:
+def stabilize(g: KernelGraph, out_dtypes: dict[str, str] | None = None) -> KernelGraph:
     """``g`` (a candidate of the max-cancelled program) with every exp max-subtracted; split
     kernels' rescaled partials written per split and combined with their maxes by the consumer
-    kernel. Raises ``Unstabilizable``."""
+    kernel; graph outputs cast to ``out_dtypes`` (the program's) where the combine computed in
+    float32. Raises ``Unstabilizable``."""
     nodes: list[Node] = []
     redirect: dict[str, tuple[Value, Value, TensorType]] = {}  # partial -> (its view, its max's view, its type)
     for n in g.nodes:
@@ -231,40 +235,73 @@ def stabilize(g: KernelGraph) -> KernelGraph:
         nodes += _per_split(n, b, out_scale, redirect)
     if any(o in redirect for o in g.outputs):
         raise Unstabilizable("a program output is a split partial")
+    nodes = [_cast_outputs(n, out_dtypes) if n.op == "customized" and out_dtypes else n for n in nodes]
     return replace(g, nodes=tuple(nodes), _types=None)
+
+
+def _cast_outputs(n: Node, out_dtypes: dict[str, str]) -> Node:
+    """Block outputs that are program outputs stored in the program's dtype."""
+    want = {i: out_dtypes[v.name] for i, v in enumerate(n.outs)
+            if v.name in out_dtypes and v.type.dtype != out_dtypes[v.name]}
+    if not want:
+        return n
+    w = _Block(n.block)
+    nodes, outputs, outs = list(n.block.nodes), list(n.block.outputs), list(n.outs)
+    for i, dt in want.items():
+        c = w.node("cast", (outputs[i].value,), dtype=dt)
+        nodes.append(c)
+        outputs[i] = replace(outputs[i], value=c.out.name)
+        outs[i] = Value(outs[i].name, TensorType(outs[i].type.shape, dt))
+    keep = {o.value for o in outputs}
+    block = replace(n.block, nodes=tuple(nodes), outputs=tuple(outputs), thread_groups=_thread_groups(nodes, keep))
+    return replace(n, outs=tuple(outs), block=block)
 
 
 def _per_split(n: Node, b: BlockGraph, out_scale: dict[str, str], redirect: dict) -> list[Node]:
     """The split kernel writes each rescaled partial and its max per split: the split grid axis maps
     onto the partial's last dim (blocks side by side), and a view splits that dim into
     (split, last). Returns the kernel node and the views; records them in ``redirect``."""
-    types = {i.value.name: i.value.type for i in b.inputs}
-    types.update((x.out.name, x.out.type) for x in b.nodes)
+    w = _Block(b)
+    types = w.types
+    nodes = list(b.nodes)
     outputs, outs, views = [], [], []
     max_view: dict[str, Node] = {}   # max value -> the view of its per-split tensor
+
+    def f32(x: str) -> str:
+        # partials and maxes leave the block in float32: a max rounded to bf16 would no longer be
+        # the one its partial was scaled by (exp(0.25) off at m ≈ 50)
+        if types[x].dtype == "float32":
+            return x
+        c = w.node("cast", (x,), dtype="float32")
+        nodes.append(c)
+        return c.out.name
+
     for o, v in zip(b.outputs, n.outs):
         if o.value not in out_scale:
             outputs.append(o)
             outs.append(v)
             continue
         m, axis = out_scale[o.value], _split_axis(b, o)
-        omap = _split_omap(o, types[o.value], axis)
-        raw = Value(f"{v.name}_split", TensorType(output_shape(types[o.value].shape, b.grid, omap), v.type.dtype))
-        outputs.append(BlockOutput(o.value, omap, "none"))
+        val = f32(o.value)
+        omap = _split_omap(o, types[val], axis)
+        raw = Value(f"{v.name}_split", TensorType(output_shape(types[val].shape, b.grid, omap), "float32"))
+        outputs.append(BlockOutput(val, omap, "none"))
         outs.append(raw)
         pview = _view(raw, f"{v.name}_view", b.grid[axis])
         views.append(pview)
         if m not in max_view:
-            mo = BlockOutput(m, _split_omap(o, types[m], axis), "none")
-            mraw = Value(f"{v.name}_max_split", TensorType(output_shape(types[m].shape, b.grid, mo.omap),
-                                                             types[m].dtype))
+            mval = f32(m)
+            mo = BlockOutput(mval, _split_omap(o, types[mval], axis), "none")
+            mraw = Value(f"{v.name}_max_split", TensorType(output_shape(types[mval].shape, b.grid, mo.omap),
+                                                             "float32"))
             outputs.append(mo)
             outs.append(mraw)
             max_view[m] = _view(mraw, f"{v.name}_max", b.grid[axis])
             views.append(max_view[m])
         redirect[v.name] = (pview.out, max_view[m].out, v.type)
-    node = Node("customized", n.args, tuple(outs), n.attrs, replace(b, outputs=tuple(outputs)))
-    return [node] + views
+    keep = {o.value for o in outputs}
+    block = replace(b, nodes=tuple(nodes), outputs=tuple(outputs), thread_groups=_thread_groups(nodes, keep))
+    return [Node("customized", n.args, tuple(outs), n.attrs, block)] + views
 
 
 def _split_axis(b: BlockGraph, o: BlockOutput) -> int:
@@ -318,7 +355,7 @@ def _combine_reads(n: Node, redirect: dict) -> Node:
         tile = inp.value.type.shape
         pv = w.fresh("pj")
         splits = view.type.shape[-2]
-        pt = TensorType(tile[:-1] + (splits,) + tile[-1:], inp.value.type.dtype)
+        pt = TensorType(tile[:-1] + (splits,) + tile[-1:], view.type.dtype)
         w.types[pv] = pt
         inputs.append(BlockInput(Value(pv, pt), arg_of(view.name), imap, -1))
         mimap = tuple(-1 if d == r else d for d in imap)               # the max's last dim is 1
@@ -336,7 +373,12 @@ def _combine_reads(n: Node, redirect: dict) -> Node:
             pre += [big, dm, wt]
             weights[key] = wt.out.name
         pw = w.node("mul", (pv, weights[key]))
-        pre += [pw, w.node("reduce_sum", (pw.out.name,), name=inp.value.name, dim=r - 1, keepdim=0)]
+        pre.append(pw)
+        if pt.dtype == inp.value.type.dtype:
+            pre.append(w.node("reduce_sum", (pw.out.name,), name=inp.value.name, dim=r - 1, keepdim=0))
+        else:  # the searched body reads the partial in its own dtype
+            rs = w.node("reduce_sum", (pw.out.name,), dim=r - 1, keepdim=0)
+            pre += [rs, w.node("cast", (rs.out.name,), name=inp.value.name, dtype=inp.value.type.dtype)]
     used = sorted({i.source for i in inputs})       # the partials themselves are no longer read
     inputs = [replace(i, source=used.index(i.source)) for i in inputs]
     nodes = pre + list(b.nodes)
