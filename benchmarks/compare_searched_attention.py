@@ -1,6 +1,6 @@
 """Searched decode attention (online softmax μGraphs) against the hand-written kernels of mirage_serve/decode.
 
-    PYTHONUNBUFFERED=1 python benchmarks/compare_searched_attention.py --out $OUT/attn_compare.json
+    PYTHONUNBUFFERED=1 PYTHONPATH=$PWD python benchmarks/compare_searched_attention.py --out $OUT/attn_compare.json
     python benchmarks/compare_searched_attention.py --rows "b1,b8" --ctx 4096 --candidates 6
 
 Issue 28, must-show 3, at Llama-3.1-8B (32 q / 8 kv heads, d 128), bf16, context 4k, b1 and b8.
@@ -55,7 +55,9 @@ def run_row(batch: int, ctx: int, n_cands: int, budget: SearchBudget, bw: float)
     ref = reference(*xs)
     nbytes = sum(x.numel() * x.element_size() for x in xs)
     row = {"batch": batch, "ctx": ctx, "search_s": search_s, "bytes": nbytes, "candidates": []}
-    for cand in res.candidates(designs=3)[:n_cands]:
+    # every verified design at its cost-best extents first, then the other extents of each
+    cands = [g for g, _ in res.ranked] + [a for alts in res.alternatives for a in alts]
+    for cand in cands[:n_cands]:
         entry = {"kernels": cand.num_kernels,
                  "grids": [list(k.block.grid) + [k.block.forloop] for k in cand.customized_nodes()],
                  "unfused": cand is prog}
@@ -83,7 +85,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default="b1,b8")
     ap.add_argument("--ctx", type=int, default=4096)
-    ap.add_argument("--candidates", type=int, default=8)
+    ap.add_argument("--candidates", type=int, default=12)
     ap.add_argument("--search-seconds", type=float, default=120.0)
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--out", default="")

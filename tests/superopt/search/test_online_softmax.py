@@ -1,6 +1,7 @@
 """Online softmax in the search: a max-subtracted softmax program (HF's decode attention) gets a
 verified μGraph that keeps the max — a running max with rescaled sums, or per-split partials and
-maxes combined by a second kernel — at small odd shapes (3 kv heads × group 2, length 73)."""
+maxes combined by a second kernel — at small odd shapes (3 kv heads × group 2, length 73); the
+Triton render of found μGraphs (fp32, and fp16 with its fp32 softmax) runs in the interpreter."""
 from __future__ import annotations
 
 import json
@@ -66,7 +67,8 @@ def found():
     """The search at three small shapes: no loop possible (73 is prime), and loop / split (384)."""
     out = {}
     for case, kw in {"L73": dict(kv_len=73), "L384": dict(kv_len=384),
-                     "softcap_mask": dict(batch=3, kv_len=96, softcap=30.0, mask=True)}.items():
+                     "softcap_mask": dict(batch=3, kv_len=96, softcap=30.0, mask=True),
+                     "L384_f16": dict(kv_len=384, dtype="float16", mask=True)}.items():
         prog = decode_attention_program(**SMALL | kw)
         out[case] = (prog, superoptimize(prog, BUDGET, seed=0))
     return out
@@ -154,13 +156,13 @@ def test_q_norm_variant_is_found():
 
 def test_triton_render_of_found_attention_runs_in_the_interpreter(found, tmp_path):
     cases = {}
-    for case in ("L73", "L384"):
+    for case in ("L73", "L384", "L384_f16"):
         prog, res = found[case]
         cases[f"{case}_best"] = (prog, res.best)
         two = next((g for g, _ in res.ranked if g.num_kernels == 2), None)
         if two is not None:
             cases[f"{case}_split"] = (prog, two)
-    assert "L384_split" in cases
+    assert "L384_split" in cases and "L384_f16_split" in cases
     for name, (prog, g) in cases.items():
         (tmp_path / f"{name}.program.txt").write_text(to_text(prog))
         (tmp_path / f"{name}.ugraph.txt").write_text(to_text(g))
@@ -172,4 +174,5 @@ def test_triton_render_of_found_attention_runs_in_the_interpreter(found, tmp_pat
     assert set(errs) == set(cases)
     for name, err in errs.items():
         assert not isinstance(err, str), f"{name}: {err}"
-        assert math.isfinite(err) and err <= 1e-5, f"{name}: relative error {err:.3e}"
+        tol = 2e-3 if "f16" in name else 1e-5   # docs/conventions.md tolerance table
+        assert math.isfinite(err) and err <= tol, f"{name}: relative error {err:.3e}"
