@@ -9,8 +9,8 @@ the ones that only make sense for *partial* values:
 * a sum over some parts of an index is part of a sum over more parts of it (split sums);
 * a sum of terms is part of an expression if its terms map to distinct terms there with one
   common cofactor and one coefficient ratio (distributivity: (a+b)·c = a·c + b·c);
-* coefficients may differ from the target's by a scale the graph can still apply: one or two
-  program constants or their reciprocals;
+* coefficients may differ from the target's by a scale the graph can still apply: one program
+  constant or its reciprocal;
 * a constant is part of the target if its value appears there as a coefficient (or is ±1).
 
 The oracle
@@ -31,10 +31,7 @@ class SubexprOracle:
         """``scales``: the program's constants; a part may differ from its target by one of them
         (or its reciprocal): the scale a μGraph can still apply."""
         self.s = store
-        one = {abs(Fraction(c)) for c in scales if c}
-        one |= {1 / c for c in one}
-        # two constants applied in a row also scale a part: (s·scale)/softcap inside Gemma's tanh
-        self.scales = {Fraction(1)} | one | {a * b for a in one for b in one}
+        self.scales = {Fraction(1)} | {abs(Fraction(c)) for c in scales if c} | {1 / abs(Fraction(c)) for c in scales if c}
         self.exprs: list[int] = []
         self.coeffs: set[Fraction] = set()
         seen: set[int] = set()

@@ -177,8 +177,13 @@ def enumerate_patterns(program: KernelGraph, index: ProgramIndex, budget: Search
 
 def _block(store, targets, sources, pattern, index, vocab, consts, budget, cap, stats):
     rep = representative(pattern, index.sizes)
-    oracle = SubexprOracle(store, targets, tuple(v for v, _ in consts)) if budget.abstract_pruning else None
     exp_args = stats["exp_args"](store) if stats["exp_args"] is not None else None
+    scales = tuple(v for v, _ in consts)
+    if exp_args is not None:
+        # two constants in a row scale an exp operand: (s·scale)/softcap inside Gemma-2's tanh; only
+        # for these programs (a weaker oracle costs the others their pruning: QKNorm 3× the states)
+        scales += tuple(a * b for a in scales for b in scales) + tuple(a / b for a in scales for b in scales if b)
+    oracle = SubexprOracle(store, targets, scales) if budget.abstract_pruning else None
     bs = BlockSearch(store, oracle, sources, pattern, rep[0], rep[1], vocab, consts, budget.max_block_ops, cap,
                      stats["deadline"], exp_args)
     stats["bs"].append((bs, oracle))
