@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from ..abstract import NFStore, NotNormalizable, SubexprOracle, apply_abstract
 from ..ir import TensorType, infer_type, input_tile_shape
 from ..ir.shapes import ShapeError
+from .replay import replay
 from .skeleton import KernelSkeleton, Pattern
 
 PRE, LOOP, POST = "pre", "loop", "post"
@@ -89,7 +90,8 @@ class BlockSearch:
         self.sources, self.vocab, self.max_ops, self.cap = sources, vocab, max_ops, cap
         self.deadline = deadline
         self.vals: list[Val] = []
-        self.seen: set[tuple] = set()
+        self.seen: dict[tuple, int] = {}   # (normal form, labels, variance, dtype) -> value id
+        self.last_duplicate: int | None = None  # the value an application was a duplicate of
         self.pruned: dict[str, int] = {}
         self.states = 0
         self.cap_hit = False
@@ -106,7 +108,7 @@ class BlockSearch:
 
     def _add(self, v: Val) -> None:
         v.nodes = v.nodes | {len(self.vals)}
-        self.seen.add((v.expr, v.labels, v.var, v.type.dtype))
+        self.seen[(v.expr, v.labels, v.var, v.type.dtype)] = len(self.vals)
         self.vals.append(v)
 
     def _prune(self, reason: str) -> None:
@@ -148,6 +150,7 @@ class BlockSearch:
             return self._prune("constant")  # a constant recomputed from input data (x/x)
         key = (expr, labels, var, t.dtype)  # casts change no value but do change the dtype
         if key in self.seen:
+            self.last_duplicate = self.seen[key]
             return self._prune("duplicate")
         # an exp operand of the program is kept whole (rule 8); its normal form, a sum, is inside
         # the targets only as a product of exps, which the oracle cannot see
@@ -225,31 +228,7 @@ class BlockSearch:
         return found if len(found) == len(goals) else None
 
     def _replay(self, program, env: dict[str, int], labels: dict[str, tuple]) -> None:
-        by_key: dict[tuple, int] = {}
-        for i, v in enumerate(self.vals):
-            by_key.setdefault((v.expr, v.labels, v.type.dtype), i)
-            by_key.setdefault((v.expr, v.labels), i)
-        self._replaying = True
-        try:
-            self._replay_nodes(program, env, labels, by_key)
-        finally:
-            self._replaying = False
-
-    def _replay_nodes(self, program, env, labels, by_key) -> None:
-        for n in program.nodes:
-            if n.op == "const":
-                continue
-            # the value in the program's dtype (a cast changes no normal form: q.float() is not q)
-            args = [by_key.get((env[a], labels[a], program.type_of(a).dtype), by_key.get((env[a], labels[a])))
-                    for a in n.args]
-            if None in args:
-                continue
-            before = len(self.vals)
-            self._try(n.op, tuple(args), n.attrs)
-            if len(self.vals) > before:
-                v = self.vals[-1]
-                by_key.setdefault((v.expr, v.labels, v.type.dtype), before)
-                by_key.setdefault((v.expr, v.labels), before)
+        replay(self, program, env, labels)
 
     def _round(self, new: set[int]) -> bool:
         n = len(self.vals)

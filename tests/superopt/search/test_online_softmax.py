@@ -26,7 +26,7 @@ from superopt.search.softmax import cancel_max
 from superopt.verify import check_equivalent
 
 ROOT = Path(__file__).resolve().parents[3]
-BUDGET = SearchBudget(max_seconds=40, max_states=200_000, workers=1)
+BUDGET = SearchBudget(max_seconds=40, max_states=200_000, workers=1, verify_top=8)  # every design verified
 SMALL = dict(batch=1, q_heads=6, kv_heads=3, head_dim=16, dtype="float32")
 
 
