@@ -191,3 +191,15 @@ def test_found_attention_compiles_for_sm90_without_a_gpu(found):
         graphs = [graphs[0]] + [g for g in graphs[1:] if g.num_kernels != graphs[0].num_kernels][:1]
         for g in graphs:
             assert len(aot_compile(render_triton(g))) == g.num_kernels, to_text(g)
+
+
+def test_reinstantiated_at_another_length_keeps_the_max(found):
+    # a shape bucket: the designs found at L = 384 re-built and re-verified at L = 192, no search
+    _, res = found["L384"]
+    prog = decode_attention_program(**SMALL, kv_len=192)
+    again = res.reinstantiate(prog)
+    assert again.best is not prog and again.stats.states == 0
+    for g, _ in again.ranked:
+        if g is not prog:
+            assert _keeps_the_max(g) and g.num_kernels <= 2, to_text(g)
+            assert check_equivalent(prog, g, trials=2, seed=4).equivalent
