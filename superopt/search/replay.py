@@ -17,13 +17,13 @@ form: q.float() is not q). Constants keep the program's order here ((s·scale)/s
 from __future__ import annotations
 
 LINEAR = ("cast", "mul", "matmul", "reduce_sum")  # linear in each operand: a pending division passes
+LOOP, POST = "loop", "post"  # a block value's variance (block.py; that module imports this one)
 
 
 def replay(bs, program, env: dict[str, int], labels: dict[str, tuple]) -> None:
     by_key: dict[tuple, int] = {}
     for i, v in enumerate(bs.vals):
         _index(by_key, v, i)
-    loop_var = "loop"
     pending: dict[str, tuple[int, int]] = {}   # program value -> (numerator, divisor) block values
 
     def find(a):
@@ -44,10 +44,10 @@ def replay(bs, program, env: dict[str, int], labels: dict[str, tuple]) -> None:
                 continue
             i = _apply(bs, n.op, tuple(args), n.attrs, by_key)
             if i is None:
-                if n.op == "div" and bs.vals[args[0]].var == loop_var and bs.vals[args[1]].var == "post":
+                if n.op == "div" and bs.vals[args[0]].var == LOOP and bs.vals[args[1]].var == POST:
                     pending[n.out.name] = (args[0], args[1])
                 continue
-            if bs.vals[i].expr != env[n.out.name] and bs.vals[i].var == loop_var:
+            if bs.vals[i].expr != env[n.out.name] and bs.vals[i].var == LOOP:
                 _apply(bs, "accum_sum", (i,), (), by_key)
     finally:
         bs._replaying = False
@@ -63,7 +63,7 @@ def _through(bs, n, held: str, find, pending, by_key, env, labels) -> None:
     if i is None:
         return
     v = bs.vals[i]
-    if v.var != "loop" or bs.pattern.loop in labels[n.out.name]:
+    if v.var != LOOP or bs.pattern.loop in labels[n.out.name]:
         pending[n.out.name] = (i, div)
         return
     acc = _apply(bs, "accum_sum", (i,), (), by_key)
