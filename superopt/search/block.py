@@ -14,7 +14,9 @@ A new value survives only if
    constants are folded first: no a+a, no (a·c1)·c2                    — pruned "canonical";
    no constant is recomputed from input data (x/x)                     — pruned "constant";
 6. its normal form is a subexpression of the kernel's targets (oracle) — pruned "abstract";
-7. its derivation fits ``max_block_ops``                               — pruned "size".
+7. its derivation fits ``max_block_ops``                               — pruned "size";
+8. for a program whose softmax subtracts a max, an exp applies to one of the program's exp
+   operands, whole (not exp(a)·exp(b) for exp(a + b)), so the max can be kept — pruned "exp_arg".
 
 Rule 5 is the canonical order: a block graph is enumerated once per abstract value, through its
 first (smallest-round) derivation. The search stops when every target has a value with exactly
@@ -32,6 +34,7 @@ from dataclasses import dataclass
 from ..abstract import NFStore, NotNormalizable, SubexprOracle, apply_abstract
 from ..ir import TensorType, infer_type, input_tile_shape
 from ..ir.shapes import ShapeError
+from .replay import replay
 from .skeleton import KernelSkeleton, Pattern
 
 PRE, LOOP, POST = "pre", "loop", "post"
@@ -79,12 +82,16 @@ def tiling(pattern: Pattern, src: Source) -> tuple[tuple[int, int, int], int]:
 class BlockSearch:
     def __init__(self, store: NFStore, oracle: SubexprOracle | None, sources: list[Source],
                  pattern: Pattern, grid: tuple[int, int, int], forloop: int, vocab: dict,
-                 consts: tuple, max_ops: int, cap: int, deadline: float = float("inf")):
+                 consts: tuple, max_ops: int, cap: int, deadline: float = float("inf"),
+                 exp_args: frozenset | None = None):
         self.s, self.oracle, self.pattern = store, oracle, pattern
+        self.exp_args = exp_args
+        self._replaying = False
         self.sources, self.vocab, self.max_ops, self.cap = sources, vocab, max_ops, cap
         self.deadline = deadline
         self.vals: list[Val] = []
-        self.seen: set[tuple] = set()
+        self.seen: dict[tuple, int] = {}   # (normal form, labels, variance, dtype) -> value id
+        self.last_duplicate: int | None = None  # the value an application was a duplicate of
         self.pruned: dict[str, int] = {}
         self.states = 0
         self.cap_hit = False
@@ -101,7 +108,7 @@ class BlockSearch:
 
     def _add(self, v: Val) -> None:
         v.nodes = v.nodes | {len(self.vals)}
-        self.seen.add((v.expr, v.labels, v.var, v.type.dtype))
+        self.seen[(v.expr, v.labels, v.var, v.type.dtype)] = len(self.vals)
         self.vals.append(v)
 
     def _prune(self, reason: str) -> None:
@@ -111,8 +118,8 @@ class BlockSearch:
     def _try(self, op: str, args: tuple[int, ...], attrs: tuple) -> None:
         self.states += 1
         vs = [self.vals[a] for a in args]
-        if self._folds(op, args, vs):
-            return self._prune("canonical")
+        if not self._replaying and self._folds(op, args, vs):
+            return self._prune("canonical")  # the replay keeps the program's own order: (s·scale)/softcap
         vars_ = {v.var for v in vs}
         if op == "accum_sum":
             if vs[0].var != LOOP:
@@ -122,6 +129,8 @@ class BlockSearch:
             return self._prune("variance")
         else:
             var = LOOP if LOOP in vars_ else POST if POST in vars_ else PRE
+        if op == "exp" and self.exp_args is not None and vs[0].expr not in self.exp_args:
+            return self._prune("exp_arg")
         try:
             t = infer_type(op, [v.type for v in vs], attrs)
         except ShapeError:
@@ -141,8 +150,12 @@ class BlockSearch:
             return self._prune("constant")  # a constant recomputed from input data (x/x)
         key = (expr, labels, var, t.dtype)  # casts change no value but do change the dtype
         if key in self.seen:
+            self.last_duplicate = self.seen[key]
             return self._prune("duplicate")
-        if self.oracle is not None and not self.oracle.query(expr):
+        # an exp operand of the program is kept whole (rule 8); its normal form, a sum, is inside
+        # the targets only as a product of exps, which the oracle cannot see
+        wanted = self.exp_args is not None and expr in self.exp_args
+        if self.oracle is not None and not wanted and not self.oracle.query(expr):
             return self._prune("abstract")
         nodes = frozenset().union(*(v.nodes for v in vs))
         if len(nodes - self._leaves) + 1 > self.max_ops:
@@ -215,18 +228,7 @@ class BlockSearch:
         return found if len(found) == len(goals) else None
 
     def _replay(self, program, env: dict[str, int], labels: dict[str, tuple]) -> None:
-        by_key = {(v.expr, v.labels): i for i, v in enumerate(self.vals)}
-        for n in program.nodes:
-            if n.op == "const":
-                continue
-            args = [by_key.get((env[a], labels[a])) for a in n.args]
-            if None in args:
-                continue
-            before = len(self.vals)
-            self._try(n.op, tuple(args), n.attrs)
-            if len(self.vals) > before:
-                v = self.vals[-1]
-                by_key.setdefault((v.expr, v.labels), before)
+        replay(self, program, env, labels)
 
     def _round(self, new: set[int]) -> bool:
         n = len(self.vals)

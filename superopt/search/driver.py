@@ -14,6 +14,7 @@ The unfused program is always in the ranking, so ``result.best`` is never None.
 """
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import time
 from dataclasses import dataclass, field, replace
@@ -26,6 +27,7 @@ from .cost import graph_cost, node_cost
 from .instantiate import assemble, build_kernel, extent_choices
 from .kernel import enumerate_patterns, run_pattern
 from .skeleton import design_key, retarget, search_key
+from .softmax import prepare
 from .verify import verify_full, verify_reduced
 
 
@@ -56,7 +58,8 @@ class SearchResult:
     def reinstantiate(self, program: KernelGraph) -> "SearchResult":
         """The same structures at another shape of the same program, re-verified, without a search."""
         t0 = time.perf_counter()
-        index = analyze(program)
+        search_program, finish = prepare(program)
+        index = analyze(search_program)
         stats = SearchStats()
         # Re-verified at the reduced shape, as many designs as a search verifies (the cost model's
         # favourite at one shape is not the profiler's at another: at 8 rows it split the rows
@@ -64,17 +67,17 @@ class SearchResult:
         # re-check at the new shape only where it is quick, so a shape bucket costs under a second.
         quick = replace(self.budget, full_verify_elements=min(self.budget.full_verify_elements, 1_000_000))
         found = _rank_and_verify(program, index, [d for d, _ in self.designs if d is not None], quick,
-                                 self.arch, self.seed, stats)
+                                 self.arch, self.seed, stats, finish=finish)
         stats.seconds["reinstantiate"] = time.perf_counter() - t0
         ranked, kept, alts = _with_fallback(program, found, self.arch)
         return SearchResult(program, self.budget, self.arch, self.seed, ranked, stats, kept, alts)
 
 
 def _job(args):
-    program, index, pattern, budget, cap, deadline = args
+    program, index, pattern, budget, cap, deadline, whole_exp = args
     if time.time() > deadline:
         return pattern, None, None
-    designs, st = run_pattern(program, index, pattern, budget, cap, deadline)
+    designs, st = run_pattern(program, index, pattern, budget, cap, deadline, whole_exp)
     return pattern, designs, st
 
 
@@ -85,12 +88,15 @@ def superoptimize(program: KernelGraph, budget: SearchBudget = SearchBudget(), a
     stats = SearchStats()
     check(program, arch)
     designs: list = []
+    # A max-subtracted softmax is searched with its max cancelled; every candidate then gets the
+    # max back (online softmax) before it is ranked and verified against ``program`` (search/softmax.py).
+    search_program, finish = prepare(program)
     try:
         t0 = time.perf_counter()
-        index = analyze(program)
+        index = analyze(search_program)
         stats.seconds["analyze"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        patterns = enumerate_patterns(program, index, budget)
+        patterns = enumerate_patterns(search_program, index, budget)
         stats.patterns = len(patterns)
         stats.seconds["patterns"] = time.perf_counter() - t0
     except Unsupported as e:
@@ -99,9 +105,9 @@ def superoptimize(program: KernelGraph, budget: SearchBudget = SearchBudget(), a
     ckpt = Checkpoint(checkpoint, digest(program), _budget_key(budget), seed)
     if patterns:
         t0 = time.perf_counter()
-        designs = _search(program, index, patterns, budget, deadline, ckpt, stats)
+        designs = _search(search_program, index, patterns, budget, deadline, ckpt, stats, finish is not None)
         stats.seconds["search"] = time.perf_counter() - t0
-    found = _rank_and_verify(program, index, designs, budget, arch, seed, stats) if designs else []
+    found = _rank_and_verify(program, index, designs, budget, arch, seed, stats, finish=finish) if designs else []
     for g, cost, _, _ in found:
         ckpt.record_found(to_text(g), cost)
     ranked, kept, alts = _with_fallback(program, found, arch)
@@ -168,7 +174,7 @@ def _budget_key(budget: SearchBudget) -> dict:
     return log
 
 
-def _search(program, index, patterns, budget, deadline, ckpt, stats) -> list:
+def _search(program, index, patterns, budget, deadline, ckpt, stats, whole_exp=False) -> list:
     """One block search per search key (``skeleton.search_key``), retargeted to every pattern."""
     keys = list(dict.fromkeys(search_key(p) for p in patterns))
     stats.searches = len(keys)
@@ -180,7 +186,7 @@ def _search(program, index, patterns, budget, deadline, ckpt, stats) -> list:
             results[p.key()] = ckpt.patterns[p.key()]
             stats.patterns_resumed += 1
         else:
-            todo.append((program, index, p, budget, cap, deadline))
+            todo.append((program, index, p, budget, cap, deadline, whole_exp))
     if budget.workers > 1 and len(todo) > 1:
         with mp.get_context("fork").Pool(budget.workers) as pool:
             for out in pool.imap(_job, todo):
@@ -228,36 +234,48 @@ def _add_stats(stats: SearchStats, st: dict) -> None:
     stats.state_budget_hit += st["cap_hit"]
 
 
-def _rank_and_verify(program, index, designs, budget, arch, seed, stats, top=None) -> list:
+def _rank_and_verify(program, index, designs, budget, arch, seed, stats, top=None, finish=None) -> list:
     """[(graph, cost, (design, extents), alternatives)] verified, best first; one entry per design.
 
     ``alternatives``: the same design at other extents (at most ``ALTERNATIVES``, each a different
     block count or loop length of the main kernel), cheapest first. The cost model cannot see
     per-block latency or what the code generator makes of a tile, so these are what the GPU
     profiler times against the winner; they are the verified design, only instantiated otherwise.
+    ``finish`` (``softmax.stabilize``) rewrites each built graph; its cost is then re-estimated.
     """
     t0 = time.perf_counter()
     best_per_design = []
+    memo: dict = {}  # a split kernel recurs in every design that retargets its combine kernel
     for d in designs:
         # Kernel costs add up and a kernel's input shapes do not depend on another kernel's
         # extents, so each kernel's extents (and then its thread count) are chosen on their own.
         types = {v.name: v.type for v in program.inputs}
         options = []
         for k in d:
-            opts = _kernel_options(k, types, index, budget, arch, stats)
+            key = (json.dumps(k.to_json(), sort_keys=True), tuple(types.get(s) for s in k.sources))
+            if key not in memo:
+                memo[key] = _kernel_options(k, types, index, budget, arch, stats)
+            opts = memo[key]
             if not opts:
                 break
             build_kernel(k, types, index, opts[0][2])  # record its output types for the next kernel
             options.append(opts)
         else:
-            graphs = []
+            graphs, dropped = [], None
             for main in _diverse(options[0]):
                 nodes = [main[0]] + [o[0][0] for o in options[1:]]
+                cost = main[1] + sum(o[0][1] for o in options[1:])
                 try:
-                    graphs.append((check(assemble(program, nodes), arch), main[1] + sum(o[0][1] for o in options[1:]),
-                                   (main[2],) + tuple(o[0][2] for o in options[1:])))
-                except ValueError:
+                    g = assemble(program, nodes)
+                    if finish is not None:
+                        g = finish(g)
+                        cost = graph_cost(g, arch)
+                    graphs.append((check(g, arch), cost, (main[2],) + tuple(o[0][2] for o in options[1:])))
+                except ValueError as e:
+                    dropped = dropped or e
                     continue
+            if not graphs and dropped is not None:
+                stats.verify_notes.append(f"design of {len(d)} kernel(s) dropped: {dropped}")
             if graphs:
                 g, cost, exts = graphs[0]
                 best_per_design.append((g, cost, (d, exts), [x[0] for x in graphs[1:]]))
@@ -273,7 +291,7 @@ def _rank_and_verify(program, index, designs, budget, arch, seed, stats, top=Non
             chosen.append(fewest)
     out = []
     for g, c, (d, ext), alts in chosen:
-        ok, note = verify_reduced(program, index, d, seed, arch)
+        ok, note = verify_reduced(program, index, d, seed, arch, finish)
         if ok and not out:
             ok2, note2 = verify_full(program, g, seed, budget.full_verify_elements)
             note += "; " + note2

@@ -177,18 +177,32 @@ def enumerate_patterns(program: KernelGraph, index: ProgramIndex, budget: Search
 
 def _block(store, targets, sources, pattern, index, vocab, consts, budget, cap, stats):
     rep = representative(pattern, index.sizes)
-    oracle = SubexprOracle(store, targets, tuple(v for v, _ in consts)) if budget.abstract_pruning else None
+    exp_args = stats["exp_args"](store) if stats["exp_args"] is not None else None
+    scales = tuple(v for v, _ in consts)
+    if exp_args is not None:
+        # two constants in a row scale an exp operand: (s·scale)/softcap inside Gemma-2's tanh; only
+        # for these programs (a weaker oracle costs the others their pruning: QKNorm 3× the states)
+        scales += tuple(a * b for a in scales for b in scales) + tuple(a / b for a in scales for b in scales if b)
+    oracle = SubexprOracle(store, targets, scales) if budget.abstract_pruning else None
     bs = BlockSearch(store, oracle, sources, pattern, rep[0], rep[1], vocab, consts, budget.max_block_ops, cap,
-                     stats["deadline"])
+                     stats["deadline"], exp_args)
     stats["bs"].append((bs, oracle))
     return bs
 
 
 def run_pattern(program: KernelGraph, index: ProgramIndex, pattern: Pattern, budget: SearchBudget,
-                cap: int, deadline: float = float("inf")) -> tuple[list[tuple], dict]:
-    """Search one pattern. Returns (designs, stats): each design is a tuple of kernel skeletons."""
+                cap: int, deadline: float = float("inf"), whole_exp: bool = False) -> tuple[list[tuple], dict]:
+    """Search one pattern. Returns (designs, stats): each design is a tuple of kernel skeletons.
+
+    ``whole_exp``: the program's softmax subtracts a max (``softmax.cancel_max``), so every exp of a
+    design must take one of the program's exp operands whole, for the max to be put back."""
     vocab = vocabulary(program)
-    col: dict = {"bs": [], "deadline": deadline}
+
+    def exp_args(store):  # the normal forms of the program's exp operands, in ``store``
+        env = program_exprs(program, index, store)
+        return frozenset(env[n.args[0]] for n in program.nodes if n.op == "exp")
+
+    col: dict = {"bs": [], "deadline": deadline, "exp_args": exp_args if whole_exp else None}
     store = NFStore(nontrivial(pattern))
     env = program_exprs(program, index, store)
     targets = [env[o] for o in program.outputs]

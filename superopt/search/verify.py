@@ -10,14 +10,15 @@ from .skeleton import Design
 
 
 def verify_reduced(program: KernelGraph, index: ProgramIndex, design: Design, seed: int,
-                   arch: str) -> tuple[bool, str]:
+                   arch: str, finish=None) -> tuple[bool, str]:
     """Re-build the design at small odd-tiled sizes (2 blocks and 2 iterations per tiled index) and
-    run ``check_equivalent`` (8 finite-field trials and a float64 check) against the program there."""
+    run ``check_equivalent`` (8 finite-field trials and a float64 check) against the program there.
+    ``finish``: the pass the built candidate goes through first (``softmax.stabilize``)."""
     sizes = reduced_sizes(design, index)
     small = reshape_program(program, index, sizes)
     try:
-        cand = check(build(design, small, index, tuple(reduced_extents(k, _resized(index, sizes)) for k in design)),
-                     arch)
+        cand = build(design, small, index, tuple(reduced_extents(k, _resized(index, sizes)) for k in design))
+        cand = check(finish(cand) if finish is not None else cand, arch)
     except ValueError as e:
         return False, f"reduced instance invalid: {e}"
     v = check_equivalent(small, cand, trials=8, seed=seed)
