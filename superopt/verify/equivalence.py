@@ -63,6 +63,7 @@ import numpy as np
 
 from ..interp import NumpyDomain, evaluate
 from ..interp.field_domain import FieldDomain
+from ..interp.movement import random_indices
 from ..ir import KernelGraph
 from .degree import trial_bound
 from .fields import Field, default_field
@@ -122,7 +123,9 @@ def float_rel_error(program: KernelGraph, candidate: KernelGraph, seed: int) -> 
     """max over outputs of ‖C − P‖/‖P‖ on standard-normal inputs, both graphs in float64."""
     dom = NumpyDomain()
     rng = np.random.default_rng([seed, 1 << 31])
-    inputs = {v.name: dom.random_input(rng, v.type.shape, v.type.dtype) for v in program.inputs}
+    inputs = {v.name: dom.random_input(rng, v.type.shape, v.type.dtype) for v in program.inputs
+              if v.type.dtype != "int64"}
+    inputs.update(random_indices(program, rng, dom))  # positions: valid, distinct for a scatter
     worst = 0.0
     for p_out, c_out in zip(evaluate(program, inputs, dom), evaluate(candidate, inputs, dom)):
         p_out, c_out = np.asarray(p_out, dtype=np.float64), np.asarray(c_out, dtype=np.float64)
@@ -138,7 +141,9 @@ def field_trial(program: KernelGraph, candidate: KernelGraph, field: Field, seed
     track_q = _uses_exp(program) or _uses_exp(candidate)
     dom = FieldDomain(field.p, field.q, field.g, seed=(seed << 32) + trial, track_q=track_q)
     rng = np.random.default_rng([seed, trial])
-    inputs = {v.name: dom.random_input(rng, v.type.shape, v.type.dtype) for v in program.inputs}
+    inputs = {v.name: dom.random_input(rng, v.type.shape, v.type.dtype) for v in program.inputs
+              if v.type.dtype != "int64"}
+    inputs.update(random_indices(program, rng, dom))  # positions: valid, distinct for a scatter
     for i, (a, b, t) in enumerate(zip(evaluate(program, inputs, dom), evaluate(candidate, inputs, dom),
                                       program.output_types)):
         a_p, b_p = np.broadcast_to(a.p, t.shape), np.broadcast_to(b.p, t.shape)
