@@ -25,6 +25,7 @@ from .checkpoint import Checkpoint
 from .cost import graph_cost, node_cost
 from .instantiate import assemble, build_kernel, extent_choices
 from .kernel import enumerate_patterns, run_pattern
+from .movement import LOWERED_OPS
 from .skeleton import design_key, retarget, search_key
 from .verify import verify_full, verify_reduced
 
@@ -84,6 +85,11 @@ def superoptimize(program: KernelGraph, budget: SearchBudget = SearchBudget(), a
     deadline = time.time() + budget.max_seconds
     stats = SearchStats()
     check(program, arch)
+    if any(n.op in LOWERED_OPS for n in program.nodes):  # slices, head repeats, gathers, cache writes
+        from .movement_search import superoptimize_lowered
+        lowered = superoptimize_lowered(program, budget, arch, seed, checkpoint, superoptimize)
+        if lowered is not None:
+            return lowered
     designs: list = []
     try:
         t0 = time.perf_counter()
