@@ -14,6 +14,7 @@ import re
 from ..ir import BlockGraph, Category, Node, Variance, block_variance, op_info
 from ..ir.padding import fma_matmul, padded_shapes
 from ..ir.movement import view_shape
+from .triton_movement import moved_tile
 
 WGMMA_MIN_ROWS = 64  # a warpgroup's wgmma rows: a dot with fewer rows and at least this many columns is swapped
 TL_DTYPES = {"float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32"}
@@ -278,6 +279,8 @@ class BlockWriter:
             x, dt = self.f32(n.args[0]), n.attr("dtype")
             self.emit(f"{lhs} = {x}.to({TL_DTYPES[dt]}).to(tl.float32)" if dt in ("float16", "bfloat16")
                       else f"{lhs} = {x}", ind)
+        elif n.op in ("concat", "slice", "permute"):
+            self.emit(f"{lhs} = {moved_tile(n, [self.f32(a) for a in n.args], self.real, self.pad)}", ind)
         else:
             raise NotImplementedError(f"render_triton: no Triton form for block op {n.op!r}")
 
