@@ -4,8 +4,8 @@ reshape, permute and broadcast.
 ``gather`` and ``scatter`` read their index operand's integers: a 1-D ``int64`` tensor holds them
 as plain integers in every Domain (a numpy or torch integer array, a FieldValue whose residues are
 the integers themselves; ``index_input`` makes one). The Domain that evaluates shapes only (the
-verifier's degree analysis) has no integers; it takes the positions 0…n−1, which gives the same
-shapes, and its bound holds for every element whatever the positions.
+verifier's degree analysis) has no integers; it takes the positions 0, 1, … (mod the dim), which gives
+the same shapes, and its bound holds for every element whatever the positions.
 """
 from __future__ import annotations
 
@@ -31,15 +31,15 @@ def apply_movement(n: Node, args: list[Any], domain, offset: int = 0) -> Any:
     if n.op == "gather":
         x, idx = args
         dim = n.attr("dim")
-        pos = index_values(idx, domain.shape(idx)[0])
         size = domain.shape(x)[dim]
+        pos = index_values(idx, domain.shape(idx)[0], size)
         _in_range(n.op, pos, size)
         return domain.concat([domain.slice(x, dim, a, b) for a, b in _runs(pos)], dim)
     if n.op == "scatter":
         x, idx, src = args
         dim = n.attr("dim")
-        pos = index_values(idx, domain.shape(idx)[0])
         size = domain.shape(x)[dim]
+        pos = index_values(idx, domain.shape(idx)[0], size)
         _in_range(n.op, pos, size)
         if len(set(pos)) != len(pos):
             raise ValueError(f"scatter: indices {pos} repeat a position; the write order would decide "
@@ -57,10 +57,11 @@ def apply_movement(n: Node, args: list[Any], domain, offset: int = 0) -> Any:
     raise NotImplementedError(f"evaluate: no rule for data-movement op {n.op!r}")
 
 
-def index_values(idx: Any, n: int) -> list[int]:
-    """The integers of a 1-D index value of length ``n`` in any Domain (see the module docstring)."""
-    if hasattr(idx, "deg"):  # the degree analysis: shapes only
-        return list(range(n))
+def index_values(idx: Any, n: int, size: int) -> list[int]:
+    """The integers of a 1-D index value of length ``n`` into a dim of ``size``, in any Domain (see
+    the module docstring)."""
+    if hasattr(idx, "deg"):  # the degree analysis: shapes only; distinct wherever n <= size
+        return [k % size for k in range(n)]
     raw = getattr(idx, "p", idx)  # a FieldValue holds the integers as its residues
     if hasattr(raw, "detach"):    # a torch tensor
         raw = raw.detach().cpu().numpy()

@@ -92,7 +92,8 @@ def lower(program: KernelGraph) -> Lowered:
         b.nodes = _live(b.nodes, outputs)  # the pushed slice's old operand, if nothing else reads it
     views, prefix = _externalise(b, program)
     prefix_names = {n.out.name for n in prefix}
-    core_outputs = [o for o in dict.fromkeys(outputs) if o not in prefix_names and o not in b.inputs]
+    core_outputs = [o for o in dict.fromkeys(outputs)
+                    if o not in prefix_names and o not in b.inputs and o not in views]
     nodes = _live(b.nodes, core_outputs)
     used = {a for n in nodes for a in n.args} | set(core_outputs)
     inputs = [v for v in program.inputs if v.name in used]
@@ -102,28 +103,30 @@ def lower(program: KernelGraph) -> Lowered:
         core = program
     else:
         core = check(KernelGraph(tuple(inputs), tuple(nodes), tuple(core_outputs), f"{program.name}_core"))
-    vmap = {k: (src, steps) for k, (_, src, steps) in views.items() if k in used}
+    wanted = used | set(program.outputs) | {a for n in suffix for a in n.args}
+    vmap = {k: (src, steps) for k, (_, src, steps) in views.items() if k in wanted}
     return Lowered(program, core, vmap, tuple(prefix), tuple(suffix))
 
 
 def _peel_outputs(b: _Builder, outputs: list[str]) -> list[Node]:
-    """Output chains of views whose values nothing else reads: the core computes their base."""
+    """View nodes (slice, reshape) whose every reader is another such node, and that lead only to
+    outputs: they run after the core as views. ``outputs`` becomes the core's: the bases."""
     users = b.users()
-    prod = b.producer()
-    suffix: list[Node] = []
+    outs = set(outputs)
+    peel: set[int] = set()
+    for n in reversed(b.nodes):
+        readers = users.get(n.out.name, [])
+        if n.op in OUTPUT_VIEWS and n.args[0] not in b.inputs and (readers or n.out.name in outs) \
+                and all(id(r) in peel for r in readers):
+            peel.add(id(n))
+    suffix = [n for n in b.nodes if id(n) in peel]
+    by_out = {n.out.name: n for n in suffix}
     for i, o in enumerate(outputs):
-        chain, v = [], o
-        while v in prod and prod[v].op in OUTPUT_VIEWS and all(u in chain or u.op in OUTPUT_VIEWS
-                                                                for u in users.get(v, [])):
-            chain.append(prod[v])
-            v = prod[v].args[0]
-        if not chain or v in b.inputs or any(len(users.get(n.out.name, [])) > (0 if n.out.name == o else 1)
-                                             for n in chain):
-            continue
-        suffix += [n for n in reversed(chain) if n not in suffix]
-        outputs[i] = v
-    drop = {id(n) for n in suffix}
-    b.nodes = [n for n in b.nodes if id(n) not in drop]
+        while o in by_out:
+            o = by_out[o].args[0]
+        outputs[i] = o
+    outputs += [n.args[0] for n in suffix if n.args[0] not in by_out and n.args[0] not in outputs]
+    b.nodes = [n for n in b.nodes if id(n) not in peel]
     return suffix
 
 

@@ -29,6 +29,9 @@ def raise_graph(low: Lowered, g: KernelGraph, arch: str = "sm_90") -> KernelGrap
                 nodes += _materialise(a, *low.views[a], types)
                 made.add(a)
         nodes.append(n)
+    wanted = set(low.program.outputs) | {a for n in low.suffix for a in n.args}
+    for a in sorted(wanted & set(low.views) - made):  # an output that is a view of an input
+        nodes += _materialise(a, *low.views[a], types)
     nodes += low.suffix
     name = g.name.replace(low.core.name, low.program.name, 1)
     return check(KernelGraph(low.program.inputs, tuple(nodes), low.program.outputs, name), arch)
