@@ -17,7 +17,8 @@ without them, searched, and each verified μGraph *raised* back (DESIGN.md "Sear
    an offset or an index division in the imap): ``chunk`` costs no kernel and no copy.
 4. **Prefix ops.** A gather or a scatter whose operands are all external (cos / sin at the
    position, the KV-cache write) runs as a library op before the fused kernels; its result is a
-   core input. The updated cache stays an output.
+   core input. The updated cache stays an output. A reshape of an external tensor (q viewed as
+   heads) is a prefix view: no launch, and the core reads it as an input of the new shape.
 
 The core program is searched by ``superoptimize``; every raised graph is checked
 (``ir.check``) and the best one verified against the original program by the finite-field test,
@@ -231,7 +232,7 @@ def _externalise(b: _Builder, program: KernelGraph):
                 step = ("slice", d, n.attr("start"), n.attr("stop")) if n.op == "slice" else ("repeat", d, n.attr("times"))
                 views[n.out.name] = (n.out.type, base, steps + (step,))
                 changed = True
-            elif n.op in PREFIX_OPS and all(a in external for a in n.args):
+            elif (n.op in PREFIX_OPS or n.op == "reshape") and all(a in external for a in n.args):
                 prefix.append(n)
                 external.add(n.out.name)
                 changed = True

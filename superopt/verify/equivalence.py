@@ -52,6 +52,13 @@ Trials use independent inputs and keys, so all k trials pass with probability �
 qkv shape; attention with online softmax, whose cones hold hundreds of exp and max atoms, has
 ε ≈ 1e-3 at the fixtures' small shapes (8 trials: ≈ 1e-20) — the pairwise exp and opaque-argument
 terms dominate, and grow with the square of the sequence length; ask for more trials there.
+
+Positions (``int64`` inputs of ``gather`` / ``scatter``, ``ir.movement``) are not field elements:
+each trial draws them uniformly among the valid ones (distinct for a scatter; ``interp.movement``)
+and both graphs read the same. For fixed positions both graphs are the terms above (data movement
+is a fixed linear map), so the theorem holds conditionally on the positions; a candidate wrong only
+at some positions is caught with the probability that a trial draws one of them — a KV-cache write
+at the wrong row is caught unless the drawn row maps to itself. Views and slices are such maps too.
 """
 from __future__ import annotations
 

@@ -103,3 +103,15 @@ def test_reinstantiate_at_another_shape():
     again = res.reinstantiate(other)
     assert again.best.num_kernels == 1 and again.program is other
     assert _float64_error(other, again.best) <= 1e-12
+
+
+def test_rope_on_heads_viewed_from_a_projection_output():
+    # q arrives flat [1, H·hd] (a projection's output) and is viewed as heads: a prefix view, no launch
+    p = Program("rope_heads")
+    q = p.input("q", (1, 4 * 16))
+    cos, sin = p.input("cos", (1, 16)), p.input("sin", (1, 16))
+    p.output(p.rope(p.reshape(q, (4, 1, 16)), cos, sin))
+    program = p.build()
+    best = superoptimize(program, BUDGET).best
+    assert best.num_kernels == 1 and [n.op for n in best.nodes][0] == "reshape"
+    assert _float64_error(program, best) <= 1e-12
