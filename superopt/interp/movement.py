@@ -90,9 +90,8 @@ def index_input(values: np.ndarray, domain) -> Any:
     values = np.asarray(values, dtype=np.int64)
     if domain.name == "float64":
         return values
-    if domain.name == "torch":
-        import torch
-        return torch.as_tensor(values, device=domain.device)
+    if hasattr(domain, "index_input"):  # the torch Domain: a tensor on its device
+        return domain.index_input(values)
     from .field_domain import FieldValue
     return FieldValue(values.copy(), values.copy() if getattr(domain, "track_q", False) else None)
 
