@@ -62,7 +62,10 @@ def _materialise(name: str, src: str, steps: tuple, types: dict) -> list[Node]:
 def superoptimize_lowered(program: KernelGraph, budget, arch: str, seed: int, checkpoint, search):
     """``search`` (``superoptimize``) on ``program``'s core; None when lowering changes nothing."""
     t0 = time.perf_counter()
-    low = lower(program)
+    try:
+        low = lower(program)
+    except (ValueError, KeyError):  # a form the lowering does not know: the plain search's fallback
+        return None
     if not low.changed or low.core is program:
         return None
     t_lower = time.perf_counter() - t0
@@ -81,8 +84,8 @@ def _raised_result(low: Lowered, inner, t_lower: float, arch: str, seed: int, bu
         try:
             r = raise_graph(low, g, arch)
             alts = [raise_graph(low, a, arch) for a in (inner.alternatives[i] if i < len(inner.alternatives) else [])]
-        except ValueError as e:
-            stats.verify_notes.append(f"raise failed: {e}")
+        except (ValueError, KeyError) as e:
+            stats.verify_notes.append(f"raise failed: {type(e).__name__}: {e}")
             continue
         entries.append((r, graph_cost(r, arch), design, alts))
     entries.append((low.program, graph_cost(low.program, arch), (None, None), []))
