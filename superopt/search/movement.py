@@ -26,13 +26,11 @@ so a lowering mistake cannot pass silently.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
-from ..ir import BlockInput, KernelGraph, Node, TensorType, Value, check, make_attrs
-from ..ir.movement import view_shape
+from ..ir import BINARY_OPS, UNARY_OPS, KernelGraph, Node, TensorType, Value, check, make_attrs
 
-PUSH_THROUGH = frozenset({"matmul", "transpose", "cast", "add", "sub", "mul", "div", "exp", "neg", "square",
-                          "sqrt", "rsqrt", "silu", "gelu_tanh", "sigmoid", "tanh"})
+PUSH_THROUGH = UNARY_OPS | BINARY_OPS | {"matmul", "transpose", "cast"}  # slicing commutes with them
 OUTPUT_VIEWS = frozenset({"slice", "reshape"})
 PREFIX_OPS = frozenset({"gather", "scatter"})
 LOWERED_OPS = frozenset({"slice", "repeat", "gather", "scatter"})
@@ -229,7 +227,8 @@ def _externalise(b: _Builder, program: KernelGraph):
             if n.op in ("slice", "repeat") and (n.args[0] in external or n.args[0] in views):
                 base, steps = (views[n.args[0]][1:] if n.args[0] in views else (n.args[0], ()))
                 d = n.attr("dim")
-                step = ("slice", d, n.attr("start"), n.attr("stop")) if n.op == "slice" else ("repeat", d, n.attr("times"))
+                step = (("slice", d, n.attr("start"), n.attr("stop")) if n.op == "slice"
+                        else ("repeat", d, n.attr("times")))
                 views[n.out.name] = (n.out.type, base, steps + (step,))
                 changed = True
             elif (n.op in PREFIX_OPS or n.op == "reshape") and all(a in external for a in n.args):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from superopt.codegen.triton import render_triton
-from superopt.search import SearchBudget, superoptimize
+from superopt.search import superoptimize
 from tests.fixtures import movement as mv
 from tests.superopt.codegen.triton_movement_run import CASES, DTYPES
 
