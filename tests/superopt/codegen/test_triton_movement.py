@@ -48,3 +48,17 @@ def test_rendered_source_offsets_and_rotation():
     # the GQA head repeat divides the head index
     src = render_triton(superoptimize(mv.gqa_scale()).best).source
     assert "// 4" in src
+
+
+@pytest.mark.parametrize("build", [lambda: mv.phi3_mlp(m=1, d=256, inter=192, dtype="bfloat16"),
+                                   lambda: mv.phi3_qkv(m=8, d=256, heads=4, kv=2, hd=32, dtype="bfloat16"),
+                                   lambda: mv.rope(heads=8, hd=128, table=64, dtype="bfloat16"),
+                                   lambda: mv.gqa_scale(kv=2, rep=4, s=1, hd=128, dtype="bfloat16")],
+                         ids=["gate_up_chunk", "qkv_split", "rope", "gqa_repeat"])
+def test_movement_kernels_compile_for_sm90(build):
+    # Triton lowers the views and the join / permute / reshape of rotate_half to a cubin (no GPU)
+    from superopt.runtime.aot import aot_compile
+
+    best = superoptimize(build()).best
+    compiled = aot_compile(render_triton(best), arch=90)
+    assert len(compiled) == len(best.customized_nodes()) == 1
