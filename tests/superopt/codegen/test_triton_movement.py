@@ -50,15 +50,14 @@ def test_rendered_source_offsets_and_rotation():
     assert "// 4" in src
 
 
-@pytest.mark.parametrize("build", [lambda: mv.phi3_mlp(m=1, d=256, inter=192, dtype="bfloat16"),
-                                   lambda: mv.phi3_qkv(m=8, d=256, heads=4, kv=2, hd=32, dtype="bfloat16"),
-                                   lambda: mv.rope(heads=8, hd=128, table=64, dtype="bfloat16"),
-                                   lambda: mv.gqa_scale(kv=2, rep=4, s=1, hd=128, dtype="bfloat16")],
-                         ids=["gate_up_chunk", "qkv_split", "rope", "gqa_repeat"])
-def test_movement_kernels_compile_for_sm90(build):
-    # Triton lowers the views and the join / permute / reshape of rotate_half to a cubin (no GPU)
-    from superopt.runtime.aot import aot_compile
 
-    best = superoptimize(build()).best
-    compiled = aot_compile(render_triton(best), arch=90)
-    assert len(compiled) == len(best.customized_nodes()) == 1
+def test_movement_kernels_compile_for_sm90():
+    # Triton lowers the views and the join / permute / reshape of rotate_half to sm_90 cubins (no
+    # GPU); in its own process, as this one interprets Triton
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT)
+    proc = subprocess.run([sys.executable, "-m", "tests.superopt.codegen.triton_movement_run", "--aot"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    compiled = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert compiled == {"gate_up_chunk": 1, "qkv_split": 1, "rope": 1, "gqa_repeat": 1}, compiled

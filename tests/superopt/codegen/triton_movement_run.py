@@ -2,15 +2,17 @@
 JSON line {case/dtype: relative error against the float64 program}.
 
 Run as ``python -m tests.superopt.codegen.triton_movement_run`` in its own process (TRITON_INTERPRET
-must be set before triton is imported). Each case: the program searched, its best μGraph checked
+must be set before triton is imported); ``--aot`` instead compiles the kernels for sm_90 (no GPU). Each case: the program searched, its best μGraph checked
 to be one kernel where the case says so, inputs rounded to the dtype, outputs poisoned with NaN.
 """
 from __future__ import annotations
 
 import json
 import os
+import sys
 
-os.environ["TRITON_INTERPRET"] = "1"
+if "--aot" not in sys.argv:
+    os.environ["TRITON_INTERPRET"] = "1"
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -50,7 +52,23 @@ def run(case: str, build, kernels: int, dtype: str) -> float:
     return max(errs) if all(np.isfinite(errs)) else float("nan")
 
 
+AOT = {"gate_up_chunk": lambda: mv.phi3_mlp(m=1, d=256, inter=192, dtype="bfloat16"),
+       "qkv_split": lambda: mv.phi3_qkv(m=8, d=256, heads=4, kv=2, hd=32, dtype="bfloat16"),
+       "rope": lambda: mv.rope(heads=8, hd=128, table=64, dtype="bfloat16"),
+       "gqa_repeat": lambda: mv.gqa_scale(kv=2, rep=4, s=1, hd=128, dtype="bfloat16")}
+
+
+def aot() -> None:
+    """Compile each case's searched kernels for sm_90 (no GPU); print {case: kernels compiled}."""
+    from superopt.codegen.triton import render_triton
+    from superopt.runtime.aot import aot_compile
+    print(json.dumps({case: len(aot_compile(render_triton(superoptimize(build()).best), arch=90))
+                      for case, build in AOT.items()}))
+
+
 def main() -> None:
+    if "--aot" in sys.argv:
+        return aot()
     out = {}
     for case, build, kernels in CASES:
         for dtype in DTYPES:
