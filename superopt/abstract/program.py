@@ -7,14 +7,15 @@ vocabulary: a grid axis or the for-loop partitions one index, and every input th
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..ir import KernelGraph
 from ..ir.ops import BINARY_OPS, UNARY_OPS
+from .movement import MOVED_OPS, analyze_node, movement_nf, movement_table
 from .nf import ALL, NFStore, NotNormalizable
 
 # Ops the abstract domain models; a program with any other op is searched only as its fallback.
-MODELED_OPS = UNARY_OPS | BINARY_OPS | {"const", "matmul", "reduce_sum", "transpose", "cast"}
+MODELED_OPS = UNARY_OPS | BINARY_OPS | {"const", "matmul", "reduce_sum", "transpose", "cast"} | MOVED_OPS
 
 
 class Unsupported(ValueError):
@@ -27,6 +28,8 @@ class ProgramIndex:
     sizes: dict             # index id -> extent
     consts: tuple           # (value, dtype) of each const node, in program order
     ops: frozenset          # op names the program uses
+    movement: dict = field(default_factory=dict)  # slice / concat maps between ids (abstract.movement)
+    pinned: frozenset = frozenset()                # ids a reduced shape keeps whole (fixed offsets)
 
 
 def _align(name, s, o, so, rank, union, broadcast) -> None:
@@ -56,6 +59,7 @@ def analyze(program: KernelGraph) -> ProgramIndex:
             parent[max(ra, rb)] = min(ra, rb)
 
     broadcast: set[tuple[str, int]] = set()
+    moved: list[tuple] = []
     shape = {v.name: v.type.shape for v in program.inputs}
     order: list[tuple[str, int]] = [(v.name, d) for v in program.inputs for d in range(v.type.rank)]
     for n in program.nodes:
@@ -87,6 +91,8 @@ def analyze(program: KernelGraph) -> ProgramIndex:
             r = len(shape[o])
             for d in range(r):
                 union((n.args[0], d), (o, d if d < r - 2 else (2 * r - 3 - d)))
+        elif n.op in MOVED_OPS:
+            moved += analyze_node(n, shape, union)
     # Index ids follow the inputs' dims, so a program at another shape gets the same ids (structure
     # reuse) — also when a batch dim is 1. A size-1 dim broadcast against a larger one, or one a
     # keepdim reduction made, is no index (-1).
@@ -99,10 +105,16 @@ def analyze(program: KernelGraph) -> ProgramIndex:
             if root not in ids and root not in bcast:
                 ids[root] = len(ids)
                 sizes[ids[root]] = shape[v.name][d]
+    for name, d in order:  # a dim a slice or a concat made: an index of its own, after the inputs'
+        root = find((name, d))
+        if root not in ids and root not in bcast and shape[name][d] != 1:
+            ids[root] = len(ids)
+            sizes[ids[root]] = shape[name][d]
     labels = {name: tuple(ids.get(find((name, d)), -1) if s[d] == 1 else ids[find((name, d))]
                           for d in range(len(s))) for name, s in shape.items()}
     consts = tuple((n.attr("value"), n.attr("dtype")) for n in program.nodes if n.op == "const")
-    return ProgramIndex(labels, sizes, consts, frozenset(n.op for n in program.nodes))
+    table, pinned = movement_table(moved, lambda x: labels[x[0]][x[1]])
+    return ProgramIndex(labels, sizes, consts, frozenset(n.op for n in program.nodes), table, pinned)
 
 
 def apply_abstract(store: NFStore, op: str, args: list[int], attrs: dict, arg_labels: list[tuple],
@@ -113,6 +125,8 @@ def apply_abstract(store: NFStore, op: str, args: list[int], attrs: dict, arg_la
         return store.const(attrs["value"])
     if op in ("cast", "transpose"):
         return args[0]
+    if op in MOVED_OPS:
+        return movement_nf(store, op, args, attrs, arg_labels, out_labels, parts)
     if op == "neg":
         return store.scale(args[0], -1)
     if op == "square":
@@ -143,6 +157,7 @@ def apply_abstract(store: NFStore, op: str, args: list[int], attrs: dict, arg_la
 
 def program_exprs(program: KernelGraph, index: ProgramIndex, store: NFStore) -> dict[str, int]:
     """The normal form of every value of ``program`` (whole-index reductions)."""
+    store.movement = index.movement  # the block search labels moved tiles by it (abstract.movement)
     env: dict[str, int] = {v.name: store.atom(v.name, index.labels[v.name]) for v in program.inputs}
     for n in program.nodes:
         attrs = dict(n.attrs)

@@ -110,6 +110,10 @@ def plan_block(b: BlockGraph, arg_shapes: list[tuple[int, ...]]) -> BlockPlan:
     for t in [i.value.type for i in b.inputs] + [n.out.type for n in b.nodes]:
         if t.dtype == "float64":
             raise CudaRenderError("float64 block values are not rendered to CUDA (compute is float32)")
+    viewed = [i.value.name for i in b.inputs if i.view]
+    if viewed:  # data movement (ir/movement.py) is rendered by the Triton backend only
+        raise CudaRenderError(f"block inputs read through a view (slice offset / head repeat): "
+                              f"{', '.join('%' + v for v in viewed)}; use the Triton backend")
     var = block_variance(b)
     nodes = {n.out.name: n for n in b.nodes}
     inputs: dict[str, InputPlan] = {}

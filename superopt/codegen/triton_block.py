@@ -13,6 +13,8 @@ import re
 
 from ..ir import BlockGraph, Category, Node, Variance, block_variance, op_info
 from ..ir.padding import fma_matmul, padded_shapes
+from ..ir.movement import view_shape
+from .triton_movement import moved_tile
 
 WGMMA_MIN_ROWS = 64  # a warpgroup's wgmma rows: a dot with fewer rows and at least this many columns is swapped
 TL_DTYPES = {"float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32"}
@@ -36,6 +38,14 @@ def identifier(name: str) -> str:
     """``name`` as a Python identifier (kernel and variable names)."""
     s = re.sub(r"\W", "_", name)
     return s if s and not s[0].isdigit() else f"g_{s}"
+
+
+def _viewed(idx: str, view: tuple, d: int) -> str:
+    """The operand index a view index reads along dim ``d`` (``ir.movement``): the steps backwards."""
+    for step in reversed(view):
+        if step[1] == d:
+            idx = f"{idx} + {step[2]}" if step[0] == "slice" else f"({idx}) // {step[2]}"
+    return idx
 
 
 def _strides(shape: tuple[int, ...]) -> list[int]:
@@ -142,12 +152,13 @@ class BlockWriter:
         b, name = self.b, inp.value.name
         tile, pad = self.real[name], self.pad[name]
         terms = []
+        vshape = view_shape(src_shape, inp.view)  # tiles partition the view; strides are the operand's
         for d, stride in enumerate(_strides(src_shape)):
-            parts = [f"{self.pid}{a} * {src_shape[d] // b.grid[a]}" for a in range(3)
+            parts = [f"{self.pid}{a} * {vshape[d] // b.grid[a]}" for a in range(3)
                      if inp.imap[a] == d and b.grid[a] > 1]
             if inp.fmap == d and b.forloop > 1:
                 parts.append(f"{it} * {tile[d]}")
-            idx = " + ".join(parts + [_ar(pad[d], d, len(tile))])
+            idx = _viewed(" + ".join(parts + [_ar(pad[d], d, len(tile))]), inp.view, d)
             terms.append(f"({idx})" + (f" * {stride}" if stride != 1 else ""))
         ptr = self.args[inp.source] if self.args is not None else f"a{inp.source}_ptr"
         ptrs = f"{ptr} + " + " + ".join(terms)
@@ -268,6 +279,8 @@ class BlockWriter:
             x, dt = self.f32(n.args[0]), n.attr("dtype")
             self.emit(f"{lhs} = {x}.to({TL_DTYPES[dt]}).to(tl.float32)" if dt in ("float16", "bfloat16")
                       else f"{lhs} = {x}", ind)
+        elif n.op in ("concat", "slice", "permute"):
+            self.emit(f"{lhs} = {moved_tile(n, [self.f32(a) for a in n.args], self.real, self.pad)}", ind)
         else:
             raise NotImplementedError(f"render_triton: no Triton form for block op {n.op!r}")
 

@@ -15,8 +15,10 @@ from typing import Any, Mapping, Sequence
 
 from ..ir import BlockGraph, KernelGraph, Node, Variance, block_variance, op_info
 from ..ir.ops import Category
+from ..ir.movement import apply_view
 from ..ir.tiling import input_tile_shape, reduced_axes
 from .domain import Domain
+from .movement import MOVEMENT_OPS, apply_movement
 
 G = 3  # leading grid axes on every block value
 
@@ -76,6 +78,8 @@ def apply_op(n: Node, args: list[Any], domain: Domain, offset: int = 0) -> Any:
             grid = _common_grid([domain.shape(x) for x in xs])
             xs = [domain.broadcast_to(x, grid + tuple(domain.shape(x)[offset:])) for x in xs]
         return domain.concat(xs, offset + n.attr("dim"))
+    if n.op in MOVEMENT_OPS:
+        return apply_movement(n, args, domain, offset)
     raise NotImplementedError(f"evaluate: no rule for op {n.op!r}")
 
 
@@ -147,6 +151,8 @@ def _run_block(b: BlockGraph, args: list[Any], domain: Domain) -> list[Any]:
     views: dict[str, Any] = {}
     for inp in b.inputs:
         x = args[inp.source]
+        if inp.view:
+            x = apply_view(x, inp.view, domain)
         view = _tile_view(x, tuple(domain.shape(x)), b, inp.imap, inp.fmap, domain)
         if inp.fmap == -1:
             env[inp.value.name] = _loop_slice(view, 0, domain)

@@ -69,3 +69,7 @@ class TorchDomain:
 
     def broadcast_to(self, x, shape):
         return x.expand(*shape)
+
+    def index_input(self, values):
+        """Positions (gather / scatter indices, ``interp.movement``) as an int64 tensor."""
+        return torch.as_tensor(values, dtype=torch.int64, device=self.device)

@@ -7,7 +7,8 @@ threadblock runs. A Lax program is itself a kernel graph of library ops.
 Block graph semantics (Mirage paper §3; docs/architecture.md):
 
 * ``grid`` (x, y, z) threadblocks run the same block graph; ``forloop`` iterations run inside each.
-* A block input reads a tile of kernel tensor ``args[source]``. ``imap[a]`` names the tensor dim
+* A block input reads a tile of kernel tensor ``args[source]`` (seen through ``view``, a slice
+  offset or a head repeat, when it has one: ``ir.movement``). ``imap[a]`` names the tensor dim
   that grid axis ``a`` partitions (``-1``: the axis replicates). ``fmap`` names the dim the
   for-loop walks (``-1``: the same tile every iteration). A dim split by both is split first by
   the grid, then each block's chunk by the loop: index = b·(S/g) + i·(S/(g·f)) + j.
@@ -89,6 +90,9 @@ class BlockInput:
     source: int             # index into the customized node's args
     imap: tuple[int, int, int]
     fmap: int
+    # Index maps the operand is read through before tiling: a slice offset or a head repeat
+    # (``ir.movement``); () reads the operand as it is.
+    view: tuple = ()
 
 
 @dataclass(frozen=True)

@@ -79,6 +79,12 @@ OPS: dict[str, OpInfo] = _table(
     # acc_i = acc_{i-1} * exp(m_{i-1} - m_i) + x_i, args (x, m) with m an accum_max: the
     # online-softmax rescale (flash attention). The final value is Σ_i exp(m_i - m_n) x_i.
     OpInfo("accum_sum_rescaled", C.ACCUM, L.MULTILINEAR, 2, kernel_level=False),
+    # ---- data movement (ir/movement.py: shape rules; interp/movement.py: meaning) ----
+    OpInfo("permute", C.STRUCTURAL, L.STRUCTURAL, 1),
+    OpInfo("repeat", C.STRUCTURAL, L.STRUCTURAL, 1),
+    OpInfo("gather", C.STRUCTURAL, L.STRUCTURAL, 2, block_level=False),
+    OpInfo("scatter", C.STRUCTURAL, L.STRUCTURAL, 3, block_level=False),
+    # ---- end data movement ----
 )
 del C, L
 
@@ -91,7 +97,8 @@ ELEMENTWISE_OPS = UNARY_OPS | BINARY_OPS | {"cast", "const"}
 
 # dtypes are strings, never enum integers (Mirage's caches broke when enums were renumbered).
 DTYPE_BYTES: dict[str, int] = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
-DTYPES = tuple(DTYPE_BYTES)
+DTYPES = tuple(DTYPE_BYTES)  # value dtypes
+DTYPE_BYTES["int64"] = 8     # index tensors (gather / scatter positions, ir/movement.py)
 
 
 def op_info(name: str) -> OpInfo:

@@ -120,6 +120,14 @@ def padded_shapes(b: BlockGraph, strict: bool = True) -> dict[str, tuple[int, ..
             for d in range(len(s)):
                 src_d = {len(s) - 1: len(s) - 2, len(s) - 2: len(s) - 1}.get(d, d)
                 cls.union((out, d), (n.args[0], src_d))
+        elif n.op == "permute":  # ---- data movement (ir/movement.py) ----
+            for d, src_d in enumerate(n.attr("perm")):
+                cls.union((out, d), (n.args[0], src_d))
+        elif n.op in ("concat", "slice"):  # the moved dim pads on its own, the others tie
+            for a in n.args:
+                for d in range(len(shapes[out])):
+                    if d != n.attr("dim"):
+                        cls.union((out, d), (a, d))
         elif cat is not Category.CONST and strict:
             raise NotImplementedError(f"render_triton: block-level op {n.op!r} is not supported "
                                       f"(concat/slice inside a block graph have no Triton form)")

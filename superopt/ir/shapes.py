@@ -8,7 +8,10 @@ from __future__ import annotations
 from typing import Sequence
 
 from .graph import Attrs, TensorType
+from .movement import MovementError, movement_type
 from .ops import DTYPES, Category, op_info
+
+MOVEMENT_OPS = frozenset({"permute", "repeat", "gather", "scatter"})
 
 
 class ShapeError(ValueError):
@@ -143,4 +146,9 @@ def _structural(op: str, args: Sequence[TensorType], attrs: Attrs) -> TensorType
         shape = list(first.shape)
         shape[dim] = total
         return TensorType(tuple(shape), first.dtype)
+    if op in MOVEMENT_OPS:
+        try:
+            return movement_type(op, args, attrs)
+        except MovementError as e:
+            raise ShapeError(str(e)) from None
     raise ShapeError(f"{op}: no shape rule")

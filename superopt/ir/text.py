@@ -5,6 +5,7 @@
     %y = customized(%x, %w) : bfloat16[8,6144] {
       grid 1,48,1 threads 128 forloop 64
       in %tx = arg0 imap(-1,-1,-1) fmap 1 : bfloat16[8,64]
+      in %tg = arg2 view(("slice",0,0,6144)) imap(-1,0,-1) fmap 1 : bfloat16[128,64]
       %s = matmul(%tx, %tw) : bfloat16[8,128]
       %acc = accum_sum(%s) : bfloat16[8,128]
       out %acc omap(-1,1,-1) reduce none
@@ -59,8 +60,9 @@ def _fmt_node(n: Node) -> str:
 def _fmt_block(b: BlockGraph, ind: str) -> list[str]:
     lines = [f"{ind}grid {','.join(map(str, b.grid))} threads {b.block_threads} forloop {b.forloop}"]
     for i in b.inputs:
+        view = f" view{_fmt_attr(i.view)}" if i.view else ""
         lines.append(
-            f"{ind}in %{i.value.name} = arg{i.source} imap{_fmt_attr(i.imap)} fmap {i.fmap}"
+            f"{ind}in %{i.value.name} = arg{i.source}{view} imap{_fmt_attr(i.imap)} fmap {i.fmap}"
             f" : {_fmt_type(i.value.type)}"
         )
     lines += [ind + _fmt_node(n) for n in b.nodes]
@@ -117,7 +119,7 @@ class ParseError(ValueError):
 _TYPE = re.compile(r"^(\w+)\[([\d,]*)\]$")
 _NODE = re.compile(r"^(?P<outs>%[\w.]+(?:, %[\w.]+)*) = (?P<op>\w+)\((?P<args>[^)]*)\)"
                    r"(?: \[(?P<attrs>.*)\])? : (?P<types>[^{]+?)(?P<brace> \{)?$")
-_IN = re.compile(r"^in %([\w.]+) = arg(\d+) imap(\([-\d,]+\)) fmap (-?\d+) : (.+)$")
+_IN = re.compile(r"^in %([\w.]+) = arg(\d+)(?: view(\(.*\)))? imap(\([-\d,]+\)) fmap (-?\d+) : (.+)$")
 _OUT = re.compile(r"^out %([\w.]+) omap(\([-\d,]+\)) reduce (\w+)$")
 _GRID = re.compile(r"^grid (\d+),(\d+),(\d+) threads (\d+) forloop (\d+)$")
 
@@ -201,9 +203,10 @@ def _parse_block(lines: list[str], pos: int) -> tuple[BlockGraph, int]:
             mi = _IN.match(line)
             if not mi:
                 raise ParseError(f"cannot parse block input: {line}")
-            imap = _parse_attr(mi.group(3))
-            inputs.append(BlockInput(Value(mi.group(1), _parse_type(mi.group(5), line)),
-                                     int(mi.group(2)), imap, int(mi.group(4))))
+            imap = _parse_attr(mi.group(4))
+            view = _parse_attr(mi.group(3)) if mi.group(3) else ()
+            inputs.append(BlockInput(Value(mi.group(1), _parse_type(mi.group(6), line)),
+                                     int(mi.group(2)), imap, int(mi.group(5)), view))
         elif line.startswith("out "):
             mo = _OUT.match(line)
             if not mo:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from .graph import BlockGraph, BlockInput, BlockOutput
+from .movement import MovementError, view_shape
 
 
 class TilingError(ValueError):
@@ -60,5 +61,10 @@ def reduced_axes(out: BlockOutput, grid: tuple[int, int, int]) -> tuple[int, ...
 
 
 def block_input_tile(b: BlockGraph, inp: BlockInput, source_shape: tuple[int, ...]) -> tuple[int, ...]:
-    return input_tile_shape(source_shape, b.grid, inp.imap, inp.fmap, b.forloop,
-                            what=f"block input %{inp.value.name}")
+    what = f"block input %{inp.value.name}"
+    if inp.view:
+        try:
+            source_shape = view_shape(source_shape, inp.view, what)
+        except MovementError as e:
+            raise TilingError(str(e)) from None
+    return input_tile_shape(source_shape, b.grid, inp.imap, inp.fmap, b.forloop, what=what)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..ir import KernelGraph, Node, TensorType, Value, check, infer_type, make_attrs
+from ..ir.movement import INDEX_DTYPES
 from ..ir.ops import OPS, Lax
 from ..ir.shapes import ShapeError, normalize_dim
 
@@ -83,7 +84,8 @@ class Program:
         if any(s <= 0 for s in shape):
             raise ShapeError(f"input {name!r}: dims must be positive, got {list(shape)}")
         t = TensorType(shape, dtype)
-        infer_type("cast", [t], make_attrs(dtype=dtype))  # validates the dtype
+        if dtype not in INDEX_DTYPES:  # positions (gather / scatter) are int64; values are floats
+            infer_type("cast", [t], make_attrs(dtype=dtype))  # validates the dtype
         self._names.add(name)
         self._inputs.append(Value(name, t))
         return T(name, t)
@@ -141,6 +143,49 @@ class Program:
             out.append(self.slice(a, d, start, start + s))
             start += s
         return out
+
+    # ---- data movement (ir/movement.py) ----
+    def chunk(self, a: T, chunks: int, dim: int) -> list[T]:
+        """``torch.chunk``: pieces of ceil(n / chunks), the last one shorter."""
+        n = a.shape[normalize_dim("chunk", dim, a.type.rank)]
+        size = -(-n // chunks)
+        return self.split(a, [min(size, n - s) for s in range(0, n, size)], dim)
+
+    def permute(self, a: T, perm: Sequence[int]) -> T:
+        r = a.type.rank
+        return self._emit("permute", [a], perm=tuple(normalize_dim("permute", int(d), r) for d in perm))
+
+    def swap_dims(self, a: T, d0: int, d1: int) -> T:
+        """``torch.transpose(a, d0, d1)`` of any two dims."""
+        r = a.type.rank
+        perm = list(range(r))
+        i, j = normalize_dim("transpose", d0, r), normalize_dim("transpose", d1, r)
+        perm[i], perm[j] = perm[j], perm[i]
+        return self.transpose(a) if {i, j} == {r - 2, r - 1} else self.permute(a, perm)
+
+    def repeat_interleave(self, a: T, times: int, dim: int) -> T:
+        """Each slice along ``dim`` ``times`` times in place: GQA's head repeat (HF ``repeat_kv``)."""
+        return self._emit("repeat", [a], dim=normalize_dim("repeat", dim, a.type.rank), times=int(times))
+
+    def gather(self, a: T, index: T, dim: int) -> T:
+        """``a.index_select(dim, index)``: rows at positions (RoPE cos / sin at the current position)."""
+        return self._emit("gather", [a, index], dim=normalize_dim("gather", dim, a.type.rank))
+
+    def scatter(self, a: T, index: T, src: T, dim: int) -> T:
+        """``a.index_copy(dim, index, src)`` as a new value: the KV cache after writing ``src`` at
+        the positions ``index`` (functional form of HF StaticCache's ``index_copy_``)."""
+        return self._emit("scatter", [a, index, src], dim=normalize_dim("scatter", dim, a.type.rank))
+
+    def rotate_half(self, x: T) -> T:
+        """cat(−x₂, x₁) over the last dim: RoPE's rotation as HF writes it."""
+        h = x.shape[-1] // 2
+        x1, x2 = self.slice(x, -1, 0, h), self.slice(x, -1, h, x.shape[-1])
+        return self.concat([self.neg(x2), x1], -1)
+
+    def rope(self, x: T, cos: T, sin: T) -> T:
+        """x·cos + rotate_half(x)·sin (HF ``apply_rotary_pos_emb``, one tensor)."""
+        return self.add(self.mul(x, cos), self.mul(self.rotate_half(x), sin))
+    # ---- end data movement ----
 
     # ------------------------------------------------------------ composites
     def mean(self, a: T, dim: int, keepdim: bool = False) -> T:

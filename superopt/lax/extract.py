@@ -8,7 +8,8 @@ raises ``ExtractError`` naming it, so the caller can report the block as not pat
 
 Parameters and buffers become program inputs named after their path in the traced module
 (``head.weight`` → ``%head_weight``), so identical blocks of different layers give identical
-programs (one digest, one search).
+programs (one digest, one search). A tensor the module writes in place (a KV cache's
+``index_copy_``) becomes one more output, after the module's own, holding its new value.
 
 torch is imported here only: this module is an edge of ``superopt`` (docs/architecture.md "Import direction").
 """
@@ -25,7 +26,7 @@ from . import Program, T
 __all__ = ["ExtractError", "Extracted", "extract"]
 
 _DTYPES = {torch.float64: "float64", torch.float32: "float32", torch.float16: "float16",
-           torch.bfloat16: "bfloat16"}
+           torch.bfloat16: "bfloat16", torch.int64: "int64"}  # int64: positions (gather / scatter)
 
 
 class ExtractError(ValueError):
@@ -92,9 +93,15 @@ def _walk(ep, name: str) -> Extracted:
                 if not isinstance(o, torch.fx.Node) or not isinstance(env.get(o.name), T):
                     raise ExtractError(f"output {o} is not a tensor computed by the program")
                 p.output(env[o.name])
+            for m in dict.fromkeys(env.get(_MUTATED, ())):  # in-place writes (a cache's index_copy_)
+                if env[m].name not in {env[o.name].name for o in outs}:
+                    p.output(env[m])
         else:
             raise ExtractError(f"unsupported FX node kind {node.op!r} ({node.name})")
     return Extracted(p.build(), tuple(sources))
+
+
+_MUTATED = "__mutated__"  # env key: names of tensors written in place, in order
 
 
 def _call(p: Program, node, env: dict) -> Any:
@@ -118,6 +125,11 @@ def _call(p: Program, node, env: dict) -> Any:
         return a
 
     out = rule(p, node, *[arg(a) for a in node.args], **{k: arg(v) for k, v in node.kwargs.items()})
+    if key.endswith("_.default") and node.args and isinstance(node.args[0], torch.fx.Node):
+        # An in-place op (StaticCache's index_copy_) the export kept: later readers of the tensor
+        # see the new value, and the new value is an output of the program.
+        env[node.args[0].name] = out
+        env.setdefault(_MUTATED, []).append(node.args[0].name)
     val = node.meta.get("val")
     if isinstance(out, T) and isinstance(val, torch.Tensor):
         want = _dtype(val.dtype)
@@ -307,3 +319,7 @@ _RULES: dict[str, Callable] = {
 # Runtime assertions torch.export inserts; they compute nothing.
 _IGNORED = frozenset({"aten._assert_tensor_metadata.default", "aten._assert_scalar.default",
                       "aten.sym_constrain_range_for_size.default"})
+
+from .movement import MOVEMENT_RULES  # noqa: E402  (its rules build on this module's errors)
+
+_RULES.update(MOVEMENT_RULES)  # permutes of any dims, head repeats, gathers, cache writes

@@ -29,7 +29,7 @@ from .grid_dependency import applies, with_grid_dependency
 from .library import library_fn, run_library, view
 
 TORCH_DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16,
-                "bfloat16": torch.bfloat16}
+                "bfloat16": torch.bfloat16, "int64": torch.int64}
 _VIEWS = ("reshape", "transpose", "slice")
 
 

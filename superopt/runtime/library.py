@@ -53,7 +53,31 @@ def library_fn(n: Node, out: torch.Tensor) -> Callable[..., None]:
     if n.op == "concat":
         dim = n.attr("dim")
         return lambda *xs: torch.cat(xs, dim, out=out)
+    if n.op in MOVEMENT:  # ---- data movement (ir/movement.py) ----
+        return _movement_fn(n, out)
     raise NotImplementedError(f"runtime: no torch form for library op {n.op!r}")
+
+
+MOVEMENT = frozenset({"permute", "repeat", "gather", "scatter"})
+
+
+def _movement_fn(n: Node, out: torch.Tensor) -> Callable[..., None]:
+    """Data-movement ops into ``out`` without a temporary (a decode step allocates nothing)."""
+    if n.op == "permute":
+        perm = n.attr("perm")
+        return lambda x: out.copy_(x.permute(*perm))
+    if n.op == "repeat":
+        d, times = n.attr("dim"), n.attr("times")
+        grouped = out.shape[:d] + (out.shape[d] // times, times) + out.shape[d + 1:]
+        return lambda x: out.view(grouped).copy_(x.unsqueeze(d + 1).expand(grouped))
+    dim = n.attr("dim")
+    if n.op == "gather":
+        return lambda x, idx: torch.index_select(x, dim, idx, out=out)
+
+    def scatter(x, idx, src):  # the functional cache write: the whole cache is copied first
+        out.copy_(x)
+        out.index_copy_(dim, idx, src)
+    return scatter
 
 
 def run_library(n: Node, args: list[torch.Tensor], out: torch.Tensor) -> None:

@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..ir import (BlockGraph, GraphError, KernelGraph, TensorType, TilingError, Value, check, infer_type,
-                  input_tile_shape, output_shape)
+                  output_shape)
 from ..ir.shapes import ShapeError
+from ..ir.tiling import block_input_tile
 
 
 def retile(g: KernelGraph, node_index: int, grid: tuple[int, int, int], forloop: int) -> KernelGraph:
@@ -54,7 +55,7 @@ def _reinfer_block(b: BlockGraph, args: list[TensorType]) -> BlockGraph:
     types: dict[str, TensorType] = {}
     inputs = []
     for i in b.inputs:
-        t = TensorType(input_tile_shape(args[i.source].shape, b.grid, i.imap, i.fmap, b.forloop), i.value.type.dtype)
+        t = TensorType(block_input_tile(b, i, args[i.source].shape), i.value.type.dtype)
         types[i.value.name] = t
         inputs.append(replace(i, value=Value(i.value.name, t)))
     nodes = []

@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass
 
 from ..abstract import NFStore, NotNormalizable, SubexprOracle, apply_abstract
+from ..abstract.movement import MOVED_OPS, block_labels
 from ..ir import TensorType, infer_type, input_tile_shape
 from ..ir.shapes import ShapeError
 from .replay import replay
@@ -89,6 +90,7 @@ class BlockSearch:
         self._replaying = False
         self.sources, self.vocab, self.max_ops, self.cap = sources, vocab, max_ops, cap
         self.deadline = deadline
+        self._tiled = set(pattern.grid) | ({pattern.loop} if pattern.loop >= 0 else set())
         self.vals: list[Val] = []
         self.seen: dict[tuple, int] = {}   # (normal form, labels, variance, dtype) -> value id
         self.last_duplicate: int | None = None  # the value an application was a duplicate of
@@ -135,7 +137,11 @@ class BlockSearch:
             t = infer_type(op, [v.type for v in vs], attrs)
         except ShapeError:
             return self._prune("shape")
-        labels = self._labels(op, vs, dict(attrs), len(t.shape))
+        if op in MOVED_OPS:
+            labels = block_labels(getattr(self.s, "movement", {}), self._tiled, op, [v.labels for v in vs],
+                                  dict(attrs))
+        else:
+            labels = self._labels(op, vs, dict(attrs), len(t.shape))
         if labels is None:
             return self._prune("index")
         try:

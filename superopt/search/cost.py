@@ -34,6 +34,7 @@ import math
 
 from ..ir import DTYPE_BYTES, KernelGraph, Node, TensorType
 from ..ir.graph import VIEW_OPS
+from ..ir.movement import view_shape
 from ..ir.padding import padded_shapes
 
 SMS = {"sm_90": 132, "sm_89": 128, "sm_80": 108}
@@ -95,7 +96,9 @@ def node_cost(n: Node, args: list[TensorType], arch: str = "sm_90") -> float:
             for a in range(3):
                 if inp.imap[a] == -1:
                     repl *= b.grid[a]
-            nbytes += _bytes(args[inp.source]) * (1 + REREAD * (repl - 1))
+            src = args[inp.source] if not inp.view else TensorType(view_shape(args[inp.source].shape, inp.view),
+                                                                   args[inp.source].dtype)
+            nbytes += _bytes(src) * (1 + REREAD * (repl - 1))
         for o, v in zip(b.outputs, n.outs):
             partial = 1
             if o.reduce == "sum":

@@ -26,6 +26,7 @@ from .checkpoint import Checkpoint
 from .cost import graph_cost, node_cost
 from .instantiate import assemble, build_kernel, extent_choices
 from .kernel import enumerate_patterns, run_pattern
+from .movement import LOWERED_OPS
 from .skeleton import design_key, retarget, search_key
 from .softmax import prepare
 from .verify import verify_full, verify_reduced
@@ -87,6 +88,11 @@ def superoptimize(program: KernelGraph, budget: SearchBudget = SearchBudget(), a
     deadline = time.time() + budget.max_seconds
     stats = SearchStats()
     check(program, arch)
+    if any(n.op in LOWERED_OPS for n in program.nodes):  # slices, head repeats, gathers, cache writes
+        from .movement_search import superoptimize_lowered
+        lowered = superoptimize_lowered(program, budget, arch, seed, checkpoint, superoptimize)
+        if lowered is not None:
+            return lowered
     designs: list = []
     # A max-subtracted softmax is searched with its max cancelled; every candidate then gets the
     # max back (online softmax) before it is ranked and verified against ``program`` (search/softmax.py).

@@ -164,6 +164,9 @@ def reduced_sizes(design: Design, index: ProgramIndex, untiled: int = 5, tile: i
     """Small odd-tiled index sizes that still admit every kernel's tiling (2 blocks, 2 iterations)."""
     out = {}
     for i, n in index.sizes.items():
+        if i in index.pinned:  # sliced / concatenated: offsets are fixed numbers (abstract.movement)
+            out[i] = n
+            continue
         g = 2 if any(i in k.pattern.grid for k in design) else 1
         f = 2 if any(i == k.pattern.loop for k in design) else 1
         out[i] = min(n, untiled) if g * f == 1 else min(n, g * f * tile)

@@ -52,6 +52,13 @@ Trials use independent inputs and keys, so all k trials pass with probability �
 qkv shape; attention with online softmax, whose cones hold hundreds of exp and max atoms, has
 ε ≈ 1e-3 at the fixtures' small shapes (8 trials: ≈ 1e-20) — the pairwise exp and opaque-argument
 terms dominate, and grow with the square of the sequence length; ask for more trials there.
+
+Positions (``int64`` inputs of ``gather`` / ``scatter``, ``ir.movement``) are not field elements:
+each trial draws them uniformly among the valid ones (distinct for a scatter; ``interp.movement``)
+and both graphs read the same. For fixed positions both graphs are the terms above (data movement
+is a fixed linear map), so the theorem holds conditionally on the positions; a candidate wrong only
+at some positions is caught with the probability that a trial draws one of them — a KV-cache write
+at the wrong row is caught unless the drawn row maps to itself. Views and slices are such maps too.
 """
 from __future__ import annotations
 
@@ -63,6 +70,7 @@ import numpy as np
 
 from ..interp import NumpyDomain, evaluate
 from ..interp.field_domain import FieldDomain
+from ..interp.movement import random_indices
 from ..ir import KernelGraph
 from .degree import trial_bound
 from .fields import Field, default_field
@@ -122,7 +130,9 @@ def float_rel_error(program: KernelGraph, candidate: KernelGraph, seed: int) -> 
     """max over outputs of ‖C − P‖/‖P‖ on standard-normal inputs, both graphs in float64."""
     dom = NumpyDomain()
     rng = np.random.default_rng([seed, 1 << 31])
-    inputs = {v.name: dom.random_input(rng, v.type.shape, v.type.dtype) for v in program.inputs}
+    inputs = {v.name: dom.random_input(rng, v.type.shape, v.type.dtype) for v in program.inputs
+              if v.type.dtype != "int64"}
+    inputs.update(random_indices(program, rng, dom))  # positions: valid, distinct for a scatter
     worst = 0.0
     for p_out, c_out in zip(evaluate(program, inputs, dom), evaluate(candidate, inputs, dom)):
         p_out, c_out = np.asarray(p_out, dtype=np.float64), np.asarray(c_out, dtype=np.float64)
@@ -138,7 +148,9 @@ def field_trial(program: KernelGraph, candidate: KernelGraph, field: Field, seed
     track_q = _uses_exp(program) or _uses_exp(candidate)
     dom = FieldDomain(field.p, field.q, field.g, seed=(seed << 32) + trial, track_q=track_q)
     rng = np.random.default_rng([seed, trial])
-    inputs = {v.name: dom.random_input(rng, v.type.shape, v.type.dtype) for v in program.inputs}
+    inputs = {v.name: dom.random_input(rng, v.type.shape, v.type.dtype) for v in program.inputs
+              if v.type.dtype != "int64"}
+    inputs.update(random_indices(program, rng, dom))  # positions: valid, distinct for a scatter
     for i, (a, b, t) in enumerate(zip(evaluate(program, inputs, dom), evaluate(candidate, inputs, dom),
                                       program.output_types)):
         a_p, b_p = np.broadcast_to(a.p, t.shape), np.broadcast_to(b.p, t.shape)
