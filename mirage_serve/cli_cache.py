@@ -72,12 +72,15 @@ def cmd_cache(args) -> int:
                   + (f", shipped {cache.shipped}" if cache.shipped else ""))
             return EXIT_OK
         if args.action == "verify":
-            infos = cache.verify(remove=args.remove)
-            bad = [i for i in infos if not i.ok]
-            _print_entries(bad)
-            removed = " (bad user entries removed)" if args.remove and bad else ""
-            print(f"{len(infos)} entries checked, {len(bad)} bad{removed}")
-            return EXIT_CACHE if bad and not args.remove else EXIT_OK
+            from .cache.audit import audit
+
+            result = audit(cache, archives=args.archive, remove=args.remove)
+            for f in result.findings:
+                print(f.line())
+            print(result.summary())
+            removed = " (bad user-cache items removed)" if args.remove and result.bad else ""
+            print(f"cache {cache.root}: {len(result.bad)} bad{removed}")
+            return EXIT_CACHE if result.bad and not args.remove else EXIT_OK
         if args.action == "clear":
             print(f"removed {cache.clear()} entries from {cache.root}")
             return EXIT_OK

@@ -120,7 +120,9 @@ def _member_path(m: tarfile.TarInfo) -> tuple[str, str | None]:
     return parts[0], parts[1]
 
 
-def _stage(path: Path, staging: Path) -> None:
+def stage(path: Path, staging: Path) -> None:
+    """Check every member of the tar `path` and write the safe ones into `staging`; ValueError (and
+    nothing kept) if one is unsafe."""
     total = 0
     with tarfile.open(path, "r:*") as tar:
         for m in tar:
@@ -145,7 +147,7 @@ def import_cache(root: Path, tmp_dir: Path, path: Path) -> int:
     staging = Path(tempfile.mkdtemp(dir=tmp_dir, prefix="import."))
     installed = 0
     try:
-        _stage(path, staging)
+        stage(path, staging)
         if (staging / PROGRAMS_DIR).is_dir():
             n = len(list((staging / PROGRAMS_DIR).iterdir()))
             warnings.warn(f"mirage_serve cache: {n} program records in {path.name} not imported (a traced program "
