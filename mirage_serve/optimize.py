@@ -195,7 +195,8 @@ def _choose(program: KernelGraph, budget, arch: str, cache, key, seed, pick, res
             # Only a verified μGraph is stored, signed: a signed hit is then believed without
             # verifying again (only this user's process can have written it; mirage_serve.cache).
             if ver.ok and cache is not None and key is not None:
-                cache.put(key, CacheEntry(to_text(graph), {}, {}, meta))
+                # research: the shipped hit was verified and stored first; the search's winner replaces it
+                cache.put(key, CacheEntry(to_text(graph), {}, {}, meta), replace_existing=incumbent is not None)
         return Choice(graph, source, note, time.perf_counter() - t0, result, launch, profile, ver)
 
     cached = None
