@@ -38,9 +38,6 @@ from .files import (ENTRY_NAME, PROGRAMS_DIR, CacheWarning, discard_entry, insta
                     real_dir)
 from .key import CacheKey
 
-__all__ = ["CacheStats", "CacheWarning", "EntryInfo", "KernelCache", "ENTRY_NAME", "PROGRAMS_DIR",
-           "default_cache_dir", "shipped_cache_dir", "install_entry", "discard_entry"]
-
 _CACHEDIR_TAG = "Signature: 8a477f597d28d172789f06886806bc55\n# mirage_serve kernel cache\n"
 
 
