@@ -86,7 +86,7 @@ def install_entry(root: Path, tmp: Path, key, replace_existing: bool = False,
             os.rename(tmp, final)
             return final, True
         except OSError as e:
-            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):   # ENOTDIR: a file or link there
                 raise
         if replace_existing or not real_dir(final):   # a symlink squatting on the name goes too
             discard_entry(root, final)

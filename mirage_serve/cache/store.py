@@ -150,9 +150,10 @@ class KernelCache:
         except OSError:
             return False
         tag = self.root / "CACHEDIR.TAG"   # tells backup tools to skip this directory
-        if not tag.exists():
-            with contextlib.suppress(OSError):
-                tag.write_text(_CACHEDIR_TAG)
+        with contextlib.suppress(OSError):   # O_NOFOLLOW | O_EXCL: never through a planted link
+            fd = os.open(tag, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            with os.fdopen(fd, "w") as f:
+                f.write(_CACHEDIR_TAG)
         return True
 
     @property

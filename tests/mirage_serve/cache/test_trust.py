@@ -204,6 +204,15 @@ def test_symlinks_are_refused_everywhere(tmp_path):
     links = sorted(f.path.name for f in result.findings if f.kind == "symlink")
     assert links == sorted(["meta.json", make_key(1).dirname()])
     assert any(f.kind == "entry" and "symlink" in f.problem for f in result.findings)
+    assert [f.kind for f in audit(cache, layers=("user",)).bad].count("symlink") == 2
+    # a link planted at an entry's name, or at CACHEDIR.TAG, is replaced, never written through
+    cache.put(make_key(1), make_entry(1))
+    assert cache.get(make_key(1)).signed and (elsewhere / "meta.json").exists()
+    tag_target = tmp_path / "tag-target"
+    (cache.root / "CACHEDIR.TAG").unlink()
+    (cache.root / "CACHEDIR.TAG").symlink_to(tag_target)
+    KernelCache(cache.root, shipped_dir=False)
+    assert not tag_target.exists()
     audit(cache, layers=("user",), remove=True)
     assert outside.exists() and (elsewhere / "meta.json").exists()   # the links went, never their targets
     assert not audit(cache, layers=("user",)).bad
