@@ -55,10 +55,12 @@ def _size(nbytes: int) -> str:
 
 
 def _print_entries(infos) -> None:
-    print(f"{'layer':<8} {'ok':<3} {'size':>9} {'bins':>4}  {'created':<20} entry")
+    # signed: written by this user's own process (its binaries load, its verdict is believed);
+    # anything else is verified against the site's program on first use
+    print(f"{'layer':<8} {'ok':<3} {'signed':<6} {'size':>9} {'bins':>4}  {'created':<20} entry")
     for i in infos:
-        print(f"{i.layer:<8} {'yes' if i.ok else 'NO':<3} {_size(sum(i.files.values())):>9} "
-              f"{len(i.binaries):>4}  {(i.created or '-')[:19]:<20} {i.path.name}"
+        print(f"{i.layer:<8} {'yes' if i.ok else 'NO':<3} {'yes' if i.signed else 'no':<6} "
+              f"{_size(sum(i.files.values())):>9} {len(i.binaries):>4}  {(i.created or '-')[:19]:<20} {i.path.name}"
               + ("" if i.ok else f"  ({i.reason})"))
 
 
