@@ -22,7 +22,9 @@ import dataclasses
 import multiprocessing
 import os
 import time
+import warnings
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 
 from superopt.ir import KernelGraph
 from superopt.verify import check_equivalent
@@ -48,6 +50,13 @@ def _get_pool() -> ProcessPoolExecutor:
     return _pool
 
 
+def _drop_pool() -> None:
+    global _pool
+    if _pool is not None:
+        _pool.shutdown(wait=False, cancel_futures=True)
+        _pool = None
+
+
 def _task(program: KernelGraph, candidate: KernelGraph, seed: int, trials: int, float_check: bool):
     return check_equivalent(program, candidate, trials=trials, seed=seed, float_check=float_check)
 
@@ -59,11 +68,17 @@ def check(program: KernelGraph, candidate: KernelGraph, min_elements: int = MIN_
     if small or _workers() < 2 or "fork" not in multiprocessing.get_all_start_methods():
         return check_equivalent(program, candidate, trials=TRIALS)
     t0 = time.perf_counter()
-    pool = _get_pool()
-    # task i < TRIALS: trial i alone (seed i); the last: the float64 check alone (no trial)
-    futures = [pool.submit(_task, program, candidate, i, 1, False) for i in range(TRIALS)]
-    futures.append(pool.submit(_task, program, candidate, 0, 0, True))
-    verdicts = [f.result() for f in futures]
+    try:
+        pool = _get_pool()
+        # task i < TRIALS: trial i alone (seed i); the last: the float64 check alone (no trial)
+        futures = [pool.submit(_task, program, candidate, i, 1, False) for i in range(TRIALS)]
+        futures.append(pool.submit(_task, program, candidate, 0, 0, True))
+        verdicts = [f.result() for f in futures]
+    except (BrokenProcessPool, OSError) as e:   # a worker killed (out of memory), no processes left
+        _drop_pool()
+        warnings.warn(f"mirage_serve: verification workers failed ({type(e).__name__}: {e}); verifying "
+                      "in this process", RuntimeWarning, stacklevel=2)
+        return check_equivalent(program, candidate, trials=TRIALS)
     trials, flt = verdicts[:TRIALS], verdicts[TRIALS]
     for i, v in enumerate(trials):
         if not v.equivalent:
