@@ -34,6 +34,9 @@ from .files import SymlinkError, read_file
 from .key import CacheKey
 
 FORMAT = 2   # 2: signed by a keyed MAC (1: unkeyed self hash only)
+# Format 1 (written before entries were signed) is still read: as an unsigned entry, i.e. μGraph
+# text that is verified on first use and then written again as format 2 (its searches are kept).
+READABLE = (1, FORMAT)
 META = "meta.json"
 UGRAPH = "ugraph.txt"
 FILE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}$")
@@ -143,8 +146,8 @@ def read_meta(dirpath: Path) -> dict:
         raise BadEntry(f"meta.json is malformed: {e}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("self_sha256"), str):
         raise BadEntry("meta.json is malformed: no self_sha256")
-    if doc.get("format") != FORMAT:
-        raise BadEntry(f"entry format {doc.get('format')!r} is not {FORMAT}")
+    if doc.get("format") not in READABLE:
+        raise BadEntry(f"entry format {doc.get('format')!r} is not one of {READABLE}")
     claimed, mac = doc.pop("self_sha256"), doc.pop("mac", None)
     if _sha256(_canonical(doc)) != claimed:
         raise BadEntry("meta.json was modified (self hash mismatch)")

@@ -154,6 +154,28 @@ def test_unsigned_hit_is_verified_then_signed_and_a_signed_one_believed(tmp_path
     assert again.graph == fx.ugraph and again.verification.ok and len(calls) == 1   # believed: signed
 
 
+def test_an_entry_of_format_1_is_read_as_unsigned_text_then_rewritten(tmp_path):
+    import hashlib
+
+    from mirage_serve.cache import entry as entry_mod
+
+    fx = _fixture()
+    key = _key(fx.program, backend="torch")
+    d = _forge(tmp_path, key, CacheEntry(to_text(fx.ugraph), {"source.py": "x = 1\n"}, {"k.cubin": b"\x7fELF"},
+                                         {"verified": True}))
+    doc = json.loads((d / "meta.json").read_text())   # as the previous release wrote it: format 1
+    doc["format"] = 1
+    del doc["self_sha256"]
+    doc["self_sha256"] = hashlib.sha256(entry_mod._canonical(doc)).hexdigest()
+    (d / "meta.json").write_text(json.dumps(doc))
+    cache = KernelCache(tmp_path, shipped_dir=False)
+    got = cache.get(key)
+    assert not got.signed and got.binaries == {} and got.sources == {}
+    choice = optimize.choose(fx.program, budget=0, arch="sm_90", cache=cache, key=key)
+    assert choice.graph == fx.ugraph and choice.verification.verdict.startswith("equivalent")
+    assert json.loads((d / "meta.json").read_text())["format"] == 2 and cache.get(key).signed
+
+
 def test_stale_launch_of_a_shipped_entry_is_profiled_again(tmp_path):
     fx = _fixture()
     key = _key(fx.program)
