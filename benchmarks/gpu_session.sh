@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: the integrated GPU checks, each step time-boxed, logs under $OUT.
 #   bash benchmarks/gpu_session.sh STEP [STEP ...]      (steps below; $OUT must be set)
-# Steps: tests | tests-pdl | registry | warm-patch | cold | overhead | alone-rounds | alone | decode-qwen | decode-llama | decode-qwen3 | {nopdl,unpaired,unfused}-{qwen,llama,qwen3} | profile-qwen | profile-llama | profile-qwen3 | profile-attn | sweep-attn | cuda | probe-gemv |
+# Steps: tests | tests-pdl | registry | warm-patch | trust-patch | cold | overhead | alone-rounds | alone | decode-qwen | decode-llama | decode-qwen3 | {nopdl,unpaired,unfused}-{qwen,llama,qwen3} | profile-qwen | profile-llama | profile-qwen3 | profile-attn | sweep-attn | cuda | probe-gemv |
 # blocks | research | unship | warm. Every step's limit is cut to what is left before DEADLINE (default 560 s: a device command may run 600 s,
 # and the tars at the end need a few seconds); a step with under 20 s left is skipped.
 # (environment: MIRAGE_SERVE_PDL, MIRAGE_SERVE_PAIRED_LAUNCH, MIRAGE_SERVE_FUSED_RESIDUAL, NEW_TOKENS, LLAMA_BATCH, BASELINES; overhead: OVERHEAD (MODEL:BATCH ...); unship: UNSHIP (MODEL:LABELS ..., shipped entries to delete in this copy, so later steps search them); warm: WARM_MODELS, WARM_BATCH; it leaves $OUT/shipped.tar,
@@ -42,6 +42,16 @@ while [ $# -gt 0 ]; do
                 "tests/patches/test_patch_gpu.py::test_registry_model_decode" ;;
     warm-patch) step warm_llama_1_8 200 mirage-serve warm Llama-3.1-8B --layers 2 --batch 1,8  # fills the user cache
                 for i in 1 2; do step "warm_patch_$i" 120 python benchmarks/warm_patch.py Llama-3.1-8B --batch 1,8; done ;;
+    trust-patch)  # issue 32: a fresh process over the shipped cache alone (empty user cache, a new secret, empty
+                  # Triton cache: every shipped μGraph verified, launches re-profiled where the renderer changed),
+                  # then again over the user cache that run signed (0 searches, 0 compiles), each its own Triton cache
+      d=$(mktemp -d /tmp/ms_trust.XXXX)
+      MIRAGE_SERVE_CACHE_DIR=$d/user MIRAGE_SERVE_CACHE_KEY=$d/key/cache-key TRITON_CACHE_DIR=$d/triton1 \
+        step trust_patch_shipped 240 python benchmarks/warm_patch.py Llama-3.1-8B --batch 1,8
+      MIRAGE_SERVE_CACHE_DIR=$d/user MIRAGE_SERVE_CACHE_KEY=$d/key/cache-key TRITON_CACHE_DIR=$d/triton2 \
+        step trust_patch_warm 120 python benchmarks/warm_patch.py Llama-3.1-8B --batch 1,8
+      MIRAGE_SERVE_CACHE_DIR=$d/user MIRAGE_SERVE_CACHE_KEY=$d/key/cache-key \
+        step trust_cache_verify 60 mirage-serve cache verify ;;
     cold) step cold_llama_b1 300 python benchmarks/warm_patch.py Llama-3.1-8B --batch 1 --cold ;;  # issue 7: cold cost per site
     overhead) for mb in ${OVERHEAD:-Qwen2.5-0.5B:1 Qwen2.5-0.5B:8 Llama-3.1-8B:1}; do  # host µs per site, kernels alone
                 step "overhead_${mb%%:*}_b${mb##*:}" 150 python benchmarks/site_overhead.py "${mb%%:*}" --layers 4 \

@@ -58,10 +58,10 @@ class Executor:
 
 
 def build(graph: KernelGraph, backend: str, device: torch.device, launch: dict | None = None,
-          source: str | None = None, binaries: dict | None = None) -> Executor:
+          binaries: dict | None = None) -> Executor:
     """``launch``: Triton kernel name -> (num_warps, num_stages), as profiled (default: the renderer's).
-    ``source`` / ``binaries``: a cache entry's build (``mirage_serve.cache.builds``), so that a warm
-    entry compiles nothing."""
+    ``binaries``: a signed cache entry's build (``mirage_serve.cache.builds``), so that a warm entry
+    compiles nothing; the source that runs is always rendered from ``graph``."""
     t0 = time.perf_counter()
     if backend == "torch":
         from superopt.interp import evaluate
@@ -74,8 +74,7 @@ def build(graph: KernelGraph, backend: str, device: torch.device, launch: dict |
         if backend == "triton":
             from superopt.runtime import compile_graph
 
-            compiled = compile_graph(graph, backend="triton", device=device, launch=launch,
-                                     source=source, binaries=binaries)
+            compiled = compile_graph(graph, backend="triton", device=device, launch=launch, binaries=binaries)
         else:
             return _build_cuda(graph, device, binaries, t0)
     except ImportError as e:

@@ -102,15 +102,21 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--layers", type=_positive, help="build only N decoder layers (same shapes, same keys)")
 
     c = sub.add_parser("cache", help="inspect or move a kernel cache")
-    c.add_argument("--cache-dir", help="cache directory (default: MIRAGE_SERVE_CACHE_DIR or "
-                   "~/.cache/mirage_serve)")
+    cache_dir_help = "cache directory (default: MIRAGE_SERVE_CACHE_DIR or ~/.cache/mirage_serve)"
+    c.add_argument("--cache-dir", help=cache_dir_help)
     csub = c.add_subparsers(dest="action", metavar="ACTION", required=True)
-    csub.add_parser("ls", help="list entries (user and shipped)")
-    v = csub.add_parser("verify", help="check every file of every entry against its hashes")
-    v.add_argument("--remove", action="store_true", help="delete bad user entries")
-    csub.add_parser("clear", help="delete every user-cache entry")
-    csub.add_parser("export", help="write good entries to a tar archive").add_argument("file")
-    csub.add_parser("import", help="add entries from a tar archive").add_argument("file")
+    actions = {"ls": csub.add_parser("ls", help="list entries (user and shipped)")}
+    v = actions["verify"] = csub.add_parser("verify", help="check entries, program records, symlinks, permissions "
+                                            "and archives, per kind")
+    v.add_argument("--remove", action="store_true", help="delete bad user entries, records and symlinks")
+    v.add_argument("--archive", action="append", default=[], metavar="FILE", help="also check this tar (repeatable)")
+    actions["clear"] = csub.add_parser("clear", help="delete every user-cache entry")
+    actions["export"] = csub.add_parser("export", help="write good entries (μGraph text) to a tar archive")
+    actions["import"] = csub.add_parser("import", help="add entries from a tar archive (verified on first use)")
+    actions["export"].add_argument("file")
+    actions["import"].add_argument("file")
+    for a in actions.values():   # after the verb as well (`cache ls --cache-dir D`), as warm and bench take it
+        a.add_argument("--cache-dir", default=argparse.SUPPRESS, help=cache_dir_help)
 
     sub.add_parser("verify-demo", help="superoptimize RMSNorm→matmul and verify the fused μGraph")
     return parser

@@ -80,10 +80,12 @@ def _size(nbytes: int) -> str:
 
 
 def _print_entries(infos) -> None:
-    print(f"{'layer':<8} {'ok':<3} {'size':>9} {'bins':>4}  {'created':<20} entry")
+    # signed: written by this user's own process (its binaries load, its verdict is believed);
+    # anything else is verified against the site's program on first use
+    print(f"{'layer':<8} {'ok':<3} {'signed':<6} {'size':>9} {'bins':>4}  {'created':<20} entry")
     for i in infos:
-        print(f"{i.layer:<8} {'yes' if i.ok else 'NO':<3} {_size(sum(i.files.values())):>9} "
-              f"{len(i.binaries):>4}  {(i.created or '-')[:19]:<20} {i.path.name}"
+        print(f"{i.layer:<8} {'yes' if i.ok else 'NO':<3} {'yes' if i.signed else 'no':<6} "
+              f"{_size(sum(i.files.values())):>9} {len(i.binaries):>4}  {(i.created or '-')[:19]:<20} {i.path.name}"
               + ("" if i.ok else f"  ({i.reason})"))
 
 
@@ -97,12 +99,15 @@ def cmd_cache(args) -> int:
                   + (f", shipped {cache.shipped}" if cache.shipped else ""))
             return EXIT_OK
         if args.action == "verify":
-            infos = cache.verify(remove=args.remove)
-            bad = [i for i in infos if not i.ok]
-            _print_entries(bad)
-            removed = " (bad user entries removed)" if args.remove and bad else ""
-            print(f"{len(infos)} entries checked, {len(bad)} bad{removed}")
-            return EXIT_CACHE if bad and not args.remove else EXIT_OK
+            from .cache.audit import audit
+
+            result = audit(cache, archives=args.archive, remove=args.remove)
+            for f in result.findings:
+                print(f.line())
+            print(result.summary())
+            removed = " (bad user-cache items removed)" if args.remove and result.bad else ""
+            print(f"cache {cache.root}: {len(result.bad)} bad{removed}")
+            return EXIT_CACHE if result.bad and not args.remove else EXIT_OK
         if args.action == "clear":
             print(f"removed {cache.clear()} entries from {cache.root}")
             return EXIT_OK

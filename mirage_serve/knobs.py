@@ -67,6 +67,11 @@ CACHE_READ_ONLY: Knob[bool] = Knob(
     "MIRAGE_SERVE_CACHE_READ_ONLY", parse_bool, False,
     "treat the user cache as read-only: misses are compiled in memory and reported, never written")
 
+CACHE_KEY: Knob[Path | None] = Knob(
+    "MIRAGE_SERVE_CACHE_KEY", parse_path, None,
+    "file of the per-user secret that signs kernel cache entries (default ~/.config/mirage_serve/cache-key; "
+    "created on first use, mode 0600)")
+
 PDL: Knob[bool] = Knob(
     "MIRAGE_SERVE_PDL", parse_bool, True,
     "launch the generated kernels with programmatic dependent launch on sm_90+ (read by patch())")
@@ -87,7 +92,7 @@ FUSED_RESIDUAL: Knob[bool] = Knob(
     "add the decoder layer's residual inside the o_proj and down_proj kernels (Llama-style layers whose forward "
     "patch() recognizes); 0 leaves the adds to the layer")
 
-KNOBS: tuple[Knob, ...] = (CACHE_DIR, CACHE_READ_ONLY, PDL, PAIRED_LAUNCH, RESEARCH, FUSED_RESIDUAL)
+KNOBS: tuple[Knob, ...] = (CACHE_DIR, CACHE_READ_ONLY, CACHE_KEY, PDL, PAIRED_LAUNCH, RESEARCH, FUSED_RESIDUAL)
 
 
 def describe() -> str:

@@ -8,9 +8,13 @@ trivially equivalent to itself.
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, replace
 
 from superopt.ir import KernelGraph, digest, from_text, to_text
+
+from .cache import CacheEntry, CacheWarning
+from .cache.builds import render_digest
 
 
 # The torch backend gains no speed from a better μGraph; a short search still exercises the path.
@@ -88,6 +92,75 @@ def choose(program: KernelGraph, *, budget, arch: str, cache=None, key=None, see
         return _choose(program, budget, arch, cache, key, seed, pick, research and pick is not None)
 
 
+def _hit(program: KernelGraph, entry, cache, key, pick, t0: float) -> "Choice | None":
+    """The Choice a cache entry gives; None when it fails verification (rejected, warned: the
+    caller then searches as on a miss).
+
+    A signed entry (this user's own writing, ``CacheEntry.signed``) is believed as stored: verdict,
+    launch, binaries. Any other (shipped, imported, written by someone else) is data: its μGraph is
+    verified against ``program`` now, whatever verdict it claims; its launch choice is kept only
+    while the code generator renders the same source for it (``render_sha256``), else it is
+    profiled again where ``pick`` is given (the GPU), or left to the renderer's default. What
+    passes is stored signed, so the next patch believes it without verifying."""
+    note = f"cache entry {key.dirname()}"
+    try:
+        graph = from_text(entry.ugraph_text)
+    except ValueError as e:
+        return _reject(cache, key, entry, f"its μGraph does not parse ({e})")
+    launch, profile = _launch(entry.meta.get("launch")), entry.meta.get("profile", "")
+    if entry.signed:
+        ver = (Verification(True, f"verified when cached: {entry.meta.get('verdict', '')}", 0.0)
+               if entry.meta.get("verified") is True else None)
+        return Choice(graph, "cache", note, time.perf_counter() - t0, None, launch, profile, ver, entry)
+    meta = {k: v for k, v in entry.meta.items() if k not in ("verified", "verdict")}
+    ver = None
+    if launch is not None and key.backend == "triton" and meta.get("render_sha256") != render_digest(graph, launch):
+        # profiled on code the generator no longer renders: reuse the μGraph, time its launches again
+        launch, profile = None, ""
+        for stale in ("launch", "render_sha256", "median_us", "profile", "timings"):
+            meta.pop(stale, None)
+        note += "; launch profiled again (generated code changed)" if pick else "; stale launch dropped"
+        if pick is not None:
+            chosen = pick(_Only(graph))
+            if chosen.graph == graph and chosen.launch:
+                launch, profile, ver = _launch(chosen.launch), chosen.note, chosen.verification
+                meta.update(launch={k: list(v) for k, v in chosen.launch.items()}, median_us=chosen.median_us,
+                            profile=profile, render_sha256=render_digest(graph, launch))
+                if chosen.timings:
+                    meta["timings"] = [list(t) for t in chosen.timings]
+    ver = ver or verify(program, graph)
+    if not ver.ok:
+        return _reject(cache, key, entry, f"it failed verification against the program: {ver.verdict}")
+    meta.update(verified=True, verdict=ver.verdict)
+    cache.put(key, CacheEntry(entry.ugraph_text, {}, {}, meta), replace_existing=entry.origin == "user")
+    return Choice(graph, "cache", note + "; verified now", time.perf_counter() - t0, None, launch, profile, ver,
+                  entry)
+
+
+def _launch(value) -> dict | None:
+    return {k: tuple(v) for k, v in value.items()} if isinstance(value, dict) else None
+
+
+def _reject(cache, key, entry, why: str) -> None:
+    cache.stats.rejected.append((key.dirname(), why))
+    if entry.origin == "user":   # make room for what the search finds (the caller holds the lock)
+        cache.discard(key)
+    warnings.warn(f"mirage_serve cache: entry {key.dirname()} rejected: {why}; searching as on a miss",
+                  CacheWarning, stacklevel=4)
+    return None
+
+
+class _Only:
+    """A one-candidate result for the profiler: a cached μGraph whose launches are timed again
+    (``incumbent``: every launch configuration of it is swept)."""
+
+    def __init__(self, graph: KernelGraph):
+        self.best = self.incumbent = graph
+
+    def candidates(self) -> list[KernelGraph]:
+        return [self.best]
+
+
 class _WithIncumbent:
     """A search result whose candidates start with the μGraph a cache entry held (research mode)."""
 
@@ -117,24 +190,20 @@ def _choose(program: KernelGraph, budget, arch: str, cache, key, seed, pick, res
                     meta["timings"] = [list(t) for t in chosen.timings]
             ver = ver or verify(program, graph)
             meta.update(verified=ver.ok, verdict=ver.verdict)
-            # Only a verified μGraph is stored: a hit is then trusted without verifying again (the
-            # key holds the program's digest and every file its sha256; see mirage_serve.cache).
+            if launch and key is not None and key.backend == "triton":
+                meta["render_sha256"] = render_digest(graph, launch)
+            # Only a verified μGraph is stored, signed: a signed hit is then believed without
+            # verifying again (only this user's process can have written it; mirage_serve.cache).
             if ver.ok and cache is not None and key is not None:
-                from .cache import CacheEntry
-                cache.put(key, CacheEntry(to_text(graph), {}, {}, meta))
+                # research: the shipped hit was verified and stored first; the search's winner replaces it
+                cache.put(key, CacheEntry(to_text(graph), {}, {}, meta), replace_existing=incumbent is not None)
         return Choice(graph, source, note, time.perf_counter() - t0, result, launch, profile, ver)
 
     cached = None
     if cache is not None and key is not None:
         entry = cache.get(key)
-        if entry is not None:
-            launch = entry.meta.get("launch")
-            ver = (Verification(True, f"verified when cached: {entry.meta.get('verdict', '')}", 0.0)
-                   if entry.meta.get("verified") is True else None)
-            cached = Choice(from_text(entry.ugraph_text), "cache", f"cache entry {key.dirname()}",
-                            time.perf_counter() - t0, None,
-                            {k: tuple(v) for k, v in launch.items()} if isinstance(launch, dict) else None,
-                            entry.meta.get("profile", ""), ver, entry)
+        cached = _hit(program, entry, cache, key, pick, t0) if entry is not None else None
+        if cached is not None:
             # Research re-searches shipped entries only: a user entry's key holds the digest of the
             # superopt source that made it, so it is this search's own result already.
             if not research or entry.origin != "shipped":
@@ -209,9 +278,9 @@ def profile_timings(ranked) -> list[list]:
 def verification_of(program: KernelGraph, choice: Choice, cache=None, key=None) -> Verification:
     """``choice``'s verification against ``program``, verifying now if it has none yet.
 
-    A cache hit whose entry predates stored verdicts (or was shipped without one) is verified
-    here, and the verdict is written back to the entry when it passes, so the next patch trusts
-    it: re-verifying Llama-3-8B's 12 programs took ~20 s of every warm patch on the H200.
+    A hit on a signed entry without a stored verdict is verified here, and the verdict is written
+    back (signed) when it passes, so the next patch believes it: re-verifying Llama-3-8B's 12
+    programs took ~20 s of every warm patch on the H200. (Unsigned hits are verified in `choose`.)
     """
     if choice.verification is not None:
         return choice.verification
@@ -224,10 +293,9 @@ def verification_of(program: KernelGraph, choice: Choice, cache=None, key=None) 
 def _stamp(cache, key, ver: Verification) -> None:
     with cache.lock(key):
         entry = cache.get(key, count=False)
-        if entry is None or entry.meta.get("verified") is True:
+        if entry is None or not entry.signed or entry.meta.get("verified") is True:
             return
         new = replace(entry, meta={**entry.meta, "verified": True, "verdict": ver.verdict}, origin="")
-        # a shipped hit has no user entry yet: this writes the first one (with the verdict)
         cache.put(key, new, replace_existing=entry.origin == "user")
 
 
@@ -242,10 +310,10 @@ def verify(program: KernelGraph, ugraph: KernelGraph) -> Verification:
     if ugraph == program:
         return Verification(True, "identical (the μGraph is the program)", time.perf_counter() - t0)
     try:
-        from superopt.verify import check_equivalent
+        from . import verify_parallel
     except ImportError:
         return Verification(False, "not verified: superopt.verify.check_equivalent is not installed",
                             time.perf_counter() - t0)
-    v = check_equivalent(program, ugraph)
+    v = verify_parallel.check(program, ugraph)   # check_equivalent, its trials over processes when large
     ok = bool(getattr(v, "equivalent", v))
     return Verification(ok, str(v), time.perf_counter() - t0)

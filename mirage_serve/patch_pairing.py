@@ -141,8 +141,7 @@ class Pairing:
 
         from .cache import CacheEntry, CacheWarning
 
-        sources = {"source.py": paired.module.source} if paired is not None else {}
-        entry = CacheEntry(to_text(run.graph), sources, paired.binaries() if paired is not None else {}, meta)
+        entry = CacheEntry(to_text(run.graph), {}, paired.binaries() if paired is not None else {}, meta)
         try:
             self.cache.put(key, entry)
         except (OSError, ValueError, TimeoutError) as e:  # a decision not saved must not fail patch()

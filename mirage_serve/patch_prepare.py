@@ -359,8 +359,7 @@ class Preparer:
         """A second executor of a built program (the same source and binaries: nothing compiles)."""
         if key not in self._built:
             choice, ver, executor = built
-            twin = backends.build(choice.graph, self.backend, device, choice.launch,
-                                  *((executor.source, executor.binaries) if executor.source else ()))
+            twin = backends.build(choice.graph, self.backend, device, choice.launch, executor.binaries)
             self._built[key] = (choice, ver, twin)
         return self._built[key]
 
@@ -396,7 +395,7 @@ class Preparer:
         stored = build_of(choice.entry, key) if choice.entry is not None else None
         try:
             executor = backends.build(choice.graph, self.backend, device, choice.launch,
-                                      *((stored.source, stored.binaries) if stored else ()))
+                                      stored.binaries if stored else None)
         except Exception as e:
             if choice.graph == program:  # nothing simpler to fall back to: the site stays original
                 raise SiteError(f"build failed ({self.backend}): {type(e).__name__}: {e}") from None
@@ -410,7 +409,7 @@ class Preparer:
                 raise SiteError(f"build failed ({self.backend}): {type(e2).__name__}: {e2}") from None
         self.report.compiles += executor.compiled
         if choice.source != "fallback":  # the entry's μGraph built: its source and binaries join the entry
-            store_build(self.cache, key, executor.source, executor.binaries)
+            store_build(self.cache, key, executor.binaries)
         return choice, ver, executor
 
     def _self_check(self, wrapper, runtime: SiteRuntime, sr: SiteReport) -> None:

@@ -40,14 +40,16 @@ def _session_kernel_cache(tmp_path_factory):
     # narrows it to one per test).
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MIRAGE_SERVE_CACHE_DIR", str(tmp_path_factory.mktemp("kernel_cache")))
+        # and never the developer's cache secret (mirage_serve.cache.trust): one of the session's own
+        mp.setenv("MIRAGE_SERVE_CACHE_KEY", str(tmp_path_factory.mktemp("cache_key") / "cache-key"))
         yield
 
 
 @pytest.fixture(autouse=True)
 def _default_knobs(monkeypatch):
     # no knob of the developer's environment changes an outcome (a test that wants one sets it)
-    from mirage_serve.knobs import CACHE_DIR, KNOBS
+    from mirage_serve.knobs import CACHE_DIR, CACHE_KEY, KNOBS
 
     for knob in KNOBS:
-        if knob is not CACHE_DIR:
+        if knob not in (CACHE_DIR, CACHE_KEY):
             monkeypatch.delenv(knob.name, raising=False)

@@ -8,12 +8,18 @@
             entry = build(...)                 # search / compile
             cache.put(key, entry)              # atomic; None if the cache is read-only
 
+Trust: `put` signs entries with a per-user secret (`trust.py`); `get` returns binaries and a
+believable verdict only from entries this user signed. Shipped, imported or foreign entries come
+back as μGraph text, which `mirage_serve.optimize` verifies against the site's program before use
+(docs/architecture.md, "Cache trust"). `audit.audit` is `mirage-serve cache verify`.
+
 `warm_model` (in `mirage_serve.cache.warm`, imported lazily: it needs torch and transformers)
 fills a cache ahead of time.
 """
 from .entry import BadEntry, CacheEntry
 from .key import CacheKey, versions_now
-from .store import CacheStats, CacheWarning, EntryInfo, KernelCache, default_cache_dir, shipped_cache_dir
+from .files import CacheWarning
+from .store import CacheStats, EntryInfo, KernelCache, default_cache_dir, shipped_cache_dir
 
 __all__ = [
     "BadEntry", "CacheEntry", "CacheKey", "CacheStats", "CacheWarning", "EntryInfo", "KernelCache",

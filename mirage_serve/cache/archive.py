@@ -1,11 +1,18 @@
 """Moving cache entries between machines: tar export/import, and the binary-free shipped form.
 
-An archive holds the user cache's entries and its traced site programs (``programs/``, see
-``programs.py``). Import never calls ``tarfile.extract``: each member is checked (a regular file at
-``<entry>/<file>`` or ``programs/<fingerprint>.json``, or such a directory; no absolute paths, no
-``..``, no links or devices, sizes bounded), its bytes are written by us into a private staging
-directory, every staged entry and record is fully verified, and only then renamed into the cache. One unsafe member rejects the whole archive
-before anything is installed.
+An archive holds cache entries as μGraph text and metadata only: whatever it came with, nothing
+from an archive is executed or believed. Import never calls ``tarfile.extract``: each member is
+checked (a regular file at ``<entry>/<file>`` or ``programs/<fingerprint>.json``, or such a
+directory; no absolute paths, no ``..``, no links or devices, sizes bounded), its bytes are written
+by us into a private staging directory, every staged entry is checked (format, hashes) and written
+again as its μGraph and metadata alone, unsigned, and only then renamed into the cache. patch()
+then verifies each against the site's own program on first use and signs it
+(``mirage_serve.optimize``). Binaries, sources and traced program records in an archive are
+dropped: a program record is believed only from this user's own tracing (``programs.py``). One
+unsafe member rejects the whole archive before anything is installed.
+
+The functions take the cache (a ``store.KernelCache``) as an argument and never import the store:
+the store imports this module.
 """
 from __future__ import annotations
 
@@ -17,21 +24,18 @@ import tempfile
 import warnings
 from dataclasses import replace
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator
 
-from .entry import FILE_NAME, META, BadEntry, CacheEntry, read_entry, write_entry
-from .key import CacheKey
 from . import records
-from .store import ENTRY_NAME, PROGRAMS_DIR, CacheWarning, install_entry
-
-if TYPE_CHECKING:
-    from .store import KernelCache
+from .entry import FILE_NAME, META, BadEntry, CacheEntry, read_entry, write_entry
+from .files import ENTRY_NAME, PROGRAMS_DIR, CacheWarning, install_entry
+from .key import CacheKey
 
 MAX_MEMBER_BYTES = 1 << 30          # a cubin is ~100 KB-10 MB; this only stops tar bombs
 MAX_ARCHIVE_BYTES = 16 << 30
 
 
-def _good_entries(cache: "KernelCache") -> Iterator[tuple[CacheKey, CacheEntry]]:
+def _good_entries(cache) -> Iterator[tuple[CacheKey, CacheEntry]]:
     """Every verified user-cache entry, then the in-memory (unsaved) ones; bad ones warned."""
     for info in cache.verify(layers=("user",)):
         if not info.ok:
@@ -46,9 +50,10 @@ def _good_entries(cache: "KernelCache") -> Iterator[tuple[CacheKey, CacheEntry]]
     yield from cache.memory_entries()
 
 
-def export_cache(cache: "KernelCache", path: Path) -> int:
+def export_cache(cache, path: Path) -> int:
     """Write every good entry (user cache + unsaved in-memory ones) to the tar file `path`
-    (gzip if it ends in .gz/.tgz), atomically. Returns the number of entries written."""
+    (gzip if it ends in .gz/.tgz), atomically, as μGraph text and metadata (what an import keeps).
+    Returns the number of entries written."""
     mode = "w:gz" if path.name.endswith((".gz", ".tgz")) else "w"
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     n = 0
@@ -62,31 +67,19 @@ def export_cache(cache: "KernelCache", path: Path) -> int:
                 with tempfile.TemporaryDirectory() as td:
                     d = Path(td) / key.dirname()
                     d.mkdir()
-                    write_entry(d, key, replace(entry, origin=""))
+                    write_entry(d, key, text_only(entry))
                     for f in sorted(d.iterdir()):
                         _add_bytes(tar, f"{d.name}/{f.name}", f.read_bytes())
                 n += 1
-            for name, data in _good_records(cache):
-                _add_bytes(tar, f"{PROGRAMS_DIR}/{name}", data)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
     return n
 
 
-def _good_records(cache: "KernelCache") -> Iterator[tuple[str, bytes]]:
-    """The user cache's traced site programs (``programs.py``) that decode, by file name."""
-    folder = cache.root / PROGRAMS_DIR
-    for f in sorted(folder.iterdir()) if folder.is_dir() else ():
-        if not records.NAME.match(f.name):
-            continue
-        try:
-            data = f.read_bytes()
-            records.decode(data)
-        except (ValueError, OSError) as e:
-            warnings.warn(f"mirage_serve cache: skipping program record {f}: {e}", CacheWarning, stacklevel=3)
-            continue
-        yield f.name, data
+def text_only(entry: CacheEntry) -> CacheEntry:
+    """The entry as μGraph text and metadata: what may travel between users and machines."""
+    return replace(entry, sources={}, binaries={}, origin="", signed=False)
 
 
 def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
@@ -127,7 +120,9 @@ def _member_path(m: tarfile.TarInfo) -> tuple[str, str | None]:
     return parts[0], parts[1]
 
 
-def _stage(path: Path, staging: Path) -> None:
+def stage(path: Path, staging: Path) -> None:
+    """Check every member of the tar `path` and write the safe ones into `staging`; ValueError (and
+    nothing kept) if one is unsafe."""
     total = 0
     with tarfile.open(path, "r:*") as tar:
         for m in tar:
@@ -144,54 +139,47 @@ def _stage(path: Path, staging: Path) -> None:
                 shutil.copyfileobj(src, out)
 
 
-def import_cache(cache: "KernelCache", path: Path) -> int:
-    """Install the archive's entries that verify; returns how many were new. Entries already
-    present (and good) are kept; bad entries in the archive are warned about and skipped."""
-    if cache.read_only:
-        raise PermissionError(f"cannot import: cache directory {cache.root} is read-only")
-    staging = Path(tempfile.mkdtemp(dir=cache.private_dir(".tmp"), prefix="import."))
+def import_cache(root: Path, tmp_dir: Path, path: Path) -> int:
+    """Install the archive's entries that check into the cache at `root` (staged under `tmp_dir`,
+    a private directory on the same file system), as unsigned μGraph text and metadata; returns
+    how many were new. Entries already present (and good) are kept; bad entries in the archive,
+    and its program records, are warned about and skipped."""
+    staging = Path(tempfile.mkdtemp(dir=tmp_dir, prefix="import."))
     installed = 0
     try:
-        _stage(path, staging)
-        _install_records(cache, staging / PROGRAMS_DIR)
+        stage(path, staging)
+        if (staging / PROGRAMS_DIR).is_dir():
+            n = len(list((staging / PROGRAMS_DIR).iterdir()))
+            warnings.warn(f"mirage_serve cache: {n} program records in {path.name} not imported (a traced program "
+                          "is believed only from this user's own tracing)", CacheWarning, stacklevel=3)
         for d in sorted(staging.iterdir()):
-            if d.name == PROGRAMS_DIR:
+            if d.name == PROGRAMS_DIR or d.name.startswith("."):
                 continue
             try:
-                key, _ = read_entry(d)
+                key, entry = read_entry(d)
+                dropped = sorted(set(entry.sources) | set(entry.binaries))
+                clean = staging / f".clean.{d.name}"
+                clean.mkdir()
+                write_entry(clean, key, text_only(entry))
             except (BadEntry, OSError) as e:
-                warnings.warn(f"mirage_serve cache: archive entry {d.name} rejected: {e}",
-                              CacheWarning, stacklevel=2)
+                warnings.warn(f"mirage_serve cache: archive entry {d.name} rejected: {e}", CacheWarning, stacklevel=3)
                 continue
-            _, new = install_entry(cache.root, d, key)
+            if dropped:
+                warnings.warn(f"mirage_serve cache: archive entry {d.name}: {', '.join(dropped)} dropped (only its "
+                              "μGraph is imported, and verified on first use)", CacheWarning, stacklevel=3)
+            _, new = install_entry(root, clean, key, good=lambda p, k=key: read_entry(p, k))
             installed += new
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return installed
 
 
-def _install_records(cache: "KernelCache", staged: Path) -> None:
-    """Move the archive's program records that decode into the cache (kept: ones already there)."""
-    if not staged.is_dir():
-        return
-    folder = cache.root / PROGRAMS_DIR
-    folder.mkdir(exist_ok=True)
-    for f in sorted(staged.iterdir()):
-        try:
-            records.decode(f.read_bytes())
-        except ValueError as e:
-            warnings.warn(f"mirage_serve cache: archive program record {f.name} rejected: {e}", CacheWarning,
-                          stacklevel=3)
-            continue
-        if not (folder / f.name).exists():
-            os.replace(f, folder / f.name)
-
-
-def export_shipped(cache: "KernelCache", dest: Path) -> int:
-    """Write every good entry into `dest` (a ``kernels_cache/`` folder) in shipped form: no
-    binaries, keyed by `CacheKey.for_shipped`. Returns the number of entries now there new."""
+def export_shipped(cache, dest: Path) -> int:
+    """Write every good entry into `dest` (a ``kernels_cache/`` folder) in shipped form: μGraph
+    text and metadata (with the launch choice and the digest of the code it was profiled on),
+    keyed by `CacheKey.for_shipped`. Returns the number of entries now there new."""
     # Entries of several toolchains (or superopt sources) can hold one kernel: one shipped copy,
-    # preferring one with a stored verdict, which patch() then trusts without verifying again.
+    # preferring one that was verified (a user verifies it again on first use all the same).
     chosen: dict[str, tuple[CacheKey, CacheEntry]] = {}
     for key, entry in _good_entries(cache):
         sk = key.for_shipped()
@@ -205,8 +193,8 @@ def export_shipped(cache: "KernelCache", dest: Path) -> int:
         for sk, entry in chosen.values():
             d = staging / sk.dirname()
             d.mkdir()
-            write_entry(d, sk, replace(entry, binaries={}, origin=""))
-            _, new = install_entry(dest, d, sk)
+            write_entry(d, sk, text_only(entry))
+            _, new = install_entry(dest, d, sk, good=lambda p, k=sk: read_entry(p, k))
             n += new
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -17,18 +17,21 @@ for Hugging Face models the transformers version stands for them; whoever edits 
 a model of their own clears the records (``mirage-serve cache clear``).
 
 A record is a small JSON file in ``<user cache>/programs/`` holding the program's μGraph text and
-where each input comes from, with a sha256 of its contents; a record that is malformed, fails
-its hash, or parses to a program of another digest is ignored (warned) and the site is traced
-again. Records are written atomically (temp file + ``os.replace``); a read-only cache (a deployment
-image's) is read but stores none.
+where each input comes from, with a sha256 of its contents and a MAC under this user's secret
+(``records.py``); a record that is malformed, fails its hash or MAC, is a symlink, or parses to a
+program of another digest is ignored (warned) and the site is traced again. Records are written
+atomically (temp file + rename, both relative to the opened ``programs/`` directory, which must be
+a real directory: a ``programs/`` planted as a symlink is never written through); a read-only cache
+(a deployment image's) is read but stores none.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import inspect
 import os
-import tempfile
+import secrets
 import warnings
 from importlib import metadata
 
@@ -39,8 +42,9 @@ from superopt.lax.extract import Extracted
 
 from ..sites import signature
 from . import records
+from .files import PROGRAMS_DIR, CacheWarning, SymlinkError, read_file
 from .key import versions_now
-from .store import PROGRAMS_DIR, CacheWarning, KernelCache
+from .store import KernelCache
 
 
 @functools.lru_cache(maxsize=None)
@@ -94,17 +98,22 @@ class ProgramMemo:
     def __init__(self, cache: KernelCache | None):
         self.folder = None if cache is None else cache.root / PROGRAMS_DIR
         self.writable = cache is not None and not cache.read_only   # a read-only cache is still read
+        self.cache = cache
 
     def get(self, fp: str) -> Extracted | None:
         if self.folder is None:
             return None
         path = self.folder / f"{fp}.json"
         try:
-            raw = path.read_bytes()
+            raw = read_file(path, records.MAX_BYTES)
+        except SymlinkError as e:
+            warnings.warn(f"mirage_serve cache: ignoring program record {path}: {e}; the site is traced again",
+                          CacheWarning, stacklevel=3)
+            return None
         except OSError:
             return None
         try:
-            body = records.decode(raw)
+            body = records.decode(raw, self.cache.secret, signed=True)
             graph = from_text(body["text"])
             if digest(graph) != body["digest"]:
                 raise ValueError("the program text does not parse to its recorded digest")
@@ -120,10 +129,26 @@ class ProgramMemo:
             return
         body = {"text": to_text(ex.graph), "digest": digest(ex.graph), "sources": [list(s) for s in ex.sources]}
         try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.folder, suffix=".tmp")
-            with os.fdopen(fd, "wb") as f:
-                f.write(records.encode(body))
-            os.replace(tmp, self.folder / f"{fp}.json")
-        except OSError as e:   # a full or vanished disk costs a trace next time, nothing more
+            _write_record(self.folder, f"{fp}.json", records.encode(body, self.cache.secret))
+        except OSError as e:   # a full or vanished disk, a planted link: a trace next time, nothing more
             warnings.warn(f"mirage_serve cache: program record not stored ({e})", CacheWarning, stacklevel=3)
+
+
+def _write_record(folder, name: str, data: bytes) -> None:
+    """Write ``folder/name`` atomically without following a link at ``folder`` or inside it."""
+    with contextlib.suppress(FileExistsError):
+        folder.mkdir(parents=True)
+    dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)   # ELOOP if it is a link
+    try:
+        tmp = f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dfd)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dfd)
+            raise
+    finally:
+        os.close(dfd)

@@ -2,8 +2,13 @@
 
 Lookup order: entries computed in memory this process (read-only caches) → the user cache
 (argument > MIRAGE_SERVE_CACHE_DIR > ~/.cache/mirage_serve) → the shipped ``kernels_cache/``
-package data (μGraph text and sources only, keyed without toolchain versions: see
+package data (μGraph text and metadata only, keyed without toolchain versions: see
 `CacheKey.for_shipped`; a hit there has no binary, so the caller compiles and may `put`).
+
+Trust (``trust.py``): `put` signs every entry with this user's secret. `get` hands out an entry's
+binaries only when it is signed (``CacheEntry.signed``); an unsigned one (shipped, imported, or
+written by someone else) comes back as μGraph text and metadata, which the caller verifies against
+its own program before use (``mirage_serve.optimize``). Symlinks inside the cache are refused.
 
 Writes are atomic: an entry is written into a private directory under ``.tmp/`` and renamed into
 place with one ``rename(2)``, so readers see a whole entry or none, and a writer killed mid-way
@@ -15,10 +20,8 @@ patching the same model compute each kernel once; correctness never depends on i
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import os
-import re
 import shutil
 import tempfile
 import threading
@@ -29,18 +32,13 @@ from pathlib import Path
 from typing import Iterator
 
 from .. import knobs
-from .entry import BadEntry, CacheEntry, read_entry, read_key, read_meta, write_entry
+from . import archive, trust
+from .entry import BadEntry, CacheEntry, is_signed, read_entry, read_key, read_meta, write_entry
+from .files import (ENTRY_NAME, PROGRAMS_DIR, CacheWarning, discard_entry, install_entry, private_dir,
+                    real_dir)
 from .key import CacheKey
 
-ENTRY_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*-[0-9a-f]{8}$")
 _CACHEDIR_TAG = "Signature: 8a477f597d28d172789f06886806bc55\n# mirage_serve kernel cache\n"
-
-
-PROGRAMS_DIR = "programs"   # extracted programs of patch() sites (mirage_serve.cache.programs)
-
-
-class CacheWarning(UserWarning):
-    """A cache entry was rejected, or a result could not be saved."""
 
 
 def default_cache_dir(cache_dir: str | os.PathLike | None = None) -> Path:
@@ -80,6 +78,7 @@ class EntryInfo:
     created: str | None
     ok: bool
     reason: str = ""              # why the entry is bad ("" when ok)
+    signed: bool = False          # its MAC checks under this user's secret (verify only)
 
     def summary(self) -> str:
         """One line for `mirage-serve cache ls`: layer, status, name, key facts, size."""
@@ -87,7 +86,7 @@ class EntryInfo:
         facts = f"{k.dtype} {k.bucket} {k.arch} {k.backend}" if k else "?"
         size = sum(self.files.values()) / 1024
         status = "ok " if self.ok else "BAD"
-        tail = "binary" if self.binaries else "text only"
+        tail = ("binary" if self.binaries else "text only") + ("" if self.signed else ", unsigned")
         line = f"{self.layer:7} {status} {self.path.name}  {facts}  {size:.1f} KiB  {tail}"
         return line + (f"  ({self.reason})" if self.reason else "")
 
@@ -115,9 +114,11 @@ class CacheStats:
 
 class KernelCache:
     """User cache over shipped cache. `shipped_dir`: None → the package's kernels_cache/, False → none.
-    `read_only`: None → MIRAGE_SERVE_CACHE_READ_ONLY, else probe whether `cache_dir` is writable."""
+    `read_only`: None → MIRAGE_SERVE_CACHE_READ_ONLY, else probe whether `cache_dir` is writable.
+    `secret`: the key entries are signed with; None → this user's (``trust.user_secret``)."""
 
-    def __init__(self, cache_dir=None, shipped_dir=None, read_only: bool | None = None):
+    def __init__(self, cache_dir=None, shipped_dir=None, read_only: bool | None = None,
+                 secret: bytes | None = None):
         self.root = default_cache_dir(cache_dir)
         if shipped_dir is False:
             self.shipped = None
@@ -128,6 +129,7 @@ class KernelCache:
         self.stats = CacheStats()
         self._memory: dict[str, tuple[CacheKey, CacheEntry]] = {}
         self._thread_locks: dict[str, threading.Lock] = {}
+        self._secret = secret
         if read_only is None:
             read_only = knobs.CACHE_READ_ONLY.get() or not self._probe_writable()
         self.read_only = bool(read_only)
@@ -148,16 +150,22 @@ class KernelCache:
         except OSError:
             return False
         tag = self.root / "CACHEDIR.TAG"   # tells backup tools to skip this directory
-        if not tag.exists():
-            with contextlib.suppress(OSError):
-                tag.write_text(_CACHEDIR_TAG)
+        with contextlib.suppress(OSError):   # O_NOFOLLOW | O_EXCL: never through a planted link
+            fd = os.open(tag, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            with os.fdopen(fd, "w") as f:
+                f.write(_CACHEDIR_TAG)
         return True
 
+    @property
+    def secret(self) -> bytes | None:
+        """This user's secret (read or created on first use); None if it cannot be used."""
+        if self._secret is None:
+            self._secret = trust.user_secret()
+        return self._secret
+
     def private_dir(self, name: str) -> Path:
-        """`root/name` (created): .tmp, .locks, .trash; never looks like an entry."""
-        p = self.root / name
-        p.mkdir(parents=True, exist_ok=True)
-        return p
+        """`root/name` (created): .tmp, .locks, .trash; never looks like an entry, never a symlink."""
+        return private_dir(self.root, name)
 
     # ------------------------------------------------------------ lookup
 
@@ -167,23 +175,26 @@ class KernelCache:
         mem = self._memory.get(key.digest())
         if mem is not None and mem[0] == key:
             self.stats.hits["memory"] += count
-            return replace(mem[1], origin="memory")
+            return replace(mem[1], origin="memory", signed=True)   # made by this process
         found = self._load(self.root / key.dirname(), key, "user", count)
         if found is None and self.shipped is not None:
             sk = key.for_shipped()
             found = self._load(self.shipped / sk.dirname(), sk, "shipped", count)
             if found is not None:
-                # Shipped binaries, if any slipped in, were built by an unknown toolchain.
-                found = replace(found, binaries={})
+                found = replace(found, signed=False)   # package data is nobody's own writing
+        if found is not None and not found.signed:
+            # Not this user's writing: its μGraph and metadata are data to check, nothing in it
+            # runs (binaries rebuilt, source rendered again) and its verdict is not believed.
+            found = replace(found, binaries={}, sources={})
         if found is None:
             self.stats.misses += count
         return found
 
     def _load(self, path: Path, key: CacheKey, layer: str, count: bool = True) -> CacheEntry | None:
-        if not path.exists():
+        if not os.path.lexists(path):
             return None
         try:
-            _, entry = read_entry(path, key)
+            _, entry = read_entry(path, key, self.secret)
         except (BadEntry, OSError) as e:
             if count:
                 self._reject(path, str(e))
@@ -216,8 +227,8 @@ class KernelCache:
         if self.read_only:
             return self._keep_in_memory(key, entry)
         try:
-            write_entry(tmp, key, entry)
-            final, _ = install_entry(self.root, tmp, key, replace_existing)
+            write_entry(tmp, key, entry, self.secret)
+            final, _ = install_entry(self.root, tmp, key, replace_existing, lambda p: read_entry(p, key))
         except OSError as e:   # disk full, directory gone: patch() must go on with the kernel
             warnings.warn(f"mirage_serve cache: could not save {key.dirname()} ({e}); "
                           "keeping it in memory", CacheWarning, stacklevel=2)
@@ -228,8 +239,13 @@ class KernelCache:
         self.stats.puts += 1
         return final
 
+    def discard(self, key: CacheKey) -> None:
+        """Remove `key`'s user entry, if there is one and the cache is writable (call under its lock)."""
+        if not self.read_only:
+            discard_entry(self.root, self.root / key.dirname())
+
     def _keep_in_memory(self, key: CacheKey, entry: CacheEntry) -> None:
-        self._memory[key.digest()] = (key, replace(entry, origin="memory"))
+        self._memory[key.digest()] = (key, replace(entry, origin="memory", signed=True))
         self.stats.unsaved.append(key.dirname())
 
     @contextlib.contextmanager
@@ -244,7 +260,7 @@ class KernelCache:
             # would let a third process lock a fresh file and run concurrently with the waiter.
             with contextlib.suppress(OSError):
                 path = self.private_dir(".locks") / f"{key.dirname()}.lock"
-                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         if fd is None:
             tl = self._thread_locks.setdefault(key.digest(), threading.Lock())
             if not tl.acquire(timeout=-1 if timeout is None else timeout):
@@ -269,17 +285,20 @@ class KernelCache:
         base = self.root if layer == "user" else self.shipped
         if base is None or not base.is_dir():
             return []
-        return sorted(p for p in base.iterdir() if p.is_dir() and ENTRY_NAME.match(p.name))
+        # a symlink named like an entry is no entry (audit.py reports it)
+        return sorted(p for p in base.iterdir() if ENTRY_NAME.match(p.name) and real_dir(p))
 
     def _info(self, path: Path, layer: str, full: bool) -> EntryInfo | None:
         """The entry's row; None if it vanished meanwhile (replaced or cleared by another process)."""
         key, created, binaries = None, None, ()
         try:
-            files = {p.name: p.stat().st_size for p in path.iterdir() if p.is_file()}
+            files = {p.name: p.lstat().st_size for p in path.iterdir()}
         except FileNotFoundError:
             return None
+        signed = False
         try:
             doc = read_meta(path)
+            signed = layer == "user" and is_signed(doc, self.secret)
             key = read_key(path, doc)
             meta = doc.get("meta")
             created = meta.get("created") if isinstance(meta, dict) else None
@@ -288,9 +307,10 @@ class KernelCache:
                              if isinstance(i, dict) and i.get("kind") == "binary")
             if full:
                 read_entry(path, key)
+                _trusted_form(doc, layer, signed)
         except (BadEntry, OSError) as e:
-            return EntryInfo(layer, path, key, files, binaries, created, False, str(e))
-        return EntryInfo(layer, path, key, files, binaries, created, True)
+            return EntryInfo(layer, path, key, files, binaries, created, False, str(e), signed)
+        return EntryInfo(layer, path, key, files, binaries, created, True, "", signed)
 
     def ls(self, layers: tuple[str, ...] = ("user", "shipped")) -> list[EntryInfo]:
         """Entries of the given layers, checking only meta.json (fast); `verify` checks files."""
@@ -302,7 +322,9 @@ class KernelCache:
 
     def verify(self, layers: tuple[str, ...] = ("user", "shipped"), remove: bool = False
                ) -> list[EntryInfo]:
-        """Fully check every entry (hashes of every file). `remove`: delete bad user entries."""
+        """Fully check every entry (hashes of every file, and its MAC where it carries one or
+        anything executable). `remove`: delete bad user entries. ``audit.py`` checks the rest of
+        the directory (program records, symlinks, permissions)."""
         out = self._rows(layers, full=True)
         if remove:
             self._require_writable("verify --remove")
@@ -320,7 +342,10 @@ class KernelCache:
         for p in entries:
             discard_entry(self.root, p)
         for private in (".tmp", ".trash", PROGRAMS_DIR):
-            shutil.rmtree(self.root / private, ignore_errors=True)
+            if real_dir(self.root / private):
+                shutil.rmtree(self.root / private, ignore_errors=True)
+            elif os.path.lexists(self.root / private):
+                (self.root / private).unlink()   # a planted link goes, never what it points to
         self._memory.clear()
         return len(entries)
 
@@ -333,63 +358,35 @@ class KernelCache:
         return list(self._memory.values())
 
     def export(self, path) -> int:
-        from .archive import export_cache
-        return export_cache(self, Path(path))
+        """Write every good entry, as μGraph text and metadata, to the tar file `path`."""
+        return archive.export_cache(self, Path(path))
 
     def import_(self, path) -> int:
-        from .archive import import_cache
-        return import_cache(self, Path(path))
+        """Add the archive's entries (text only, unsigned: verified on first use)."""
+        self._require_writable("import")
+        return archive.import_cache(self.root, self.private_dir(".tmp"), Path(path))
 
     def export_shipped(self, dest) -> int:
         """Copy good entries, binary-free and keyed for shipping, into `dest` (kernels_cache/)."""
-        from .archive import export_shipped
-        return export_shipped(self, Path(dest))
+        return archive.export_shipped(self, Path(dest))
 
 
-def install_entry(root: Path, tmp: Path, key: CacheKey, replace_existing: bool = False
-                  ) -> tuple[Path, bool]:
-    """Rename the fully written entry directory `tmp` into `root` as `key`'s entry.
-
-    Returns (entry path, whether `tmp` was installed). If a good entry is already there (a
-    concurrent writer won), it is kept and `tmp` is left for the caller to delete: the first
-    complete entry wins. A bad one is moved aside first, then replaced. `replace_existing`: a good
-    one is replaced too (a new version of an immutable entry: the old one is renamed away, then
-    the new one renamed in; a reader without the key's lock may miss in between, never sees a
-    mix of the two)."""
-    final = root / key.dirname()
-    for _ in range(8):
-        try:
-            os.rename(tmp, final)
-            return final, True
-        except OSError as e:
-            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
-                raise
-        if replace_existing:
-            discard_entry(root, final)
-            continue
-        try:
-            read_entry(final, key)
-            return final, False
-        except BadEntry:
-            discard_entry(root, final)
-        except FileNotFoundError:
-            continue   # another process moved it away between our rename and our read
-    raise OSError(f"could not install cache entry {final}: it keeps changing under us")
-
-
-def discard_entry(root: Path, path: Path) -> None:
-    """Remove an entry directory: rename it out of sight (atomic) first, then delete it, so no
-    reader ever sees a half-deleted entry."""
-    trash_dir = root / ".trash"
-    trash_dir.mkdir(exist_ok=True)
-    trash = trash_dir / f"{path.name}.{os.getpid()}.{time.monotonic_ns()}"
-    try:
-        os.rename(path, trash)
-    except FileNotFoundError:
+def _trusted_form(doc: dict, layer: str, signed: bool) -> None:
+    """BadEntry if the entry holds what only a signed user entry may: an unsigned entry in the user
+    cache carrying binaries or sources (patch() never writes one; someone else did), a MAC that
+    does not check, or a shipped entry with anything but its μGraph."""
+    listed = doc.get("files") if isinstance(doc.get("files"), dict) else {}
+    extra = sorted(n for n, i in listed.items() if not (isinstance(i, dict) and i.get("kind") == "ugraph"))
+    if layer == "shipped":
+        if extra:
+            raise BadEntry(f"shipped entry holds more than its μGraph: {extra}")
         return
-    shutil.rmtree(trash, ignore_errors=True)
-    with contextlib.suppress(OSError):   # still in use by a concurrent discard
-        trash_dir.rmdir()
+    if signed:
+        return
+    if "mac" in doc:
+        raise BadEntry("MAC does not check: written under another secret, or tampered with")
+    if extra:
+        raise BadEntry(f"unsigned entry holds files that could run: {extra}")
 
 
 def _flock(fd: int, timeout: float | None, key: CacheKey) -> None:

@@ -10,6 +10,11 @@ On a CUDA device every kernel is compiled (or loaded from Triton's cache) when t
 not on its first call: ``compiles`` then counts the kernels Triton really compiled in this process
 (misses in its cache), and ``binaries()`` returns their cubins and metadata as plain files, which a
 later build takes back (``binaries=``) to compile nothing (``superopt.runtime.binaries``).
+
+The Python module that runs is always the one rendered here from the μGraph: no caller can hand
+in source text to execute instead (a cache stores none; see docs/architecture.md, "Cache trust").
+Stored binaries are matched to it by Triton's own hash of the rendered source, so a binary built
+from other code is simply not found, and compiled afresh.
 """
 from __future__ import annotations
 
@@ -38,15 +43,11 @@ class CompiledGraph:
 
     def __init__(self, ugraph: KernelGraph, device: str | torch.device = "cuda",
                  launch: dict[str, tuple[int, int]] | None = None, cache_dir=None,
-                 source: str | None = None, binaries: dict[str, bytes] | None = None):
+                 binaries: dict[str, bytes] | None = None):
         self.graph = check(ugraph)
         self.device = torch.device(device)
         ahead = prefetched(launch)
         self.module = render_triton(ugraph, ahead, chain=chained(launch))
-        if source is not None and source != self.module.source:
-            # A cache entry's source (hash-checked by the cache) is what its binaries were built
-            # from; the kernel specs still come from rendering (pure, milliseconds).
-            self.module = dataclasses.replace(self.module, source=source)
         # what runs: on sm_90+ every kernel waits for its predecessor and lets its successor be
         # scheduled early (grid_dependency); ``module``, as rendered or cached, is what is stored
         self.built = self.module
@@ -115,8 +116,7 @@ class CompiledGraph:
 
     @property
     def source(self) -> str:
-        """The generated Triton module source of this graph, as rendered (what a cache stores; on
-        sm_90+ it runs with ``grid_dependency``'s wait and signal added: ``built.source``)."""
+        """The generated Triton module source of this graph, as rendered (on sm_90+ it runs with ``grid_dependency``'s wait and signal added: ``built.source``)."""
         return self.module.source
 
     def binaries(self) -> dict[str, bytes]:
@@ -288,10 +288,10 @@ def _library_step(fn, args: list[int], env: list) -> None:
 
 def compile_graph(ugraph: KernelGraph, backend: str = "triton", device: str | torch.device = "cuda",
                   launch: dict[str, tuple[int, int]] | None = None, cache_dir=None,
-                  source: str | None = None, binaries: dict[str, bytes] | None = None) -> CompiledGraph:
+                  binaries: dict[str, bytes] | None = None) -> CompiledGraph:
     """Build ``ugraph`` for ``device``; ``launch`` maps kernel names to (num_warps, num_stages).
-    ``source`` / ``binaries``: a cache entry's generated source and ``CompiledGraph.binaries()``."""
+    ``binaries``: a trusted cache entry's ``CompiledGraph.binaries()`` (rendered source only)."""
     if backend != "triton":
         raise NotImplementedError(f"compile_graph: backend {backend!r}; this runtime builds 'triton' "
                                   f"(the CUDA backend lives in superopt.codegen.cuda*)")
-    return CompiledGraph(ugraph, device, launch, cache_dir, source, binaries)
+    return CompiledGraph(ugraph, device, launch, cache_dir, binaries)

@@ -1,4 +1,4 @@
-"""Entries hold the generated source and Triton binaries; a warm entry compiles nothing.
+"""Entries hold Triton binaries (never generated source: it is rendered again); a warm entry compiles nothing.
 
 On CPU, Triton builds real sm_90 cubins through its JIT's own warm-up path (the driver pointed at
 the target), so everything but the launch is checked here: the compile is counted, the binaries
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from mirage_serve.cache import CacheEntry, CacheWarning, KernelCache
-from mirage_serve.cache.builds import SOURCE, load_build, store_build
+from mirage_serve.cache.builds import load_build, store_build
 from mirage_serve.cache.entry import META
 from superopt.codegen.triton import render_triton
 from superopt.ir import to_text
@@ -63,7 +63,7 @@ def _warm_cache(tmp_path, aot) -> tuple[KernelCache, object, Path]:
     cache = KernelCache(tmp_path / "cache", shipped_dir=False)
     key = make_key(7)
     cache.put(key, _text_entry())
-    path = store_build(cache, key, source, files)
+    path = store_build(cache, key, files)
     assert path == cache.root / key.dirname()
     return cache, key, path
 
@@ -87,13 +87,13 @@ def test_build_joins_the_entry_as_a_new_version(tmp_path, aot):
     entry = cache.get(key)
     text = _text_entry()
     assert (entry.ugraph_text, entry.meta) == (text.ugraph_text, text.meta)
-    assert entry.sources == {SOURCE: source} and entry.binaries == files
+    assert entry.sources == {} and entry.binaries == files and entry.signed
     listed = json.loads((path / META).read_text())["files"]
     assert set(listed) == {p.name for p in path.iterdir()} - {META}
-    assert all(listed[n]["kind"] == "binary" for n in files) and listed[SOURCE]["kind"] == "source"
+    assert all(listed[n]["kind"] == "binary" for n in files) and set(listed) == set(files) | {"ugraph.txt"}
     assert [p.name for p in cache.root.iterdir() if p.name.startswith(key.dirname()[:8])] == [path.name]
     # Entries are immutable once built: a second build (another process, other bytes) is ignored.
-    assert store_build(cache, key, source, {n: b"x" for n in files}) is None
+    assert store_build(cache, key, {n: b"x" for n in files}) is None
     assert cache.get(key).binaries == files
     # load_build is a second look, not a second hit.
     hits = dict(cache.stats.hits)
@@ -104,7 +104,7 @@ def test_fresh_process_with_empty_triton_cache_compiles_nothing(tmp_path, aot):
     cache, key, _ = _warm_cache(tmp_path, aot)
     res = _worker(tmp_path, "triton-empty", "load", CASE, str(cache.root), json.dumps(key.fields()))
     assert res["compiled"] == [] and sorted(res["loaded"]) == _kernels()
-    assert res["seeded"] == len(_kernels()) and all(res["same_cubin"]) and res["source_matches"]
+    assert res["seeded"] == len(_kernels()) and all(res["same_cubin"])
 
 
 def _flip(p: Path, at: int = 100) -> None:
@@ -124,7 +124,7 @@ BUILD_CORRUPTIONS = {
     "cubin added": lambda d: (d / "evil.0123456789abcdef.cubin").write_bytes(b"\x7fELF"),
     "triton metadata bit flipped": lambda d: _flip(_triton_json(d), 40),
     "manifest edited": lambda d: (d / "triton-kernels.json").write_text('{"format": 1, "kernels": []}'),
-    "source bit flipped": lambda d: _flip(d / SOURCE, 60),
+    "ugraph bit flipped": lambda d: _flip(d / "ugraph.txt", 60),
 }
 
 
@@ -145,22 +145,26 @@ def test_corrupted_build_file_rejects_the_entry(tmp_path, aot, how):
 def test_store_build_layers(tmp_path, aot):
     _, files, source = aot
     key = make_key(8)
-    # A shipped (text-only) hit: the build becomes the first user entry.
+    # A shipped (text-only, unsigned) hit: no build joins it, since signing it would make its
+    # metadata (a stored verdict) believed; optimize.choose verifies it and signs the user entry.
     shipped = KernelCache(tmp_path / "ship", shipped_dir=False)
     shipped.put(key.for_shipped(), _text_entry())
     cache = KernelCache(tmp_path / "user", shipped_dir=tmp_path / "ship")
     assert cache.get(key).origin == "shipped"
-    assert store_build(cache, key, source, files) == cache.root / key.dirname()
+    assert store_build(cache, key, files) is None and not (cache.root / key.dirname()).exists()
+    cache.put(key, _text_entry())                     # what the verification of the hit writes
+    assert store_build(cache, key, files) == cache.root / key.dirname()
     got = cache.get(key)
-    assert got.origin == "user" and got.binaries == files
+    assert got.origin == "user" and got.binaries == files and got.signed
     # Read-only: kept in memory for this process, reported as unsaved.
     ro = KernelCache(tmp_path / "ro", shipped_dir=tmp_path / "ship", read_only=True)
-    assert store_build(ro, key, source, files) is None
+    ro.put(key, _text_entry())
+    assert store_build(ro, key, files) is None
     assert ro.get(key).binaries == files and ro.stats.unsaved
     # Nothing to store: no entry (a fallback program), or no binaries (CPU, torch backend).
     empty = KernelCache(tmp_path / "empty", shipped_dir=False)
-    assert store_build(empty, key, source, files) is None
-    assert store_build(cache, make_key(9), source, {}) is None
+    assert store_build(empty, key, files) is None
+    assert store_build(cache, make_key(9), {}) is None
 
 
 def test_default_cache_opens_without_a_search(tmp_path, monkeypatch):
@@ -185,7 +189,7 @@ def test_warm_entry_compiles_nothing_on_the_gpu(tmp_path):
     cache = KernelCache(tmp_path / "cache", shipped_dir=False)
     key = make_key(11)
     cache.put(key, _text_entry())
-    assert store_build(cache, key, (tmp_path / "cold" / "source.py").read_text(), files)
+    assert store_build(cache, key, files)
     warm = _worker(tmp_path, "triton-warm", "gpu", CASE, str(tmp_path / "warm"), str(cache.root),
                    json.dumps(key.fields()))
     assert warm["compiles"] == 0 and warm["loaded"] == len(_kernels()) and warm["at_launch"] == []
@@ -244,7 +248,7 @@ def test_cuda_backend_reuses_a_stored_cubin():
     cold = backends.build(g, "cuda", dev)
     assert cold.compiled == len(g.customized_nodes()) or cold.compiled > 0
     assert set(cold.binaries) == {backends.CUDA_CUBIN} and "__global__" in cold.source
-    warm = backends.build(g, "cuda", dev, None, cold.source, cold.binaries)
+    warm = backends.build(g, "cuda", dev, None, cold.binaries)
     assert warm.compiled == 0
     gen = torch.Generator().manual_seed(3)
     xs = [torch.randn(v.type.shape, generator=gen).to(dev, getattr(torch, v.type.dtype)) for v in g.inputs]

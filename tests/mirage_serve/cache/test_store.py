@@ -210,21 +210,22 @@ def test_shipped_layer_serves_text_only_and_user_layer_wins(tmp_path):
     shipped = tmp_path / "kernels_cache"
     assert build.export_shipped(shipped) == 2
     assert not list(shipped.glob("*/*.cubin")) and not list(shipped.glob(".*"))
+    assert sorted({p.name for p in shipped.glob("*/*")}) == ["meta.json", "ugraph.txt"]  # no source either
     # A user on another toolchain (triton/torch/CUDA differ; superopt the same) hits the shipped
-    # μGraph text and sources, with no binary: the caller compiles.
+    # μGraph text, with no binary and no source: the caller renders and compiles.
     other = (("superopt", "0.1.0"), ("triton", "3.9.0"), ("torch", "2.13.0+cpu"))
     user = KernelCache(tmp_path / "user", shipped_dir=shipped)
     key1 = make_key(1, versions=other)
     got = user.get(key1)
     assert got.origin == "shipped" and got.binaries == {}
-    assert got.ugraph_text == make_entry(1).ugraph_text and got.sources == make_entry(1).sources
+    assert got.ugraph_text == make_entry(1).ugraph_text and got.sources == {} and not got.signed
     user.put(key1, make_entry(11))
-    assert user.get(key1).origin == "user" and user.get(key1) == make_entry(11)
-    assert user.stats.hits == {"memory": 0, "user": 2, "shipped": 1}
+    assert user.get(key1).origin == "user" and user.get(key1) == make_entry(11) and user.get(key1).signed
+    assert user.stats.hits == {"memory": 0, "user": 3, "shipped": 1}
     # Another superopt version: the searched graph may differ, so the shipped entry misses.
     assert user.get(make_key(2, versions=(("superopt", "0.2.0"),) + other[1:])) is None
     # A damaged shipped entry is rejected with a warning, never loaded.
-    _flip(next(shipped.glob("*-2-*/kernel.py")), 5)
+    _flip(next(shipped.glob("*-2-*/ugraph.txt")), 5)
     with pytest.warns(CacheWarning):
         assert user.get(make_key(2, versions=other)) is None
     layers = sorted((i.layer, i.ok) for i in user.verify())
@@ -309,6 +310,8 @@ def test_committed_shipped_cache_is_whole_and_binary_free(tmp_path):
     rows = KernelCache(tmp_path, shipped_dir=shipped).verify(layers=("shipped",))
     assert [(r.path.name, r.reason) for r in rows if not r.ok] == []
     assert [r.path.name for r in rows if r.binaries] == []
+    # μGraph text and metadata only: generated source is rendered again, never shipped
+    assert sorted({p.name for p in shipped.glob("*/*")}) == ["meta.json", "ugraph.txt"]
     # Only entries and the package marker: no temp, lock or trash folders committed by accident.
     stray = [p.name for p in shipped.iterdir()
              if p.name not in ("__init__.py", "__pycache__") and p.name not in {r.path.name for r in rows}]
