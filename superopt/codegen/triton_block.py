@@ -9,10 +9,10 @@ and indentation. This module imports no triton and no torch; it only writes text
 from __future__ import annotations
 
 import math
-import re
 
 from ..ir import BlockGraph, Category, Node, Variance, block_variance, op_info
 from ..ir.padding import fma_matmul, padded_shapes
+from .names import identifier
 
 WGMMA_MIN_ROWS = 64  # a warpgroup's wgmma rows: a dot with fewer rows and at least this many columns is swapped
 TL_DTYPES = {"float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32"}
@@ -30,12 +30,6 @@ _UNARY = {
 }
 _BINARY = {"add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "div": "({0} / {1})",
            "max": "tl.maximum({0}, {1})"}
-
-
-def identifier(name: str) -> str:
-    """``name`` as a Python identifier (kernel and variable names)."""
-    s = re.sub(r"\W", "_", name)
-    return s if s and not s[0].isdigit() else f"g_{s}"
 
 
 def _strides(shape: tuple[int, ...]) -> list[int]:
