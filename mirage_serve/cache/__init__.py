@@ -8,8 +8,8 @@
             entry = build(...)                 # search / compile
             cache.put(key, entry)              # atomic; None if the cache is read-only
 
-`warm_model` (in `mirage_serve.cache.warm`, imported lazily: it needs torch and transformers)
-fills a cache ahead of time.
+`mirage_serve.cache.warm.warm_model` fills a cache ahead of time (a front end above patch(), not
+re-exported here: the store below imports nothing of the patch machinery).
 """
 from .entry import BadEntry, CacheEntry
 from .key import CacheKey, versions_now
@@ -17,12 +17,5 @@ from .store import CacheStats, CacheWarning, EntryInfo, KernelCache, default_cac
 
 __all__ = [
     "BadEntry", "CacheEntry", "CacheKey", "CacheStats", "CacheWarning", "EntryInfo", "KernelCache",
-    "default_cache_dir", "shipped_cache_dir", "versions_now", "warm_model",
+    "default_cache_dir", "shipped_cache_dir", "versions_now",
 ]
-
-
-def __getattr__(name):
-    if name == "warm_model":
-        from .warm import warm_model
-        return warm_model
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
