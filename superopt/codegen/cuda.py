@@ -20,7 +20,7 @@ from .cuda_block import KernelWriter
 from .cuda_nvrtc import compile_cuda
 from .cuda_plan import CudaRenderError
 from .cuda_prelude import C_TYPES, PRELUDE
-from .names import identifier
+from .common import identifier
 
 __all__ = ["Buffer", "CudaModule", "CudaRenderError", "KernelSpec", "compile_cuda", "render_cuda"]
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from ..ir import BlockGraph, Node, TensorType, Variance
 from ..ir.tiling import reduced_axes
-from .cuda_expr import BlockText, base_expr, broadcast, coord_lines, flat, strides
+from .cuda_expr import BlockText, base_expr, broadcast, coord_lines, flat
 from .cuda_gemv import emit_gemv, gemv_flush, gemv_prologue
 from .cuda_plan import InputPlan, is_accum, plan_block
 from .cuda_prelude import C_TYPES
-from .names import identifier
+from .common import identifier, strides
 
 WARP_REDUCE_MIN = 16  # reduced extent from which a warp (not a thread) computes each output
 WARP_DOT_MIN = 128    # matmul K from which a warp computes each output (else a thread does)

@@ -11,15 +11,7 @@ import math
 from ..ir import Node
 from ..ir.ops import BINARY_OPS, UNARY_OPS
 from .cuda_plan import BlockPlan, InputPlan
-from .names import identifier
-
-
-def strides(shape: tuple[int, ...]) -> list[int]:
-    out, acc = [], 1
-    for s in reversed(shape):
-        out.append(acc)
-        acc *= s
-    return out[::-1]
+from .common import identifier, strides
 
 
 def flat(shape: tuple[int, ...], coords: list[str]) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from .cuda_expr import BlockText, base_expr
 from .cuda_plan import GemvPlan
 from .cuda_prelude import C_TYPES
-from .names import identifier
+from .common import identifier
 
 GEMV_UNROLL = 8  # rows of B loaded before the first FMA: 8 × 16 bytes in flight per thread
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from ..ir import (BlockGraph, Category, KernelGraph, Node, Variance, block_variance, default_stages, op_info,
                   reduced_axes)
 from ..ir.chain import Chain, chains
-from .names import identifier
+from .common import identifier
 from .triton_block import BlockWriter, deferred_sums, tile_mask
 
 

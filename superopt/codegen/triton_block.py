@@ -12,7 +12,7 @@ import math
 
 from ..ir import BlockGraph, Category, Node, Variance, block_variance, op_info
 from ..ir.padding import fma_matmul, padded_shapes
-from .names import identifier
+from .common import identifier, strides
 
 WGMMA_MIN_ROWS = 64  # a warpgroup's wgmma rows: a dot with fewer rows and at least this many columns is swapped
 TL_DTYPES = {"float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32"}
@@ -30,14 +30,6 @@ _UNARY = {
 }
 _BINARY = {"add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "div": "({0} / {1})",
            "max": "tl.maximum({0}, {1})"}
-
-
-def _strides(shape: tuple[int, ...]) -> list[int]:
-    out, acc = [], 1
-    for s in reversed(shape):
-        out.append(acc)
-        acc *= s
-    return out[::-1]
 
 
 def _ar(p: int, d: int, rank: int) -> str:
@@ -136,7 +128,7 @@ class BlockWriter:
         b, name = self.b, inp.value.name
         tile, pad = self.real[name], self.pad[name]
         terms = []
-        for d, stride in enumerate(_strides(src_shape)):
+        for d, stride in enumerate(strides(src_shape)):
             parts = [f"{self.pid}{a} * {src_shape[d] // b.grid[a]}" for a in range(3)
                      if inp.imap[a] == d and b.grid[a] > 1]
             if inp.fmap == d and b.forloop > 1:
@@ -157,7 +149,7 @@ class BlockWriter:
         b = self.b
         tile, pad = self.real[o.value], self.pad[o.value]
         terms = []
-        for d, stride in enumerate(_strides(out_shape)):
+        for d, stride in enumerate(strides(out_shape)):
             parts = [f"{self.pid}{a} * {tile[d]}" for a in range(3) if o.omap[a] == d and b.grid[a] > 1]
             idx = " + ".join(parts + [_ar(pad[d], d, len(tile))])
             terms.append(f"({idx})" + (f" * {stride}" if stride != 1 else ""))

@@ -11,7 +11,7 @@ from typing import Callable
 
 import torch
 
-from ..codegen.names import identifier
+from ..codegen.common import identifier
 from .cuda_launch import CudaGraphRunner
 from .dtypes import TORCH_DTYPES
 
