@@ -18,6 +18,7 @@ from collections import defaultdict
 import torch
 
 from benchmarks.bench_blocks import ATTN, candidates, llama_rows, make_inputs, paper_rows, searched
+from superopt.codegen.launch import Launch
 from superopt.codegen.triton import render_triton
 from superopt.runtime import compile_graph
 from superopt.runtime.timing import copy_bandwidth, rotated_sets, time_call
@@ -91,7 +92,7 @@ def main() -> None:
     ap.add_argument("--search-seconds", type=float, default=0.0, help="also the search's μGraphs, first")
     ap.add_argument("--launch", default="", help="num_warps,num_stages for every kernel (default: the renderer's)")
     args = ap.parse_args()
-    launch = tuple(int(v) for v in args.launch.split(",")) if args.launch else None
+    launch = Launch.of([int(v) for v in args.launch.split(",")]) if args.launch else None
     bw = copy_bandwidth()
     print(f"device: {torch.cuda.get_device_name()}; copy bandwidth {bw / 1e12:.2f} TB/s\n")
     print("| row | kernels | graph µs | % copy BW | floor µs | device µs per kernel (profiler) |")

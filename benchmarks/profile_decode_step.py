@@ -119,7 +119,7 @@ def main(argv=None) -> None:
 
     from mirage_serve import registry
     from mirage_serve.bench_load import load
-    from mirage_serve.bench_timing import copy_bandwidth
+    from superopt.runtime.timing import copy_bandwidth
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model")
@@ -129,7 +129,7 @@ def main(argv=None) -> None:
     ap.add_argument("--no-patch", dest="patch", action="store_false")
     ap.add_argument("--top", type=int, default=25)
     args = ap.parse_args(argv)
-    bw = copy_bandwidth("cuda")
+    bw = copy_bandwidth()
     lm = load(args.model, dtype="bf16", device="cuda")
     if args.patch:
         import mirage_serve

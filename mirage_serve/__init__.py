@@ -1,10 +1,10 @@
 """mirage_serve: patch a Hugging Face decoder model with superoptimized kernels before generate()."""
 __version__ = "0.1.0"
 
-__all__ = ["PatchReport", "patch", "unpatch"]
+__all__ = ["PatchOptions", "PatchReport", "patch", "unpatch"]
 
 # Lazy: `import mirage_serve` stays cheap (no torch, no transformers) until a name is used.
-_LAZY = {"patch": ".patch_api", "unpatch": ".patch_api", "PatchReport": ".report"}
+_LAZY = {"patch": ".patch_api", "unpatch": ".patch_api", "PatchReport": ".report", "PatchOptions": ".options"}
 
 
 def __getattr__(name):

@@ -58,8 +58,9 @@ class Executor:
 
 
 def build(graph: KernelGraph, backend: str, device: torch.device, launch: dict | None = None,
-          binaries: dict | None = None) -> Executor:
-    """``launch``: Triton kernel name -> (num_warps, num_stages), as profiled (default: the renderer's).
+          binaries: dict | None = None, *, pdl: bool = True) -> Executor:
+    """``launch``: Triton kernel name -> ``Launch``, as profiled (default: the renderer's). ``pdl``:
+    Triton kernels use programmatic dependent launch where the GPU has it (``PatchOptions.pdl``).
     ``binaries``: a signed cache entry's build (``mirage_serve.cache.builds``), so that a warm entry
     compiles nothing; the source that runs is always rendered from ``graph``."""
     t0 = time.perf_counter()
@@ -70,15 +71,11 @@ def build(graph: KernelGraph, backend: str, device: torch.device, launch: dict |
         domain = TorchDomain(device)
         return Executor(lambda *ts: evaluate(graph, ts, domain), "torch", True, 0,
                         time.perf_counter() - t0)
-    try:
-        if backend == "triton":
-            from superopt.runtime import compile_graph
+    if backend != "triton":
+        return _build_cuda(graph, device, binaries, t0)
+    from superopt.runtime import compile_graph  # triton: imported when a GPU build is asked for
 
-            compiled = compile_graph(graph, backend="triton", device=device, launch=launch, binaries=binaries)
-        else:
-            return _build_cuda(graph, device, binaries, t0)
-    except ImportError as e:
-        raise BackendError(f"backend {backend!r} needs superopt.runtime, which is not installed ({e})") from None
+    compiled = compile_graph(graph, backend="triton", device=device, launch=launch, binaries=binaries, pdl=pdl)
     # Compiled graphs write their results into buffers that the next call overwrites, and one
     # graph serves the same site of every layer. No copy: a decoder layer consumes a site's outputs
     # (projections into RoPE / the KV cache / the residual add) before the next layer calls the

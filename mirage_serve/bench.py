@@ -22,7 +22,7 @@ from typing import Any
 from . import bench_sampling, registry
 from .cache import default_cache_dir
 from .bench_load import LoadedModel
-from .bench_timing import Progress, copy_bandwidth, decode_step_time, first_divergence, generate
+from .bench_timing import Progress, decode_step_time, first_divergence, generate
 
 SCHEMA = "mirage-serve.bench/1"
 BASELINES = {"eager": "dynamic", "static-compile": "static"}  # run name -> generate() cache mode
@@ -54,25 +54,6 @@ class BenchOptions:
     seed: int = 0
     cache_dir: str | None = None  # patch()'s kernel cache (None: its default)
     graphs: bool = True  # False: patch(cuda_graphs=False), the kernels alone under HF's decode loop
-
-
-def patch_api():
-    """(patch, unpatch) from mirage_serve, or an ImportError saying what is missing."""
-    import importlib
-    import inspect
-
-    import mirage_serve
-
-    patch, unpatch = getattr(mirage_serve, "patch", None), getattr(mirage_serve, "unpatch", None)
-    if not callable(patch) or not callable(unpatch):  # not re-exported yet: the submodule has them
-        try:
-            mod = importlib.import_module("mirage_serve.patch")
-        except ImportError as err:
-            raise ImportError(f"mirage_serve.patch is not available in this build ({err})") from err
-        patch, unpatch = getattr(mod, "patch", None), getattr(mod, "unpatch", None)
-    if inspect.ismodule(patch) or not callable(patch) or not callable(unpatch):
-        raise ImportError("mirage_serve.patch / unpatch are not functions in this build")
-    return patch, unpatch
 
 
 def _prompt(batch: int, length: int, vocab: int, seed: int, device: str):
@@ -168,7 +149,7 @@ def run(lm: LoadedModel, opts: BenchOptions) -> dict[str, Any]:
         "environment": environment(opts.device),
         "notes": [],
     }
-    bw = copy_bandwidth(opts.device)
+    bw = _copy_bandwidth(opts.device)
     result["copy_bandwidth_GBps"] = bw / 1e9 if bw else None
     result["floor_ms"] = result["model"]["decode_bytes"] / bw * 1e3 if bw else None
     runs = ["eager"] + [b for b in opts.baselines if b != "eager"]
@@ -219,10 +200,8 @@ def _patch_and_measure(lm: LoadedModel, opts: BenchOptions, measured: dict, prog
                        sampled: dict) -> dict:
     """Patch (timed), measure ours into `measured["ours"]`, check sampling against eager's
     ``sampled``, unpatch; returns the "patch" record (its "sampling" entry: bench_sampling)."""
-    try:
-        patch, unpatch = patch_api()
-    except ImportError as err:
-        return {"available": False, "seconds": None, "report": None, "error": str(err)}
+    from .patch_api import patch, unpatch  # torch and transformers: loaded when a bench runs
+
     print(f"patching {lm.name} (backend {opts.backend}, buckets {opts.batches}) ...", file=sys.stderr,
           flush=True)
     t0 = time.perf_counter()
@@ -264,11 +243,19 @@ def _attention_verdicts(model) -> dict:
     return dict(Counter(attention_verdicts(model).values()))
 
 
+def _copy_bandwidth(device: str) -> float | None:
+    """The GPU's copy bandwidth in bytes/s (``superopt.runtime.timing``); None off GPU: a CPU memcpy
+    says nothing about the GPU floor the table compares against."""
+    if not device.startswith("cuda"):
+        return None
+    from superopt.runtime.timing import copy_bandwidth
+
+    return copy_bandwidth(device=device)
+
+
 def _decode_paths(model) -> dict:
-    try:
-        from .decode import decode_paths
-    except ImportError:
-        return {}
+    from .decode import decode_paths
+
     return decode_paths(model)
 
 

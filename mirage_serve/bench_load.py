@@ -14,7 +14,7 @@ from typing import Any
 
 from . import registry
 
-DTYPES = ("bf16", "fp16", "fp32")
+DTYPES = tuple(registry.DTYPE_NAMES)
 SMALL_LLAMA_LAYERS = 4  # the fallback default: SmolLM2-135M's architecture cut to 4 layers
 
 
@@ -33,12 +33,6 @@ class LoadedModel:
     source: str  # where the weights came from, in words
     random_weights: bool
     facts: dict  # config.json facts used for parameter counts and decode bytes
-
-
-def torch_dtype(name: str):
-    import torch
-
-    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[name]
 
 
 def smollm2_gguf() -> Path | None:
@@ -85,7 +79,7 @@ def _from_facts(facts: dict, name: str, source: str, dtype: str, device: str, se
 
     config = registry.hf_config(facts)
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype(dtype))
+        model = AutoModelForCausalLM.from_config(config, dtype=registry.torch_dtype(dtype))
     random_init_(model, seed)
     return LoadedModel(model.eval(), name, source, True, _facts(model.config))
 
@@ -123,7 +117,7 @@ def _pretrained(path: str, name: str, source: str, dtype: str, device: str, laye
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype), **kw).to(device)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=registry.torch_dtype(dtype), **kw).to(device)
     _cut_layers(model, layers)
     return LoadedModel(model.eval(), name, source, False, _facts(model.config))
 

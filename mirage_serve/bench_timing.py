@@ -41,32 +41,6 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def copy_bandwidth(device: str, nbytes: int = 1 << 30, iters: int = 20) -> float | None:
-    """Device-to-device copy bandwidth in bytes/s (bytes read + written ÷ time), median of `iters`.
-
-    None off GPU: a CPU memcpy says nothing about the GPU floor the table compares against.
-    """
-    if not device.startswith("cuda"):
-        return None
-    import torch
-
-    n = nbytes // 2
-    src = torch.randn(n, device=device, dtype=torch.float32).to(torch.bfloat16)  # never time zeros
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    del src, dst
-    return 2 * n * 2 / statistics.median(times)
-
-
 def generate(model, ids, new_tokens: int, cache: str):
     """Greedy generate of exactly `new_tokens` tokens; returns only the new ids [B, new_tokens].
 

@@ -12,6 +12,8 @@ import json
 import shlex
 import sys
 
+from .bench_plot import missing as plot_missing
+from .bench_plot import write_plot
 from .cli_errors import (EXIT_BAD_CHECKPOINT, EXIT_INCORRECT, EXIT_NO_GPU, EXIT_OK, EXIT_OOM,
                          EXIT_PATCH_FAILED, EXIT_UNAVAILABLE, EXIT_USAGE, CliError)
 
@@ -42,6 +44,8 @@ def options(args):
     def pick(value, key):
         return d[key] if value is None else value
 
+    if getattr(args, "plot", None) and plot_missing():  # said before anything is timed
+        raise CliError(plot_missing(), EXIT_USAGE)
     new_tokens = pick(args.new_tokens, "new_tokens")
     if new_tokens < 2:
         raise CliError("--new-tokens must be at least 2 (step time = (t(N) - t(1)) / (N - 1))", EXIT_USAGE)
@@ -245,7 +249,6 @@ def cmd_bench(args) -> int:
         with open(args.markdown, "a") as fh:
             fh.write(format_markdown(result) + "\n")
     if args.plot:
-        from .bench_plot import write_plot
 
         runs = [r["run"] for r in result["rows"]]
         series = {name: [next((row["tok_per_s"] for row in result["rows"]

@@ -1,23 +1,20 @@
 """`mirage-serve warm`, `mirage-serve cache ...` and `mirage-serve verify-demo`: thin fronts over the
 kernel cache (mirage_serve.cache), the warm back end, and the superoptimizer's search + verifier.
 
-Each back end is imported when its command runs, so a build without one still lists, benches and
-reports the missing piece as one line with EXIT_UNAVAILABLE.
+Each back end is imported when its command runs, so a command that does not need torch (or the
+search) does not pay for importing it.
 """
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from .cli_errors import (EXIT_BAD_CHECKPOINT, EXIT_CACHE, EXIT_INCORRECT, EXIT_NO_GPU, EXIT_OK, EXIT_OOM,
-                         EXIT_UNAVAILABLE, CliError)
+from .cli_errors import EXIT_BAD_CHECKPOINT, EXIT_CACHE, EXIT_INCORRECT, EXIT_NO_GPU, EXIT_OK, EXIT_OOM, CliError
 
 
 def _cache(args):
-    try:
-        from .cache import KernelCache
-    except ImportError as err:
-        raise CliError(f"the kernel cache is not available in this build ({err})", EXIT_UNAVAILABLE) from None
+    from .cache import KernelCache
+
     return KernelCache(args.cache_dir)
 
 
@@ -53,20 +50,14 @@ def cmd_warm(args) -> int:
     # bf16 is what GPU serving runs; on a CPU (the torch executor) fp32 is the dtype that is exact
     # enough to check against and fast enough to build.
     dtype = args.dtype or ("bf16" if has_gpu else "fp32")
-    try:
-        from .cache.warm import warm_model
-    except ImportError as err:
-        raise CliError(f"warm is not available in this build ({err})", EXIT_UNAVAILABLE) from None
+    from .cache.warm import warm_model
+
     try:
         result = warm_model(args.model, batch_sizes=args.batch, dtype=dtype, cache_dir=args.cache_dir,
                             progress=_progress, backend=args.backend, num_layers=args.layers)
     except torch.cuda.OutOfMemoryError:
         raise CliError(f"out of GPU memory while building {args.model} in {dtype}; try --layers 2 "
                        "(every layer has the same shapes, so the same cache keys)", EXIT_OOM) from None
-    except RuntimeError as err:
-        if "not available" in str(err):  # warm's own message when patch() is missing
-            raise CliError(str(err), EXIT_UNAVAILABLE) from None
-        raise
     print(result.summary())
     return EXIT_OK
 
@@ -152,15 +143,9 @@ def _equivalent(verdict) -> bool:
 
 def cmd_verify_demo(args) -> int:
     program = demo_program()
-    try:
-        from superopt.search import superoptimize
-    except ImportError as err:
-        raise CliError(f"search is not available in this build ({err}); verify-demo needs "
-                       "superopt.search.superoptimize", EXIT_UNAVAILABLE) from None
-    try:
-        from superopt.verify import check_equivalent
-    except ImportError as err:
-        raise CliError(f"verification is not available in this build ({err})", EXIT_UNAVAILABLE) from None
+    from superopt.search import superoptimize
+    from superopt.verify import check_equivalent
+
     print("program: RMSNorm(x [3, 96]) · W [96, 80]; searching for a fused μGraph ...", file=sys.stderr)
     found = superoptimize(program)
     ugraph = getattr(found, "best", None)

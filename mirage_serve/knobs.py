@@ -4,8 +4,10 @@ Each knob is a `Knob` in the module-level table `KNOBS`; code reads one with its
 (`CACHE_DIR.get()`), never with ``os.environ``. To add a variable, declare a `Knob` below with its
 parser and a one-line doc; `describe()` lists them all (the CLI prints it, docs quote it).
 
-Values are read at call time, not import time, so tests (and a process that sets a variable before
-calling ``patch``) see the current environment.
+Values are read at call time, not import time. The switches that change what ``patch()`` does
+(``PDL``, ``PAIRED_LAUNCH``, ``RESEARCH``, ``FUSED_RESIDUAL``) are only the defaults of
+``mirage_serve.PatchOptions``' fields, read when the options are made; code and tests pass options,
+never set these variables.
 """
 from __future__ import annotations
 
@@ -74,23 +76,23 @@ CACHE_KEY: Knob[Path | None] = Knob(
 
 PDL: Knob[bool] = Knob(
     "MIRAGE_SERVE_PDL", parse_bool, True,
-    "launch the generated kernels with programmatic dependent launch on sm_90+ (read by patch())")
+    "launch the generated kernels with programmatic dependent launch on sm_90+ (default of PatchOptions.pdl)")
 
 PAIRED_LAUNCH: Knob[bool] = Knob(
     "MIRAGE_SERVE_PAIRED_LAUNCH", parse_bool, True,
     "run k_proj and v_proj as one launch where patch() times it faster (decision and kernels kept in the "
-    "kernel cache); 0 keeps two launches")
+    "kernel cache); 0 keeps two launches (default of PatchOptions.paired_launch)")
 
 RESEARCH: Knob[bool] = Knob(
     "MIRAGE_SERVE_RESEARCH", parse_bool, False,
     "search again, where patch() profiles on the GPU, the programs the shipped kernel cache has: the shipped "
     "μGraph competes with the new candidates, stays unless one is at least 5% faster, and the winner goes to the user "
-    "cache (for refreshing kernels_cache/)")
+    "cache (for refreshing kernels_cache/; default of PatchOptions.research)")
 
 FUSED_RESIDUAL: Knob[bool] = Knob(
     "MIRAGE_SERVE_FUSED_RESIDUAL", parse_bool, True,
     "add the decoder layer's residual inside the o_proj and down_proj kernels (Llama-style layers whose forward "
-    "patch() recognizes); 0 leaves the adds to the layer")
+    "patch() recognizes); 0 leaves the adds to the layer (default of PatchOptions.fused_residual)")
 
 KNOBS: tuple[Knob, ...] = (CACHE_DIR, CACHE_READ_ONLY, CACHE_KEY, PDL, PAIRED_LAUNCH, RESEARCH, FUSED_RESIDUAL)
 

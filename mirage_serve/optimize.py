@@ -2,8 +2,8 @@
 
 The one place patch() meets the superoptimizer, so swapping the search or the verifier in or out
 touches this file only. A Lax program is itself a valid μGraph (library kernels, one launch per
-op), so when no search is installed, or it finds nothing, the program runs as it is; it is then
-trivially equivalent to itself.
+op), so when the search is off (``budget=0``) or finds nothing, the program runs as it is; it is
+then trivially equivalent to itself.
 """
 from __future__ import annotations
 
@@ -11,14 +11,18 @@ import time
 import warnings
 from dataclasses import dataclass, replace
 
+from superopt.codegen.launch import read_launches, stored_launches
 from superopt.ir import KernelGraph, digest, from_text, to_text
 
+from . import verify_parallel
 from .cache import CacheEntry, CacheWarning
 from .cache.builds import render_digest
 
 
 # The torch backend gains no speed from a better μGraph; a short search still exercises the path.
-CPU_SEARCH_SECONDS = 10.0
+# Bounded by states, not seconds, so a loaded machine finds what an idle one does (a Llama k_proj
+# search takes ~37,000 states, 3 s on a 2-core CPU).
+CPU_SEARCH_STATES = 200_000
 
 
 @dataclass(frozen=True)
@@ -28,7 +32,7 @@ class Choice:
     note: str          # why, for the report
     seconds: float
     result: object = None  # the SearchResult, to re-instantiate its structures at other buckets
-    launch: dict | None = None  # kernel name -> (num_warps, num_stages) when profiled
+    launch: dict | None = None  # kernel name -> superopt.codegen.launch.Launch when profiled
     profile: str = ""      # what the profiler measured, for the report
     verification: "Verification | None" = None  # already verified against this program (None: not yet)
     entry: object = None   # the CacheEntry of a cache hit (its stored build is reused, not read again)
@@ -52,23 +56,13 @@ class Verification:
     seconds: float
 
 
-def search_available() -> bool:
-    try:
-        from superopt.search import superoptimize  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def default_budget(budget, backend: str):
     """``search_budget=None``: the search's own default on GPU, a short search on the torch backend."""
     if budget is not None or backend != "torch":
         return budget
-    try:
-        from superopt.search import SearchBudget
-    except ImportError:
-        return None
-    return SearchBudget(max_seconds=CPU_SEARCH_SECONDS)
+    from superopt.search import SearchBudget  # the search and the verifier load on first use
+
+    return SearchBudget(max_seconds=float("inf"), max_states=CPU_SEARCH_STATES)
 
 
 def choose(program: KernelGraph, *, budget, arch: str, cache=None, key=None, seed=None, pick=None,
@@ -82,7 +76,7 @@ def choose(program: KernelGraph, *, budget, arch: str, cache=None, key=None, see
     times the result's candidates on the device and returns the fastest (None: the search's best);
     its launch configuration and timings are stored with the entry, so a cache hit needs no profiling.
     ``research`` (with ``pick``): a hit in the shipped cache is searched again, its μGraph one more
-    candidate for the profiler, and the winner is stored (``knobs.RESEARCH``) — a search changed
+    candidate for the profiler, and the winner is stored (``PatchOptions.research``) — a search changed
     since the shipped entry was made can then only replace it with something measured faster.
     """
     if cache is None or key is None:
@@ -107,7 +101,7 @@ def _hit(program: KernelGraph, entry, cache, key, pick, t0: float) -> "Choice | 
         graph = from_text(entry.ugraph_text)
     except ValueError as e:
         return _reject(cache, key, entry, f"its μGraph does not parse ({e})")
-    launch, profile = _launch(entry.meta.get("launch")), entry.meta.get("profile", "")
+    launch, profile = _stored_launch(entry.meta.get("launch")), entry.meta.get("profile", "")
     if entry.signed:
         ver = (Verification(True, f"verified when cached: {entry.meta.get('verdict', '')}", 0.0)
                if entry.meta.get("verified") is True else None)
@@ -123,8 +117,8 @@ def _hit(program: KernelGraph, entry, cache, key, pick, t0: float) -> "Choice | 
         if pick is not None:
             chosen = pick(_Only(graph))
             if chosen.graph == graph and chosen.launch:
-                launch, profile, ver = _launch(chosen.launch), chosen.note, chosen.verification
-                meta.update(launch={k: list(v) for k, v in chosen.launch.items()}, median_us=chosen.median_us,
+                launch, profile, ver = chosen.launch, chosen.note, chosen.verification
+                meta.update(launch=stored_launches(launch), median_us=chosen.median_us,
                             profile=profile, render_sha256=render_digest(graph, launch))
                 if chosen.timings:
                     meta["timings"] = [list(t) for t in chosen.timings]
@@ -135,10 +129,6 @@ def _hit(program: KernelGraph, entry, cache, key, pick, t0: float) -> "Choice | 
     cache.put(key, CacheEntry(entry.ugraph_text, {}, {}, meta), replace_existing=entry.origin == "user")
     return Choice(graph, "cache", note + "; verified now", time.perf_counter() - t0, None, launch, profile, ver,
                   entry)
-
-
-def _launch(value) -> dict | None:
-    return {k: tuple(v) for k, v in value.items()} if isinstance(value, dict) else None
 
 
 def _reject(cache, key, entry, why: str) -> None:
@@ -184,7 +174,7 @@ def _choose(program: KernelGraph, budget, arch: str, cache, key, seed, pick, res
             if pick is not None:
                 chosen = pick(result if incumbent is None else _WithIncumbent(result, incumbent))
                 graph, launch, profile, ver = chosen.graph, chosen.launch, chosen.note, chosen.verification
-                meta.update(launch={k: list(v) for k, v in launch.items()}, median_us=chosen.median_us,
+                meta.update(launch=stored_launches(launch), median_us=chosen.median_us,
                             profile=profile)
                 if chosen.timings:
                     meta["timings"] = [list(t) for t in chosen.timings]
@@ -215,10 +205,7 @@ def _choose(program: KernelGraph, budget, arch: str, cache, key, seed, pick, res
 
     if budget == 0:
         return fallback("search disabled (search_budget=0)")
-    try:
-        from superopt.search import superoptimize
-    except ImportError:
-        return fallback("superopt.search is not installed")
+    from superopt.search import superoptimize
     if seed is not None:
         try:
             result = seed.reinstantiate(program)
@@ -256,6 +243,15 @@ def incumbent_first(ranked: list, incumbent: KernelGraph, margin: float = REPLAC
     return [inc] + [r for r in ranked if r is not inc]
 
 
+def _stored_launch(stored) -> dict | None:
+    """A cache entry's launch table (``superopt.codegen.launch``'s stored form, every entry since the
+    first); one this build cannot read leaves the renderer's defaults, which are always valid."""
+    try:
+        return read_launches(stored)
+    except ValueError:
+        return None
+
+
 def profile_timings(ranked) -> list[list]:
     """Every candidate the GPU profiler timed (``superopt.runtime.profile.ProfileResult``s) as
     ``[layout, launch, µs, cost model µs]`` (or ``[layout, error]``), best first: what a cache entry
@@ -270,7 +266,7 @@ def profile_timings(ranked) -> list[list]:
         if r.error is not None and r.median_us == float("inf"):
             out.append([layout(r.ugraph), r.error[:160]])
             continue
-        launch = " ".join(sorted({config_label(tuple(c)) for c in r.launch.values()})) or "default"
+        launch = " ".join(sorted({config_label(c) for c in r.launch.values()})) or "default"
         out.append([layout(r.ugraph), launch, round(r.median_us, 2), round(graph_cost(r.ugraph), 2)])
     return out
 
@@ -309,11 +305,6 @@ def verify(program: KernelGraph, ugraph: KernelGraph) -> Verification:
     t0 = time.perf_counter()
     if ugraph == program:
         return Verification(True, "identical (the μGraph is the program)", time.perf_counter() - t0)
-    try:
-        from . import verify_parallel
-    except ImportError:
-        return Verification(False, "not verified: superopt.verify.check_equivalent is not installed",
-                            time.perf_counter() - t0)
     v = verify_parallel.check(program, ugraph)   # check_equivalent, its trials over processes when large
     ok = bool(getattr(v, "equivalent", v))
     return Verification(ok, str(v), time.perf_counter() - t0)

@@ -21,9 +21,10 @@ from typing import Sequence
 
 import torch
 
-from superopt.runtime import grid_dependency
+from superopt.runtime.interpreter import interpreting
 
-from . import backends, knobs
+from . import backends
+from .options import PatchOptions
 from .patch_prepare import Preparer, SiteError
 from .patch_residual import ResidualSlot, layer_forward
 from .patch_residual import unsupported as residual_unsupported
@@ -37,7 +38,7 @@ _CPU_NOTE = ("backend torch: μGraphs run in the torch interpreter; this is for 
              "path on CPU and gives no speed-up")
 
 _RESIDUAL_NOTE = ("residual adds: in the o_proj / down_proj kernels of {n}/{of} layers (the layer's forward hands "
-                  "them the residual; MIRAGE_SERVE_FUSED_RESIDUAL)")
+                  "them the residual; PatchOptions.fused_residual)")
 _GRAPHS_NOTE = ("decode steps replay CUDA graphs on an owned static KV cache; HF's auto-compile is "
                 "off for this model (it would compile around the graphs)")
 
@@ -116,7 +117,8 @@ def _open_cache(cache_dir, report: PatchReport):
 
 def patch(model: torch.nn.Module, *, backend: str = "auto", cache_dir=None, search_budget=None,
           batch_sizes: Sequence[int] = (1, 2, 4, 8, 16), strict: bool = False,
-          cuda_graphs: bool | None = None, decode_attention: bool | None = None) -> PatchReport:
+          cuda_graphs: bool | None = None, decode_attention: bool | None = None,
+          options: PatchOptions | None = None) -> PatchReport:
     """Patch ``model`` in place for decoding; returns a report of every site.
 
     ``batch_sizes``: the decode buckets (tokens per forward call, batch × new tokens); inputs with
@@ -127,11 +129,16 @@ def patch(model: torch.nn.Module, *, backend: str = "auto", cache_dir=None, sear
     graph (``mirage_serve.decode``); HF's auto-compile is turned off for the patched model.
     ``decode_attention`` (default: on for CUDA models): decode steps on a static KV cache run
     RoPE, the cache write and attention as two kernels (``mirage_serve.decode.attention_fast``).
+    ``options``: the behaviour switches (``PatchOptions``: dependent launch, paired k/v launch, fused
+    residual adds, research mode); left out, each takes its default from ``mirage_serve.knobs``.
     """
     t0 = time.perf_counter()
     device, dtype = _check_model(model)
     backend = backends.resolve(backend, device)
-    grid_dependency.set_enabled(knobs.PDL.get())  # the kernels built below, the attention launches after
+    if options is None:
+        options = PatchOptions()
+    elif not isinstance(options, PatchOptions):
+        raise PatchError(f"options must be a mirage_serve.PatchOptions, got {type(options).__name__}")
     if cuda_graphs is None:
         cuda_graphs = device.type == "cuda"
     elif cuda_graphs and device.type != "cuda":
@@ -154,11 +161,11 @@ def patch(model: torch.nn.Module, *, backend: str = "auto", cache_dir=None, sear
         report.supported, report.note = False, why + "; the model was left unchanged"
         return report
     layers_path, layers = found
-    fused, why_not = _residual_layers(family, layers) if knobs.FUSED_RESIDUAL.get() else (set(), "")
+    fused, why_not = _residual_layers(family, layers) if options.fused_residual else (set(), "")
     left = "; ".join(f"{b}: {w}" for b, w in family.not_patched if not (b == "residual" and fused))
     report.note = "; ".join(x for x in (report.note, left, why_not) if x)
 
-    prep = Preparer(report, backend, dtype, buckets, search_budget, _open_cache(cache_dir, report))
+    prep = Preparer(report, backend, dtype, buckets, search_budget, _open_cache(cache_dir, report), options)
     plans = []
     try:
         for i, layer in enumerate(layers):
@@ -177,8 +184,7 @@ def patch(model: torch.nn.Module, *, backend: str = "auto", cache_dir=None, sear
         prep.close()
 
     if decode_attention is None:
-        from superopt.runtime.build import interpreting  # Triton kernels on CPU tensors (tests)
-        decode_attention = device.type == "cuda" or interpreting()
+        decode_attention = device.type == "cuda" or interpreting()  # Triton kernels on CPU tensors (tests)
     records: list[Record] = []
     try:  # every swap, or none: a failure undoes all of them
         slots: dict[int, tuple] = {}  # id(layer) -> (layer, {site name: ResidualSlot})
@@ -195,7 +201,7 @@ def patch(model: torch.nn.Module, *, backend: str = "auto", cache_dir=None, sear
         if slots:
             report.note = "; ".join(x for x in (report.note, _RESIDUAL_NOTE.format(n=len(slots), of=len(layers))) if x)
         if decode_attention and family.attention:
-            _install_attention(model, layers, family.attention, records, report)
+            _install_attention(model, layers, family.attention, records, report, options.pdl)
         if cuda_graphs:
             from .decode import install_decode_graphs
 
@@ -231,10 +237,11 @@ def _residual_layers(family, layers) -> tuple[set[int], str]:
     return fused, "; ".join(f"residual adds not fused ({r})" for r in why)
 
 
-def _install_attention(model, layers, attn_name: str, records: list[Record], report: PatchReport) -> None:
+def _install_attention(model, layers, attn_name: str, records: list[Record], report: PatchReport,
+                       pdl: bool) -> None:
     from .decode.attention_fast import install_fast_attention
 
-    fast = install_fast_attention(layers, attn_name, model.config, records)
+    fast = install_fast_attention(layers, attn_name, model.config, records, pdl)
     normed = sum(f.qk_norm is not None for f in fast.values())
     note = (f"decode attention: {len(fast)}/{len(layers)} layers run "
             f"{f'q/k RMSNorm ({normed} layers) + ' if normed else ''}RoPE + cache write + "

@@ -89,7 +89,7 @@ class Pairing:
         return got[1] if got else None
 
     def _decide(self, a, b, m: int) -> tuple[object, str]:
-        from superopt.runtime.build import interpreting
+        from superopt.runtime.interpreter import interpreting
         from superopt.runtime.paired import PairedGraph
 
         key = self._key(a.executor.run, m)
@@ -125,12 +125,13 @@ class Pairing:
         so a re-searched program is another key) at ``m`` rows on this GPU; None without a cache."""
         if self.cache is None or self.device.type != "cuda":
             return None
+        from superopt.codegen.launch import stored_launches
         from superopt.ir import digest
 
         from . import backends
         from .cache import CacheKey, versions_now
 
-        ident = f"paired:{digest(run.graph, 32)}:{json.dumps(run.launch, sort_keys=True)}"
+        ident = f"paired:{digest(run.graph, 32)}:{json.dumps(stored_launches(run.launch), sort_keys=True)}"
         return CacheKey(ident, f"b{m}", self.dtype or "any", backends.arch_of(self.device).replace("_", ""),
                         "triton", versions_now(), f"{run.graph.name}-paired")
 
@@ -155,7 +156,7 @@ def _times(meta: dict) -> str:
 
 def _activations(k) -> torch.Tensor:
     """Random activations for BucketKernel ``k`` (its μGraph input where ``feeds`` has None)."""
-    from superopt.runtime.compiled import TORCH_DTYPES
+    from superopt.runtime.dtypes import TORCH_DTYPES
 
     v = k.executor.run.graph.inputs[k.feeds.index(None)]
     dev = next(t.device for t in k.feeds if t is not None)

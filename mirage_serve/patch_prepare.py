@@ -12,13 +12,15 @@ import time
 
 import torch
 
-from superopt.codegen.triton import chained
+from superopt.codegen.launch import chained
 from superopt.ir import digest
 from superopt.lax.extract import ExtractError, Extracted, extract
 from superopt.lax.rows import RowsError, with_rows
 
-from . import backends, knobs, optimize
+from . import backends, optimize
+from .options import PatchOptions
 from .patch_pairing import Pairing, merge_twins, twins
+from .registry import short_dtype
 from .report import PatchReport, SiteReport
 from .site_kernel import BucketKernel, bound_call
 from .sites import NormSite, ProjSite, signature, site_module, site_parts, unsupported_layers
@@ -31,8 +33,6 @@ TF32_TOLERANCE = 5e-4  # fp32 on GPU backends, whose matmuls may use tf32
 def tolerance(dtype: torch.dtype, on_gpu: bool) -> float | None:
     """The tolerance table's entry for ``dtype`` (None if it has none); fp32 on a GPU may use tf32."""
     return TF32_TOLERANCE if dtype == torch.float32 and on_gpu else TOLERANCE.get(dtype)
-_DTYPE_SHORT = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
-_TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
 
 class SiteError(Exception):
@@ -148,8 +148,9 @@ class Preparer:
     """Prepares sites for one patch() call, sharing work across layers."""
 
     def __init__(self, report: PatchReport, backend: str, dtype: torch.dtype, buckets: tuple[int, ...],
-                 search_budget, cache):
+                 search_budget, cache, options: PatchOptions):
         self.report, self.backend, self.dtype, self.buckets = report, backend, dtype, buckets
+        self.options = options
         self.budget, self.cache = optimize.default_budget(search_budget, backend), cache
         self._extracted: dict[tuple, Extracted] = {}
         self._built: dict[tuple, tuple] = {}  # (digest, device, plain) -> (choice, verification, executor)
@@ -158,8 +159,10 @@ class Preparer:
         self._rng = torch.Generator().manual_seed(0)
         self._selector = None  # superopt.runtime.select.Selector, opened on the first GPU profile
         self._pairings: dict = {}  # device -> Pairing (patch_pairing)
-        self.paired_launch = knobs.PAIRED_LAUNCH.get()  # k and v as one launch where faster (patch_pairing)
-        self.research = knobs.RESEARCH.get()  # search shipped programs again (optimize.choose)
+
+    def _backend_build(self, *args, **kwargs) -> backends.Executor:
+        """``backends.build`` with this call's options (dependent launch or not)."""
+        return backends.build(*args, pdl=self.options.pdl, **kwargs)
 
     def close(self) -> None:
         """Stop the profiler's build workers (patch() calls this when it is done, success or not)."""
@@ -170,11 +173,12 @@ class Preparer:
     def _pick(self, program, device):
         """``optimize.choose``'s profiler: the fastest verified candidate of a search result on ``device``."""
         def pick(result) -> optimize.Pick:
+            from superopt.runtime.dtypes import TORCH_DTYPES
             from superopt.runtime.select import Selector
             if self._selector is None:
-                self._selector = Selector(device)
+                self._selector = Selector(device, pdl=self.options.pdl)
             cands = result.candidates()
-            inputs = [torch.randn(v.type.shape, generator=self._rng).to(device, _TORCH[v.type.dtype])
+            inputs = [torch.randn(v.type.shape, generator=self._rng).to(device, TORCH_DTYPES[v.type.dtype])
                       for v in program.inputs]
             incumbent = getattr(result, "incumbent", None)  # optimize.choose's research mode
             # the shipped μGraph's launches are all timed: its best may be one the probes leave out
@@ -237,7 +241,7 @@ class Preparer:
                 per_bucket[m] = self._kernel(part, name, sig, dim, m, device, sr, plain, twin)
             parts.append((name, per_bucket, outputs))
             kernels, launches = kernels + sr.kernels, launches + sr.launches
-        merged = self._merge_twins(parts, device, sr) if self.paired_launch else [p[1:] for p in parts]
+        merged = self._merge_twins(parts, device, sr) if self.options.paired_launch else [p[1:] for p in parts]
         residual_dim = _out_dim(wrapper.head) if wrapper.residual else None
         runtimes = [(SiteRuntime(dim, self.dtype, device, per_bucket, residual_dim), outputs)
                     for per_bucket, outputs in merged]
@@ -251,7 +255,7 @@ class Preparer:
         (its decisions, per program and bucket, serve every layer), noted in the site's report."""
         t0 = time.perf_counter()
         if device not in self._pairings:
-            self._pairings[device] = Pairing(device, self.cache, _DTYPE_SHORT.get(self.dtype, str(self.dtype)))
+            self._pairings[device] = Pairing(device, self.cache, short_dtype(self.dtype))
         pairing = self._pairings[device]
         compiled_before = pairing.compiles
         merged = merge_twins(parts, pairing.call)
@@ -359,7 +363,7 @@ class Preparer:
         """A second executor of a built program (the same source and binaries: nothing compiles)."""
         if key not in self._built:
             choice, ver, executor = built
-            twin = backends.build(choice.graph, self.backend, device, choice.launch, executor.binaries)
+            twin = self._backend_build(choice.graph, self.backend, device, choice.launch, executor.binaries)
             self._built[key] = (choice, ver, twin)
         return self._built[key]
 
@@ -367,7 +371,7 @@ class Preparer:
         arch = backends.arch_of(device)
         if plain:
             try:
-                executor = backends.build(program, self.backend, device)
+                executor = self._backend_build(program, self.backend, device)
             except Exception as e:
                 raise SiteError(f"build failed ({self.backend}): {type(e).__name__}: {e}") from None
             self.report.programs += 1
@@ -376,7 +380,7 @@ class Preparer:
         key = None
         if self.cache is not None:
             from .cache import CacheKey, versions_now
-            key = CacheKey(dg, f"b{m}", _DTYPE_SHORT.get(self.dtype, str(self.dtype)), arch.replace("_", ""),
+            key = CacheKey(dg, f"b{m}", short_dtype(self.dtype), arch.replace("_", ""),
                            self.backend, versions_now(), f"{site_name}-m{m}")
         # On CPU the search still targets sm_90: the torch backend runs any μGraph, and searching
         # for the GPU's structures is what exercises the whole path without a GPU.
@@ -384,7 +388,7 @@ class Preparer:
         profiled = self.backend == "triton" and device.type == "cuda"
         choice = optimize.choose(program, budget=self.budget, arch=search_arch, cache=self.cache, key=key,
                                  seed=seed, pick=self._pick(program, device) if profiled else None,
-                                 research=self.research)
+                                 research=self.options.research)
         ver = optimize.verification_of(program, choice, self.cache, key)
         self.report.searches += choice.source == "search"
         self.report.reinstantiated += choice.source == "reinstantiated"
@@ -394,8 +398,8 @@ class Preparer:
         # a warm entry compiles nothing: its build comes with the hit (read and hash-checked once)
         stored = build_of(choice.entry, key) if choice.entry is not None else None
         try:
-            executor = backends.build(choice.graph, self.backend, device, choice.launch,
-                                      stored.binaries if stored else None)
+            executor = self._backend_build(choice.graph, self.backend, device, choice.launch,
+                                           stored.binaries if stored else None)
         except Exception as e:
             if choice.graph == program:  # nothing simpler to fall back to: the site stays original
                 raise SiteError(f"build failed ({self.backend}): {type(e).__name__}: {e}") from None
@@ -404,7 +408,7 @@ class Preparer:
             choice = optimize.Choice(program, "fallback", why, choice.seconds)
             ver = optimize.verify(program, program)
             try:
-                executor = backends.build(program, self.backend, device)
+                executor = self._backend_build(program, self.backend, device)
             except Exception as e2:
                 raise SiteError(f"build failed ({self.backend}): {type(e2).__name__}: {e2}") from None
         self.report.compiles += executor.compiled

@@ -1,4 +1,4 @@
-"""The decoder layer's two residual adds, fused into o_proj and down_proj (``MIRAGE_SERVE_FUSED_RESIDUAL``).
+"""The decoder layer's two residual adds, fused into o_proj and down_proj (``PatchOptions.fused_residual``).
 
 A Llama-style layer computes ``h = x + o_proj(attn(norm(x)))`` and ``h + down_proj(mlp(norm(h)))``:
 two torch add kernels per layer (64 per Llama-3-8B decode step, ~1.7 µs each in the eighth session's

@@ -26,7 +26,24 @@ _QK_NORM_FAMILIES = frozenset({"qwen3", "gemma3_text"})
 # Families whose q/k/v projections always carry a bias, whatever attention_bias says.
 _QKV_BIAS_FAMILIES = frozenset({"qwen2"})
 
+# The dtypes a user names on the command line and in cache keys, and the IR / torch name of each.
+DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+def torch_dtype(short: str):
+    """``torch.bfloat16`` for ``"bf16"`` …; a clear error for any other name."""
+    import torch
+
+    if short not in DTYPE_NAMES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPE_NAMES)}, got {short!r}")
+    return getattr(torch, DTYPE_NAMES[short])
+
+
+def short_dtype(dtype) -> str:
+    """``"bf16"`` for ``torch.bfloat16`` (or ``"bfloat16"``); the name itself for a dtype without one."""
+    name = str(dtype).removeprefix("torch.")
+    return next((s for s, n in DTYPE_NAMES.items() if n == name), name)
 
 
 class UnknownModelError(LookupError):

@@ -21,7 +21,7 @@ def layer_programs(name: str, rows: tuple[int, ...], fused_residual: bool | None
                    ) -> Iterator[tuple[str, int, KernelGraph]]:
     """(site program label, rows, program) for every site part of one layer of registry model
     ``name`` at each row count (a label can repeat: k and v share one). ``fused_residual`` (default:
-    ``MIRAGE_SERVE_FUSED_RESIDUAL``): the projections with the layer's residual add, where
+    ``PatchOptions().fused_residual``): the projections with the layer's residual add, where
     ``patch()`` would fuse it (``patch_residual``)."""
     from dataclasses import replace
 
@@ -30,7 +30,8 @@ def layer_programs(name: str, rows: tuple[int, ...], fused_residual: bool | None
     from superopt.lax.extract import extract
     from superopt.lax.rows import with_rows
 
-    from . import knobs, registry
+    from . import registry
+    from .options import PatchOptions
     from .patch_api import _adapters, _residual_layers
     from .patch_prepare import activation_dims
     from .sites import find_layers, site_module, site_parts
@@ -43,7 +44,7 @@ def layer_programs(name: str, rows: tuple[int, ...], fused_residual: bool | None
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
     family = _adapters()[0](cfg.model_type)
     _, layers = find_layers(model, family)
-    fused = knobs.FUSED_RESIDUAL.get() if fused_residual is None else fused_residual
+    fused = PatchOptions().fused_residual if fused_residual is None else fused_residual
     residual = fused and 0 in _residual_layers(family, layers)[0]
     top = max(rows)
     for site in family.sites:

@@ -56,7 +56,7 @@ class Family:
     not_patched: tuple[tuple[str, str], ...] = field(default=())  # (block, why) per layer
     attention: str | None = None  # the layer's attention module, for the decode-attention fast path
     # (attention projection site, MLP projection site) whose outputs the layer adds to its residual
-    # stream: the adds move into them (patch_residual) unless MIRAGE_SERVE_FUSED_RESIDUAL=0
+    # stream: the adds move into them (patch_residual) unless PatchOptions(fused_residual=False)
     residual_sites: tuple[str, str] | None = None
 
 

@@ -1,5 +1,6 @@
-"""The layout rules of docs/architecture.md, enforced: import direction, torch only at the edges, a cheap
-``import superopt.ir``, no source file over 800 lines, every package folder installed."""
+"""The layout rules of docs/architecture.md, enforced: import direction (superopt's subpackages, and
+mirage_serve's modules and packages), torch only at the edges, a cheap ``import superopt.ir``, no source
+file over 800 lines, every package folder installed."""
 from __future__ import annotations
 
 import ast
@@ -89,6 +90,73 @@ def test_superopt_import_direction(path):
                 problems.append(f"{rel}:{line} imports {mod}: superopt.{own} may import only "
                                 f"{sorted(ALLOWED[own]) or 'nothing else in superopt'}")
     assert not problems, "\n".join(problems)
+
+
+# mirage_serve's modules and packages in layers, lowest first (docs/architecture.md, "Import
+# direction"): a unit imports only units of lower layers, so the patch machinery never reaches up to
+# a front end (bench, CLI, warm) and the kernel store, the family adapters and the decode runner
+# each stay below patch(). A package is one unit (mirage_serve.cache, mirage_serve.decode, the
+# adapters of patches/), except cache.warm: the ahead-of-time front end, which runs patch().
+MIRAGE_LAYERS = (
+    {"knobs", "cli_errors", "hf_names", "registry", "report", "sites", "backends"},  # leaves
+    {"options", "site_kernel", "patches", "cache"},   # switches, kernel store, family adapters
+    {"optimize", "patch_residual", "patch_pairing"},  # cache or search, then verify; residual; k/v pairing
+    {"patch_prepare"},                                # one site: extract, choose, build, self-check
+    {"patch_wiring"},                                 # swap forwards, restore them
+    {"decode"},                                       # decode attention, CUDA-graph decode steps
+    {"patch_api"},                                    # patch() / unpatch()
+    {"site_programs", "bench_load", "bench_sampling", "bench_timing", "bench_plot", "cache.warm"},
+    {"bench"},
+    {"cli_bench", "cli_cache"},
+    {"cli"},
+)
+MIRAGE_RANK = {unit: i for i, layer in enumerate(MIRAGE_LAYERS) for unit in layer}
+
+
+def _mirage_unit(path: Path) -> str | None:
+    """The layer unit of a file of mirage_serve or patches/ (None: the package's lazy __init__)."""
+    rel = path.relative_to(ROOT).with_suffix("").parts
+    if rel[0] == "patches":
+        return "patches"
+    if rel[1:] == ("__init__",):
+        return None
+    if rel[1] == "cache" and rel[2:] == ("warm",):
+        return "cache.warm"
+    return rel[1]
+
+
+def _mirage_target(mod: str) -> str | None:
+    parts = mod.split(".")
+    if parts[0] != "mirage_serve" or len(parts) < 2:
+        return None
+    return "cache.warm" if parts[1:3] == ["cache", "warm"] else parts[1]
+
+
+@pytest.mark.parametrize("path", _sources("mirage_serve", "patches"), ids=lambda p: str(p.relative_to(ROOT)))
+def test_mirage_serve_import_direction(path):
+    own = _mirage_unit(path)
+    if own is None:
+        return
+    rel = str(path.relative_to(ROOT))
+    assert own in MIRAGE_RANK, (f"{rel}: mirage_serve.{own} is not in tests/test_layout.py MIRAGE_LAYERS; "
+                                f"give it its place in the import direction (docs/architecture.md)")
+    problems = []
+    for mod, line in _imports(path):
+        target = _mirage_target(mod)
+        if target is None or target == own:
+            continue
+        if target not in MIRAGE_RANK:
+            problems.append(f"{rel}:{line} imports {mod}: mirage_serve.{target} is not in MIRAGE_LAYERS")
+        elif MIRAGE_RANK[target] >= MIRAGE_RANK[own]:
+            problems.append(f"{rel}:{line} imports {mod}: mirage_serve.{own} (layer {MIRAGE_RANK[own]}) may "
+                            f"import only lower layers; {target} is layer {MIRAGE_RANK[target]}")
+    assert not problems, "\n".join(problems)
+
+
+def test_mirage_serve_layers_name_every_module():
+    units = {_mirage_unit(p) for p in _sources("mirage_serve", "patches")} - {None}
+    assert units <= set(MIRAGE_RANK), sorted(units - set(MIRAGE_RANK))
+    assert set(MIRAGE_RANK) <= units, f"MIRAGE_LAYERS names modules that are gone: {sorted(set(MIRAGE_RANK) - units)}"
 
 
 def test_importing_ir_and_verify_is_cheap():

@@ -13,8 +13,8 @@ believable verdict only from entries this user signed. Shipped, imported or fore
 back as μGraph text, which `mirage_serve.optimize` verifies against the site's program before use
 (docs/architecture.md, "Cache trust"). `audit.audit` is `mirage-serve cache verify`.
 
-`warm_model` (in `mirage_serve.cache.warm`, imported lazily: it needs torch and transformers)
-fills a cache ahead of time.
+`mirage_serve.cache.warm.warm_model` fills a cache ahead of time (a front end above patch(), not
+re-exported here: the store below imports nothing of the patch machinery).
 """
 from .entry import BadEntry, CacheEntry
 from .key import CacheKey, versions_now
@@ -23,12 +23,5 @@ from .store import CacheStats, EntryInfo, KernelCache, default_cache_dir, shippe
 
 __all__ = [
     "BadEntry", "CacheEntry", "CacheKey", "CacheStats", "CacheWarning", "EntryInfo", "KernelCache",
-    "default_cache_dir", "shipped_cache_dir", "versions_now", "warm_model",
+    "default_cache_dir", "shipped_cache_dir", "versions_now",
 ]
-
-
-def __getattr__(name):
-    if name == "warm_model":
-        from .warm import warm_model
-        return warm_model
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -39,7 +39,8 @@ import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from superopt.codegen.triton import chained, prefetched, render_triton
+from superopt.codegen.launch import Launch, chained, prefetched
+from superopt.codegen.triton import render_triton
 from superopt.ir import KernelGraph
 
 from .files import CacheWarning
@@ -49,8 +50,10 @@ from .store import KernelCache
 
 
 def render_digest(graph: KernelGraph, launch: dict | None) -> str:
-    """sha256 of the Triton module rendered for ``graph`` at ``launch`` (kernel -> launch tuple)."""
-    launch = {k: tuple(v) for k, v in (launch or {}).items()}
+    """sha256 of the Triton module rendered for ``graph`` at ``launch`` (kernel -> ``Launch`` or its
+    stored list), without programmatic dependent launch: the digest names the code generator's
+    output for the μGraph and its launch choice, whatever the device adds."""
+    launch = {k: Launch.of(v) for k, v in (launch or {}).items()}
     module = render_triton(graph, prefetched(launch), chain=chained(launch))
     return hashlib.sha256(module.source.encode()).hexdigest()
 

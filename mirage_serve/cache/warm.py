@@ -8,19 +8,18 @@ site is searched, verified, compiled, profiled and written to the cache exactly 
 """
 from __future__ import annotations
 
-import inspect
 import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from .. import registry
 from .store import KernelCache, default_cache_dir
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16)
-TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
-# progress(message, done, total): called before each stage and, when patch() supports it, per site.
+# progress(message, done, total): called before each stage.
 Progress = Callable[[str, int, int], None]
 
 
@@ -55,7 +54,6 @@ class WarmResult:
 def resolve_config(model_name_or_config) -> tuple[str, Any]:
     """(display name, transformers config) for a registry name or hub id, a config.json path
     (file or folder), a dict of config facts (optionally wrapped as a registry entry), or a config object."""
-    from .. import registry
 
     m = model_name_or_config
     if isinstance(m, Mapping):
@@ -81,9 +79,7 @@ def build_model(config, dtype: str, device=None):
     import torch
     from transformers import AutoModelForCausalLM
 
-    if dtype not in TORCH_DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(TORCH_DTYPES)}, got {dtype!r}")
-    tdtype = getattr(torch, TORCH_DTYPES[dtype])
+    tdtype = registry.torch_dtype(dtype)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=tdtype)
@@ -95,20 +91,12 @@ def build_model(config, dtype: str, device=None):
     return model.eval()
 
 
-def _call_patch(model, *, backend, cache_dir, batch_sizes, progress):
-    try:
-        from .. import patch
-    except ImportError as e:
-        raise RuntimeError("mirage_serve.patch is not available in this installation; "
-                           f"warm needs it ({e})") from e
-    if inspect.ismodule(patch):    # the submodule mirage_serve/patch.py, not the function
-        patch = patch.patch
+def _call_patch(model, *, backend, cache_dir, batch_sizes):
+    from ..patch_api import patch  # torch and transformers: loaded when a warm runs
+
     kwargs = {"cache_dir": cache_dir, "batch_sizes": batch_sizes}
     if backend is not None:
         kwargs["backend"] = backend
-    params = inspect.signature(patch).parameters
-    if progress is not None and "progress" in params:
-        kwargs["progress"] = progress
     return patch(model, **kwargs)
 
 
@@ -142,7 +130,7 @@ def warm_model(model_name_or_config, batch_sizes=DEFAULT_BATCH_SIZES, dtype: str
     note(f"patching {name}: search, verify, compile, profile", 2, 3)
     try:
         report = _call_patch(model, backend=backend, cache_dir=cache_dir,
-                             batch_sizes=batch_sizes, progress=progress)
+                             batch_sizes=batch_sizes)
     finally:
         del model
         _free_device_memory()

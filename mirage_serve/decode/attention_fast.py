@@ -23,7 +23,7 @@ import logging
 
 import torch
 
-from superopt.runtime.build import interpreting
+from superopt.runtime.interpreter import interpreting
 
 from ..hf_names import cache_of
 from ..patch_prepare import tolerance
@@ -94,8 +94,9 @@ def fused_qk_norm(module) -> tuple | None:
 class FastAttention:
     """The fast path of one attention module and its first-use verdict."""
 
-    def __init__(self, module, config, original):
+    def __init__(self, module, config, original, pdl: bool = True):
         self.module = module
+        self.pdl = pdl  # launched with programmatic dependent launch where the GPU has it
         self.original = original
         self.hq = config.num_attention_heads
         self.hkv = getattr(config, "num_key_value_heads", None) or self.hq
@@ -164,7 +165,7 @@ class FastAttention:
         x, cos, sin, layer, mask, pos, advance = step
         q, k, v = self._projections(x)
         out = decode_attention(q, k, v, cos, sin, layer.keys, layer.values, pos, mask,
-                               self.module.scaling, advance, qk_norm=self.qk_norm)
+                               self.module.scaling, advance, qk_norm=self.qk_norm, pdl=self.pdl)
         return self.module.o_proj(out.view(x.shape[0], 1, -1))
 
     def __call__(self, *args, **kwargs):
@@ -220,14 +221,16 @@ class FastAttention:
         return "ok"
 
 
-def install_fast_attention(layers, attn_name: str, config, records: list[Record]) -> dict[int, FastAttention]:
-    """Set the fast forward on every supported ``layers[i].<attn_name>``; returns them by layer."""
+def install_fast_attention(layers, attn_name: str, config, records: list[Record],
+                           pdl: bool = True) -> dict[int, FastAttention]:
+    """Set the fast forward on every supported ``layers[i].<attn_name>``; returns them by layer.
+    ``pdl``: launch with programmatic dependent launch where the GPU has it (``PatchOptions.pdl``)."""
     out = {}
     for i, layer in enumerate(layers):
         module = getattr(layer, attn_name, None)
         if module is None or unsupported(module, config) is not None:
             continue
-        fast = FastAttention(module, config, module.forward)
+        fast = FastAttention(module, config, module.forward, pdl)
         set_forward(module, fast, records)
         out[i] = fast
     return out

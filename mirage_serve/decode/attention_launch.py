@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from superopt.runtime.grid_dependency import applies
+from superopt.runtime.grid_dependency import applies, launch_options
 
 from .attention_kernels import BLOCK_N, _attend_split, _combine
 
@@ -52,20 +52,20 @@ def split_plan(rows: int, kv_heads: int, capacity: int, sms: int, waves: int = D
 
 def decode_attention(q, k, v, cos, sin, keys, values, pos, mask, scale: float,
                      advance: torch.Tensor | None = None, qk_norm: tuple | None = None,
-                     plan: LaunchPlan = DEFAULT_PLAN) -> torch.Tensor:
+                     plan: LaunchPlan = DEFAULT_PLAN, pdl: bool = True) -> torch.Tensor:
     """One decode step: RoPE, cache write at ``pos``, attention over slots ``0..pos``.
 
     ``advance``: a device counter incremented by one after the step (the cache's own length), or
     None when the caller's cache keeps its length elsewhere. ``qk_norm``: (q weight [d], k weight
     [d], eps) of a per-head RMSNorm applied to q and k before RoPE, or None. ``plan``: how the first
-    kernel is cut and launched."""
+    kernel is cut and launched. ``pdl``: with programmatic dependent launch where the GPU has it."""
     b, hkv, cap, d = keys.shape
     hq = q.shape[1] // d
     group = hq // hkv
     dev = q.device
     splits, chunk = split_plan(b, hkv, cap, _sm_count(dev), plan.waves, plan.block_n)
-    pdl = applies(dev)  # the kernels wait for their predecessor (superopt.runtime.grid_dependency)
-    options = {"launch_pdl": True} if pdl else {}
+    pdl = applies(dev, pdl)  # the kernels wait for their predecessor (superopt.runtime.grid_dependency)
+    options = launch_options(pdl)
     o_part = torch.empty(b, hq, splits, d, dtype=torch.float32, device=dev)
     m_part = torch.empty(b, hq, splits, dtype=torch.float32, device=dev)
     l_part = torch.empty_like(m_part)

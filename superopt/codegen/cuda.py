@@ -12,7 +12,6 @@ them as torch ops (runtime/cuda_launch.py).
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from ..ir import KernelGraph, TensorType
@@ -21,6 +20,7 @@ from .cuda_block import KernelWriter
 from .cuda_nvrtc import compile_cuda
 from .cuda_plan import CudaRenderError
 from .cuda_prelude import C_TYPES, PRELUDE
+from .common import identifier
 
 __all__ = ["Buffer", "CudaModule", "CudaRenderError", "KernelSpec", "compile_cuda", "render_cuda"]
 
@@ -60,7 +60,7 @@ class CudaModule:
 
 
 def kernel_name(graph: KernelGraph, node_index: int) -> str:
-    return f"{re.sub(r'[^A-Za-z0-9_]', '_', graph.name)}_n{node_index}"
+    return f"{identifier(graph.name)}_n{node_index}"
 
 
 def render_cuda(ugraph: KernelGraph) -> CudaModule:

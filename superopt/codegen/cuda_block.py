@@ -11,52 +11,21 @@ from __future__ import annotations
 
 from ..ir import BlockGraph, Node, TensorType, Variance
 from ..ir.tiling import reduced_axes
-from .cuda_expr import Reader, base_expr, broadcast, cname, coord_lines, flat, strides
+from .cuda_expr import BlockText, base_expr, broadcast, coord_lines, flat
 from .cuda_gemv import emit_gemv, gemv_flush, gemv_prologue
-from .cuda_plan import BlockPlan, InputPlan, is_accum, plan_block
+from .cuda_plan import InputPlan, is_accum, plan_block
 from .cuda_prelude import C_TYPES
+from .common import identifier, strides
 
-BARRIER = "__syncthreads();"
 WARP_REDUCE_MIN = 16  # reduced extent from which a warp (not a thread) computes each output
 WARP_DOT_MIN = 128    # matmul K from which a warp computes each output (else a thread does)
 
 
-class KernelWriter:
+class KernelWriter(BlockText):
     def __init__(self, name: str, b: BlockGraph, args: list[TensorType], outs: list[TensorType],
                  out_via_ws: list[bool]):
-        self.name, self.b, self.args, self.outs, self.out_via_ws = name, b, args, outs, out_via_ws
-        self.plan: BlockPlan = plan_block(b, [t.shape for t in args])
-        self.rd = Reader(self.plan)
-        self.lines: list[str] = []
-        self.depth = 1
-
-    # ------------------------------------------------------------ text helpers
-    def w(self, *lines: str) -> None:
-        self.lines.extend("  " * self.depth + ln for ln in lines)
-
-    def barrier(self, why: str = "") -> None:
-        """``__syncthreads()`` unless the previous statement already was one."""
-        if not self.lines or self.lines[-1].strip().split("  //")[0] != BARRIER:
-            self.w(BARRIER + (f"  // {why}" if why else ""))
-
-    def open(self, head: str) -> None:
-        self.w(head + " {")
-        self.depth += 1
-
-    def close(self, tail: str = "}") -> None:
-        self.depth -= 1
-        self.w(tail)
-
-    def each(self, shape: tuple[int, ...], body, e: str = "e") -> None:
-        """A cooperative loop over the elements of a tile; ``body(coords)`` writes its lines."""
-        n = 1
-        for s in shape:
-            n *= s
-        self.open(f"for (int {e} = tid; {e} < {n}; {e} += {self.b.block_threads})")
-        decl, coords = coord_lines(shape, e)
-        self.w(*decl)
-        body(coords)
-        self.close()
+        super().__init__(b, plan_block(b, [t.shape for t in args]))
+        self.name, self.args, self.outs, self.out_via_ws = name, args, outs, out_via_ws
 
     # ------------------------------------------------------------ the kernel
     def render(self) -> str:
@@ -93,19 +62,19 @@ class KernelWriter:
                 continue
             cast = f"reinterpret_cast<{ct}*>(smem + {p.smem_off})"
             if p.double:
-                self.w(f"{ct}* const s_{cname(p.name)}_buf = {cast};  // x2: double-buffered",
-                       f"{ct}* s_{cname(p.name)} = s_{cname(p.name)}_buf;")
+                self.w(f"{ct}* const s_{identifier(p.name)}_buf = {cast};  // x2: double-buffered",
+                       f"{ct}* s_{identifier(p.name)} = s_{identifier(p.name)}_buf;")
             else:
-                self.w(f"{ct}* const s_{cname(p.name)} = {cast};  // {list(p.tile)}")
+                self.w(f"{ct}* const s_{identifier(p.name)} = {cast};  // {list(p.tile)}")
         for name, off in plan.smem_off.items():
-            self.w(f"float* const t_{cname(name)} = reinterpret_cast<float*>(smem + {off});"
+            self.w(f"float* const t_{identifier(name)} = reinterpret_cast<float*>(smem + {off});"
                    f"  // {list(plan.shape(name))}")
         for name, off in plan.prev_max.items():
-            self.w(f"float* const pm_{cname(name)} = reinterpret_cast<float*>(smem + {off});"
+            self.w(f"float* const pm_{identifier(name)} = reinterpret_cast<float*>(smem + {off});"
                    f"  // %{name} before this iteration")
         for p in plan.inputs.values():
             if not p.staged and p.fmap == -1:
-                self.w(f"const long long base_{cname(p.name)} = {base_expr(p, self.b.grid, self.b.forloop, '0')};")
+                self.w(f"const long long base_{identifier(p.name)} = {base_expr(p, self.b.grid, self.b.forloop, '0')};")
 
     # ------------------------------------------------------------ input staging
     def _copy_tile(self, p: InputPlan, it: str, dst: str) -> None:
@@ -133,7 +102,7 @@ class KernelWriter:
         todo = [p for p in self.plan.inputs.values()
                 if p.staged and (p.fmap == -1) == pre and not p.double]
         for p in todo:
-            self._copy_tile(p, "it" if not pre else "0", f"s_{cname(p.name)}")
+            self._copy_tile(p, "it" if not pre else "0", f"s_{identifier(p.name)}")
         if any(p.vec > 1 for p in todo):
             self.w("cp_async_commit();", "cp_async_wait<0>();")
         return bool(todo)
@@ -142,29 +111,29 @@ class KernelWriter:
         b, plan = self.b, self.plan
         doubles = [p for p in plan.inputs.values() if p.double]
         for p in doubles:
-            self._copy_tile(p, "0", f"s_{cname(p.name)}_buf")
+            self._copy_tile(p, "0", f"s_{identifier(p.name)}_buf")
         if doubles:
             self.w("cp_async_commit();")
         self.open(f"for (int it = 0; it < {b.forloop}; ++it)")
         for p in plan.inputs.values():
             if not p.staged and p.fmap != -1:
-                self.w(f"const long long base_{cname(p.name)} = {base_expr(p, b.grid, b.forloop, 'it')};")
+                self.w(f"const long long base_{identifier(p.name)} = {base_expr(p, b.grid, b.forloop, 'it')};")
         if doubles:
             self.open(f"if (it + 1 < {b.forloop})")
             for p in doubles:
                 n = _numel(p.tile)
-                self._copy_tile(p, "it + 1", f"(s_{cname(p.name)}_buf + ((it + 1) & 1) * {n})")
+                self._copy_tile(p, "it + 1", f"(s_{identifier(p.name)}_buf + ((it + 1) & 1) * {n})")
             self.w("cp_async_commit();", "cp_async_wait<1>();")
             self.close("} else {")
             self.depth += 1
             self.w("cp_async_wait<0>();")
             self.close()
             for p in doubles:
-                self.w(f"s_{cname(p.name)} = s_{cname(p.name)}_buf + (it & 1) * {_numel(p.tile)};")
+                self.w(f"s_{identifier(p.name)} = s_{identifier(p.name)}_buf + (it & 1) * {_numel(p.tile)};")
         for m in plan.prev_max:
             self.open("if (it > 0)")
             self.each(plan.shape(m), lambda c, m=m: self.w(
-                f"pm_{cname(m)}[{flat(plan.shape(m), c)}] = t_{cname(m)}[{flat(plan.shape(m), c)}];"))
+                f"pm_{identifier(m)}[{flat(plan.shape(m), c)}] = t_{identifier(m)}[{flat(plan.shape(m), c)}];"))
             self.close()
         if self._stage_inputs(pre=False) or doubles or plan.prev_max:
             self.barrier()
@@ -185,7 +154,7 @@ class KernelWriter:
         if name in plan.gemv:
             emit_gemv(self, plan.gemv[name])
             return
-        shape, dst = n.out.type.shape, f"t_{cname(name)}"
+        shape, dst = n.out.type.shape, f"t_{identifier(name)}"
         if n.op in ("reduce_sum", "reduce_max") and self.plan.shape(n.args[0])[n.attr("dim")] >= WARP_REDUCE_MIN:
             self._warp_reduce(n, dst)
         elif n.op in ("reduce_sum", "reduce_max"):
@@ -281,7 +250,7 @@ class KernelWriter:
         x = n.args[0]
         if x in plan.gemv and plan.gemv[x].into_accum == name:
             return  # the GEMV adds into this accumulator from registers after the loop
-        shape, dst = n.out.type.shape, f"t_{cname(name)}"
+        shape, dst = n.out.type.shape, f"t_{identifier(name)}"
 
         def body(c: list[str]) -> None:
             i = flat(shape, c)
@@ -296,7 +265,7 @@ class KernelWriter:
                 m = n.args[1]
                 mi = flat(plan.shape(m), broadcast(c, shape, plan.shape(m)))
                 self.w(f"const float v = {v};",
-                       f"{dst}[{i}] = it == 0 ? v : {dst}[{i}] * expf(pm_{cname(m)}[{mi}] - t_{cname(m)}[{mi}]) + v;")
+                       f"{dst}[{i}] = it == 0 ? v : {dst}[{i}] * expf(pm_{identifier(m)}[{mi}] - t_{identifier(m)}[{mi}]) + v;")
         self.each(shape, body)
         self.barrier()
 

@@ -7,23 +7,11 @@ register expression, constant); elementwise and structural nodes compose into on
 from __future__ import annotations
 
 import math
-import re
 
 from ..ir import Node
 from ..ir.ops import BINARY_OPS, UNARY_OPS
 from .cuda_plan import BlockPlan, InputPlan
-
-
-def cname(name: str) -> str:
-    return re.sub(r"\W", "_", name)
-
-
-def strides(shape: tuple[int, ...]) -> list[int]:
-    out, acc = [], 1
-    for s in reversed(shape):
-        out.append(acc)
-        acc *= s
-    return out[::-1]
+from .common import identifier, strides
 
 
 def flat(shape: tuple[int, ...], coords: list[str]) -> str:
@@ -91,15 +79,15 @@ class Reader:
         if name in plan.inputs:
             p = plan.inputs[name]
             if p.staged:
-                return f"ld_f(s_{cname(name)}[{flat(shape, coords)}])"
+                return f"ld_f(s_{identifier(name)}[{flat(shape, coords)}])"
             src_st = strides(p.src_shape)
-            terms = [f"base_{cname(name)}"] + [c if st == 1 else f"{c} * {st}"
+            terms = [f"base_{identifier(name)}"] + [c if st == 1 else f"{c} * {st}"
                                                 for c, st, s in zip(coords, src_st, shape)
                                                 if s != 1 and c != "0"]
             return f"ld_f(a{p.source}[{' + '.join(terms)}])"
         if name in plan.inline:
             return self.expr(plan.nodes[name], coords)
-        return f"t_{cname(name)}[{flat(shape, coords)}]"
+        return f"t_{identifier(name)}[{flat(shape, coords)}]"
 
     def expr(self, n: Node, coords: list[str]) -> str:
         """The value of elementwise or structural node ``n`` at output ``coords``."""
@@ -136,3 +124,45 @@ class Reader:
                 text = f"({coords[d]} < {stop} ? {val} : {text})"
             return text
         raise ValueError(f"no expression form for block op {n.op!r}")
+
+
+BARRIER = "__syncthreads();"
+
+
+class BlockText:
+    """The lines of one block's CUDA code as they are written: indentation, braces, barriers and
+    cooperative loops. ``KernelWriter`` (cuda_block) writes a whole kernel on it; the GEMV tiles
+    (cuda_gemv) write their part through it, importing nothing above this module."""
+
+    def __init__(self, b, plan: BlockPlan):
+        self.b, self.plan = b, plan
+        self.rd = Reader(plan)
+        self.lines: list[str] = []
+        self.depth = 1
+
+    def w(self, *lines: str) -> None:
+        self.lines.extend("  " * self.depth + ln for ln in lines)
+
+    def barrier(self, why: str = "") -> None:
+        """``__syncthreads()`` unless the previous statement already was one."""
+        if not self.lines or self.lines[-1].strip().split("  //")[0] != BARRIER:
+            self.w(BARRIER + (f"  // {why}" if why else ""))
+
+    def open(self, head: str) -> None:
+        self.w(head + " {")
+        self.depth += 1
+
+    def close(self, tail: str = "}") -> None:
+        self.depth -= 1
+        self.w(tail)
+
+    def each(self, shape: tuple[int, ...], body, e: str = "e") -> None:
+        """A cooperative loop over the elements of a tile; ``body(coords)`` writes its lines."""
+        n = 1
+        for s in shape:
+            n *= s
+        self.open(f"for (int {e} = tid; {e} < {n}; {e} += {self.b.block_threads})")
+        decl, coords = coord_lines(shape, e)
+        self.w(*decl)
+        body(coords)
+        self.close()

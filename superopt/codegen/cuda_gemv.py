@@ -11,19 +11,15 @@ iteration's loads before this iteration's FMAs (register double-buffering of the
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from .cuda_expr import base_expr, cname
+from .cuda_expr import BlockText, base_expr
 from .cuda_plan import GemvPlan
 from .cuda_prelude import C_TYPES
+from .common import identifier
 
 GEMV_UNROLL = 8  # rows of B loaded before the first FMA: 8 × 16 bytes in flight per thread
 
-if TYPE_CHECKING:
-    from .cuda_block import KernelWriter
 
-
-def _loads(w: "KernelWriter", g: GemvPlan, dst: str, ptr: str, kb: str) -> None:
+def _loads(w: BlockText, g: GemvPlan, dst: str, ptr: str, kb: str) -> None:
     """dst[u] = B row kb + u (16-byte vectors, or scalars), U rows issued back to back."""
     p = w.plan.inputs[g.b]
     U, exact = _unroll(g)
@@ -39,19 +35,19 @@ def _unroll(g: GemvPlan) -> tuple[int, bool]:
     return U, g.KS * g.KC == g.K and g.KC % U == 0
 
 
-def _prefetches(w: "KernelWriter", g: GemvPlan) -> bool:
+def _prefetches(w: BlockText, g: GemvPlan) -> bool:
     """A register-accumulating GEMV whose K slice is one batch of loads issues the next iteration's
     loads before this iteration's FMAs, so the weight stream stays in flight across barriers."""
     return bool(g.into_accum) and g.KC <= GEMV_UNROLL and w.b.forloop > 1
 
 
-def _bp(w: "KernelWriter", g: GemvPlan, name: str, cg: str, it: str | None) -> str:
+def _bp(w: BlockText, g: GemvPlan, name: str, cg: str, it: str | None) -> str:
     p = w.plan.inputs[g.b]
-    base = f"base_{cname(g.b)}" if it is None else base_expr(p, w.b.grid, w.b.forloop, it)
+    base = f"base_{identifier(g.b)}" if it is None else base_expr(p, w.b.grid, w.b.forloop, it)
     return f"const {C_TYPES[p.dtype]}* __restrict__ {name} = a{p.source} + {base} + {cg} * {g.V};"
 
 
-def _k_loop(w: "KernelWriter", g: GemvPlan, acc: str, cg: str, ks: str, prefetch: str | None = None) -> None:
+def _k_loop(w: BlockText, g: GemvPlan, acc: str, cg: str, ks: str, prefetch: str | None = None) -> None:
     """acc[m][v] += A[m,k] · B[k, cg·V + v] over this thread's K slice, U rows of B in flight."""
     U, exact = _unroll(g)
     w.w(f"const int k0 = {ks} * {g.KC};")
@@ -87,27 +83,27 @@ def _k_loop(w: "KernelWriter", g: GemvPlan, acc: str, cg: str, ks: str, prefetch
     w.close()
 
 
-def _zero_regs(w: "KernelWriter", g: GemvPlan, acc: str) -> None:
+def _zero_regs(w: BlockText, g: GemvPlan, acc: str) -> None:
     w.w(f"float {acc}[{g.M}][{g.V}];", "#pragma unroll",
         f"for (int m = 0; m < {g.M}; ++m)", "#pragma unroll",
         f"  for (int v = 0; v < {g.V}; ++v) {acc}[m][v] = 0.0f;")
 
 
-def _atomics(w: "KernelWriter", g: GemvPlan, acc: str, dst: str, cg: str) -> None:
+def _atomics(w: BlockText, g: GemvPlan, acc: str, dst: str, cg: str) -> None:
     w.w("#pragma unroll", f"for (int m = 0; m < {g.M}; ++m)", "#pragma unroll",
         f"  for (int v = 0; v < {g.V}; ++v) atomicAdd({dst} + m * {g.N} + {cg} * {g.V} + v, {acc}[m][v]);")
 
 
-def _zero_tile(w: "KernelWriter", name: str) -> None:
+def _zero_tile(w: BlockText, name: str) -> None:
     shape = w.plan.shape(name)
-    w.each(shape, lambda c: w.w(f"t_{cname(name)}[e] = 0.0f;"))
+    w.each(shape, lambda c: w.w(f"t_{identifier(name)}[e] = 0.0f;"))
 
 
-def gemv_prologue(w: "KernelWriter") -> None:
+def gemv_prologue(w: BlockText) -> None:
     """Registers and zeroed accumulators of the GEMVs that accumulate across the for-loop."""
     persistent = [g for g in w.plan.gemv.values() if g.into_accum]
     for g in persistent:
-        n = cname(g.node.out.name)
+        n = identifier(g.node.out.name)
         w.w(f"// %{g.node.out.name} = %{g.a} @ %{g.b}: [{g.M},{g.K}]x[{g.K},{g.N}], {g.CG} column groups "
             f"x {g.KS} k-slices, summed into %{g.into_accum} in registers")
         w.w(f"const int cg_{n} = tid % {g.CG};", f"const int ks_{n} = tid / {g.CG};")
@@ -127,19 +123,19 @@ def gemv_prologue(w: "KernelWriter") -> None:
         w.barrier()
 
 
-def gemv_flush(w: "KernelWriter") -> None:
+def gemv_flush(w: BlockText) -> None:
     persistent = [g for g in w.plan.gemv.values() if g.into_accum]
     for g in persistent:
-        n = cname(g.node.out.name)
+        n = identifier(g.node.out.name)
         w.open(f"if (tid < {g.CG * g.KS})")
-        _atomics(w, g, f"acc_{n}", f"t_{cname(g.into_accum)}", f"cg_{n}")
+        _atomics(w, g, f"acc_{n}", f"t_{identifier(g.into_accum)}", f"cg_{n}")
         w.close()
     if persistent:
         w.barrier()
 
 
-def emit_gemv(w: "KernelWriter", g: GemvPlan) -> None:
-    n = cname(g.node.out.name)
+def emit_gemv(w: BlockText, g: GemvPlan) -> None:
+    n = identifier(g.node.out.name)
     if g.into_accum:
         w.open(f"if (tid < {g.CG * g.KS})")
         _k_loop(w, g, f"acc_{n}", f"cg_{n}", f"ks_{n}", f"pf_{n}" if _prefetches(w, g) else None)

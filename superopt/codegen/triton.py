@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from ..ir import (BlockGraph, Category, KernelGraph, Node, Variance, block_variance, default_stages, op_info,
                   reduced_axes)
 from ..ir.chain import Chain, chains
-from .triton_block import BlockWriter, deferred_sums, identifier, tile_mask
+from .common import identifier
+from .triton_block import BlockWriter, deferred_sums, tile_mask
 
 
 @dataclass(frozen=True)
@@ -75,35 +76,23 @@ def kernel_param_dtypes(spec: KernelSpec, g: KernelGraph) -> dict[str, str]:
     return out
 
 
-def launch_config(launch: dict | None, spec: KernelSpec) -> tuple[int, int, bool]:
-    """(num_warps, num_stages, prefetch) of ``spec`` under a launch dict, whose values are
-    (num_warps, num_stages) or (num_warps, num_stages, prefetch); the spec's defaults if absent."""
-    v = (launch or {}).get(spec.name)
-    if v is None:
-        return spec.num_warps, spec.num_stages, False
-    return int(v[0]), int(v[1]), len(v) > 2 and bool(v[2])
-
-
-def prefetched(launch: dict | None) -> frozenset[str]:
-    """The kernels a launch dict renders with prefetched loads (``render_triton``)."""
-    return frozenset(k for k, v in (launch or {}).items() if len(v) > 2 and v[2])
-
-
-def chained(launch: dict | None) -> frozenset[str]:
-    """The kernels a launch dict renders running their consumer (a fourth element 1: ``render_triton``)."""
-    return frozenset(k for k, v in (launch or {}).items() if len(v) > 3 and v[3])
-
-
 @dataclass(frozen=True)
 class TritonModule:
     name: str
     source: str
     kernels: list[KernelSpec]
     graph: KernelGraph
+    pdl: bool = False  # every kernel waits for its predecessor first: launch it with ``launch_pdl``
+
+
+# Programmatic dependent launch (sm_90+, superopt.runtime.grid_dependency): a kernel rendered with
+# ``pdl`` waits for its predecessor, then lets its successor be scheduled, before anything else.
+PDL_WAIT = "tl.extra.cuda.gdc_wait()"
+PDL_SIGNAL = "tl.extra.cuda.gdc_launch_dependents()"
 
 
 def render_triton(ugraph: KernelGraph, prefetch: frozenset[str] = frozenset(), paired: bool = False,
-                  chain: frozenset[str] = frozenset()) -> TritonModule:
+                  chain: frozenset[str] = frozenset(), pdl: bool = False) -> TritonModule:
     """Render every customized op of ``ugraph``; library ops are left to the runtime.
 
     Kernels named in ``prefetch`` load the next iteration's tiles before this iteration's work
@@ -114,7 +103,9 @@ def render_triton(ugraph: KernelGraph, prefetch: frozenset[str] = frozenset(), p
     every axis is cut, the upper half of a doubled x axis.
     ``chain``: kernels that also run their consumer, where ``ir.chain`` finds that legal (one
     launch for a split kernel and its combine); the consumer's kernel is then not rendered.
-    Never with ``paired``."""
+    Never with ``paired``. ``pdl``: every kernel's first statements wait for its predecessor and
+    signal its successor (``PDL_WAIT``, ``PDL_SIGNAL``; why that order is safe next to any neighbour:
+    ``superopt.runtime.grid_dependency``); the module is then launched with dependent launch."""
     base = identifier(ugraph.name)
     parts = ["import torch", "import triton", "import triton.language as tl",
              "from torch.library import wrap_triton", ""]
@@ -126,10 +117,10 @@ def render_triton(ugraph: KernelGraph, prefetch: frozenset[str] = frozenset(), p
         if n.op != "customized" or idx in consumed:
             continue
         name = f"{base}_k{idx}"
-        spec, text = _render_kernel(name, idx, n, ugraph, name in prefetch, paired, runs.get(idx))
+        spec, text = _render_kernel(name, idx, n, ugraph, name in prefetch, paired, runs.get(idx), pdl)
         kernels.append(spec)
         parts.append(text)
-    return TritonModule(base, "\n".join(parts), kernels, ugraph)
+    return TritonModule(base, "\n".join(parts), kernels, ugraph, pdl)
 
 
 def _narrow(node: Node, g: KernelGraph) -> str | None:
@@ -139,7 +130,7 @@ def _narrow(node: Node, g: KernelGraph) -> str | None:
 
 
 def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph, prefetch: bool = False,
-                   paired: bool = False, chain: Chain | None = None) -> tuple[KernelSpec, str]:
+                   paired: bool = False, chain: Chain | None = None, pdl: bool = False) -> tuple[KernelSpec, str]:
     """One customized op as a @triton.jit kernel and its launcher.
 
     ``prefetch``: the loop's tiles are loaded one iteration ahead (iteration 0's before the loop,
@@ -152,6 +143,9 @@ def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph, prefetch: b
     its own."""
     b: BlockGraph = node.block
     k = BlockWriter(b, _narrow(node, g))
+    if pdl:  # before any load or store: nothing is touched until the predecessor is complete
+        k.emit(PDL_WAIT, 1)
+        k.emit(PDL_SIGNAL, 1)
     reduced = [reduced_axes(o, b.grid) for o in b.outputs]
     atomic = [bool(r) for r in reduced]
     # outputs summed over the same grid axes share counters: one per tile of theirs (the product

@@ -9,11 +9,11 @@ and indentation. This module imports no triton and no torch; it only writes text
 from __future__ import annotations
 
 import math
-import re
 
 from ..ir import BlockGraph, Category, Node, Variance, block_variance, op_info
 from ..ir.padding import fma_matmul, padded_shapes
 from ..ir.movement import view_shape
+from .common import identifier, strides
 from .triton_movement import moved_tile
 
 WGMMA_MIN_ROWS = 64  # a warpgroup's wgmma rows: a dot with fewer rows and at least this many columns is swapped
@@ -34,26 +34,12 @@ _BINARY = {"add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "di
            "max": "tl.maximum({0}, {1})"}
 
 
-def identifier(name: str) -> str:
-    """``name`` as a Python identifier (kernel and variable names)."""
-    s = re.sub(r"\W", "_", name)
-    return s if s and not s[0].isdigit() else f"g_{s}"
-
-
 def _viewed(idx: str, view: tuple, d: int) -> str:
     """The operand index a view index reads along dim ``d`` (``ir.movement``): the steps backwards."""
     for step in reversed(view):
         if step[1] == d:
             idx = f"{idx} + {step[2]}" if step[0] == "slice" else f"({idx}) // {step[2]}"
     return idx
-
-
-def _strides(shape: tuple[int, ...]) -> list[int]:
-    out, acc = [], 1
-    for s in reversed(shape):
-        out.append(acc)
-        acc *= s
-    return out[::-1]
 
 
 def _ar(p: int, d: int, rank: int) -> str:
@@ -153,7 +139,7 @@ class BlockWriter:
         tile, pad = self.real[name], self.pad[name]
         terms = []
         vshape = view_shape(src_shape, inp.view)  # tiles partition the view; strides are the operand's
-        for d, stride in enumerate(_strides(src_shape)):
+        for d, stride in enumerate(strides(src_shape)):
             parts = [f"{self.pid}{a} * {vshape[d] // b.grid[a]}" for a in range(3)
                      if inp.imap[a] == d and b.grid[a] > 1]
             if inp.fmap == d and b.forloop > 1:
@@ -174,7 +160,7 @@ class BlockWriter:
         b = self.b
         tile, pad = self.real[o.value], self.pad[o.value]
         terms = []
-        for d, stride in enumerate(_strides(out_shape)):
+        for d, stride in enumerate(strides(out_shape)):
             parts = [f"{self.pid}{a} * {tile[d]}" for a in range(3) if o.omap[a] == d and b.grid[a] > 1]
             idx = " + ".join(parts + [_ar(pad[d], d, len(tile))])
             terms.append(f"({idx})" + (f" * {stride}" if stride != 1 else ""))

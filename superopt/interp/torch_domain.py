@@ -9,8 +9,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-TORCH_DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16,
-                "bfloat16": torch.bfloat16}
+from ..ir import DTYPES
+
+TORCH_DTYPES = {name: getattr(torch, name) for name in DTYPES}  # the IR names dtypes as torch does
 
 _UNARY = {
     "exp": torch.exp,

@@ -21,12 +21,12 @@ from typing import Any, Callable
 
 import torch
 
+from ..ir import DTYPES
 from . import Program, T
 
 __all__ = ["ExtractError", "Extracted", "extract"]
 
-_DTYPES = {torch.float64: "float64", torch.float32: "float32", torch.float16: "float16",
-           torch.bfloat16: "bfloat16", torch.int64: "int64"}  # int64: positions (gather / scatter)
+_DTYPES = {getattr(torch, name): name for name in DTYPES}  # the IR names dtypes as torch does  # int64: positions (gather / scatter)
 
 
 class ExtractError(ValueError):

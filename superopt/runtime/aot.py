@@ -6,7 +6,8 @@ TTGIR, LLVM and PTX to a cubin for the target, so layout, dot-shape and type err
 from __future__ import annotations
 
 from ..codegen.triton import TritonModule, kernel_param_dtypes
-from .build import interpreting, load_module
+from .build import load_module
+from .interpreter import interpreting
 
 _SIG = {"float32": "*fp32", "float16": "*fp16", "bfloat16": "*bf16", "float64": "*fp64", "int32": "*i32"}
 

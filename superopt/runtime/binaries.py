@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from ..codegen.triton import kernel_param_dtypes, launch_config
+from ..codegen.launch import Launch
+from ..codegen.triton import kernel_param_dtypes
 from .grid_dependency import launch_options
 
 MANIFEST = "triton-kernels.json"
@@ -202,7 +203,7 @@ def warm(tm, module, launch: dict[str, tuple] | None, device, files: dict[str, b
         return warmup(tm, module, launch)
 
 
-def warmup(tm, module, launch: dict[str, tuple] | None = None, target=None) -> CompileLog:
+def warmup(tm, module, launch: dict[str, Launch] | None = None, target=None) -> CompileLog:
     """Compile or load every kernel of the rendered module ``tm`` (imported as ``module``) with its
     launch configuration, without launching; returns what Triton did. ``target``: a ``GPUTarget``
     to build for on a machine without that GPU (the active driver is swapped for the call and
@@ -217,8 +218,9 @@ def warmup(tm, module, launch: dict[str, tuple] | None = None, target=None) -> C
             stack.callback(setattr, driver, "_active", previous)
         log = stack.enter_context(watch(fns))
         for fn, s in zip(fns, tm.kernels):
-            nw, ns, _ = launch_config(launch, s)
-            kernel = fn.warmup(*_dtypes(tm, s), grid=s.grid, num_warps=nw, num_stages=ns, **launch_options(fn))
+            run = Launch.of((launch or {}).get(s.name) or Launch(s.num_warps, s.num_stages))
+            kernel = fn.warmup(*_dtypes(tm, s), grid=s.grid, num_warps=run.num_warps, num_stages=run.num_stages,
+                               **launch_options(tm.pdl))
             log.hashes[s.name] = kernel.hash
             if kernel.hash not in _SEEN:   # a Triton whose listener does not report cache hits
                 _capture(kernel.hash, getattr(kernel, "metadata_group", None) or {})

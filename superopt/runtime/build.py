@@ -8,6 +8,7 @@ custom op through ``triton_op``, which keeps the kernels opaque-but-traceable un
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import os
@@ -18,9 +19,12 @@ from types import ModuleType
 from typing import Callable
 
 import torch
+from torch.library import triton_op
 
 from ..codegen.triton import KernelSpec, TritonModule
 from .fast_launch import direct_launches, launch_wrapper
+from .grid_dependency import launch_options
+from .interpreter import interpreting
 
 _MODULES: dict[str, ModuleType] = {}
 _OPS: dict[str, Callable] = {}
@@ -33,15 +37,6 @@ def default_cache_dir() -> Path:
 
 def source_key(tm: TritonModule) -> str:
     return hashlib.sha256(tm.source.encode()).hexdigest()[:12]
-
-
-def interpreting() -> bool:
-    """Whether Triton runs kernels in its CPU interpreter in this process.
-
-    ``TRITON_INTERPRET=1`` must be set before triton is first imported: triton decorates its own
-    library functions at import, so the mode cannot change inside a process.
-    """
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def load_module(tm: TritonModule, cache_dir: str | Path | None = None) -> ModuleType:
@@ -63,7 +58,7 @@ def load_module(tm: TritonModule, cache_dir: str | Path | None = None) -> Module
     sys.modules[modname] = mod  # triton resolves globals of jitted functions through the module
     spec.loader.exec_module(mod)
     if not interpreting():  # direct launches reuse the compiled kernel (fast_launch's docstring)
-        mod.wrap_triton = launch_wrapper
+        mod.wrap_triton = functools.partial(launch_wrapper, options=launch_options(tm.pdl))
     _MODULES[key] = mod
     return mod
 
@@ -95,8 +90,6 @@ class KernelOp:
 
 def kernel_op(tm: TritonModule, spec: KernelSpec, cache_dir: str | Path | None = None) -> KernelOp:
     """The launcher of ``spec``'s kernel, registered as torch custom op ``superopt_triton::<kernel>_<hash>``."""
-    from torch.library import triton_op
-
     name = f"{OP_NAMESPACE}::{spec.name}_{source_key(tm)}"
     if name not in _OPS:
         fn = getattr(load_module(tm, cache_dir), spec.launcher)

@@ -25,16 +25,17 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..codegen.triton import chained, launch_config, prefetched, render_triton
+from ..codegen.launch import Launch, chained, prefetched
+from ..codegen.triton import render_triton
 from ..ir import KernelGraph, check
 from . import binaries as _binaries
-from .build import interpreting, kernel_op, load_module
+from .build import kernel_op, load_module
+from .dtypes import TORCH_DTYPES
+from .interpreter import interpreting
 from .fast_launch import direct_launches
-from .grid_dependency import applies, with_grid_dependency
+from .grid_dependency import applies
 from .library import library_fn, run_library, view
 
-TORCH_DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16,
-                "bfloat16": torch.bfloat16, "int64": torch.int64}
 _VIEWS = ("reshape", "transpose", "slice")
 
 
@@ -42,33 +43,32 @@ class CompiledGraph:
     """Callable: ``compiled(*inputs, out=None) -> list[Tensor]`` (inputs in ``ugraph.inputs`` order)."""
 
     def __init__(self, ugraph: KernelGraph, device: str | torch.device = "cuda",
-                 launch: dict[str, tuple[int, int]] | None = None, cache_dir=None,
-                 binaries: dict[str, bytes] | None = None):
+                 launch: dict[str, Launch] | None = None, cache_dir=None,
+                 binaries: dict[str, bytes] | None = None, pdl: bool = True):
         self.graph = check(ugraph)
         self.device = torch.device(device)
-        ahead = prefetched(launch)
-        self.module = render_triton(ugraph, ahead, chain=chained(launch))
-        # what runs: on sm_90+ every kernel waits for its predecessor and lets its successor be
-        # scheduled early (grid_dependency); ``module``, as rendered or cached, is what is stored
-        self.built = self.module
-        if self.module.kernels and applies(self.device):
-            self.built = dataclasses.replace(self.module, source=with_grid_dependency(self.module.source))
-        launch = launch or {}
+        launch = {k: Launch.of(v) for k, v in (launch or {}).items()}
+        # on sm_90+ (and ``pdl``) every kernel waits for its predecessor and lets its successor be
+        # scheduled early: rendered so, launched so (grid_dependency). The source is always rendered
+        # here from the μGraph, never taken from a cache; ``binaries`` (a signed cache entry's) only
+        # seed Triton's cache, which uses them where their hash matches this source.
+        self.pdl = applies(self.device, pdl)
+        self.module = render_triton(ugraph, prefetched(launch), chain=chained(launch), pdl=self.pdl)
         self.compiles = 0   # kernels Triton compiled for this graph in this process (cache misses)
         self.loaded = 0     # kernels Triton loaded from its cache instead
         self._hashes: dict[str, str] = {}
-        # per kernel: (custom op, spec, num_warps, num_stages)
         if self.device.type == "cpu" and self.module.kernels and not interpreting():
             raise RuntimeError("compile_graph: Triton kernels run on a CPU device only in its interpreter; set "
                                "TRITON_INTERPRET=1 before triton is imported")
-        self.kernels = {s.node_index: (kernel_op(self.built, s, cache_dir), s, *launch_config(launch, s)[:2])
-                        for s in self.built.kernels}
+        # what each kernel runs with (and what a cache entry stores): the given launch, or the
+        # renderer's default, with ``chain`` as rendered (``ir.chain`` may find no legal consumer)
+        self.launch = {s.name: dataclasses.replace(launch.get(s.name, Launch(s.num_warps, s.num_stages)),
+                                                   chain=s.tail >= 0) for s in self.module.kernels}
+        # per kernel: (custom op, spec, launch)
+        self.kernels = {s.node_index: (kernel_op(self.module, s, cache_dir), s, self.launch[s.name])
+                        for s in self.module.kernels}
         # nodes whose work a chained kernel does (``ir.chain``): never launched themselves
-        self.tails = {s.tail for s in self.built.kernels if s.tail >= 0}
-        # what a cache entry stores and a later build takes back: a third element 1 marks a
-        # kernel rendered with prefetched loads, a fourth element 1 one that runs its consumer
-        self.launch = {s.name: _launch_value(nw, ns, s.name in ahead, s.tail >= 0)
-                       for _, s, nw, ns in self.kernels.values()}
+        self.tails = {s.tail for s in self.module.kernels if s.tail >= 0}
         if self.device.type == "cuda" and self.module.kernels and not interpreting():
             self._warm(cache_dir, binaries)
         self.pool: dict[str, torch.Tensor] = {}
@@ -110,13 +110,13 @@ class CompiledGraph:
 
     def _warm(self, cache_dir, files: dict[str, bytes] | None) -> None:
         """Compile or load every kernel now (no launch), after seeding Triton's cache with ``files``."""
-        log = _binaries.warm(self.built, load_module(self.built, cache_dir), self.launch, self.device, files,
+        log = _binaries.warm(self.module, load_module(self.module, cache_dir), self.launch, self.device, files,
                              self.graph.name)
         self.compiles, self.loaded, self._hashes = len(log.compiled), len(log.loaded), dict(log.hashes)
 
     @property
     def source(self) -> str:
-        """The generated Triton module source of this graph, as rendered (on sm_90+ it runs with ``grid_dependency``'s wait and signal added: ``built.source``)."""
+        """The generated Triton module source of this graph, as rendered and built."""
         return self.module.source
 
     def binaries(self) -> dict[str, bytes]:
@@ -163,10 +163,10 @@ class CompiledGraph:
             elif idx in self.tails:  # its kernel ran inside its producer's launch (ir.chain)
                 continue
             elif n.op == "customized":
-                op, spec, nw, ns = self.kernels[idx]
+                op, spec, launch = self.kernels[idx]
                 args = [self._arg(idx, j, env[a]) for j, a in enumerate(spec.args)]
                 outs = [targets[v] for v in spec.outs]
-                op(*args, *outs, *self.finish_args(idx), nw, ns)
+                op(*args, *outs, *self.finish_args(idx), launch.num_warps, launch.num_stages)
                 env.update(zip(spec.outs, outs))
             else:
                 run_library(n, [env[a] for a in n.args], targets[n.out.name])
@@ -209,13 +209,14 @@ class CompiledGraph:
             elif idx in self.tails:  # its outputs are slots of its producer's step
                 continue
             elif n.op == "customized":
-                op, spec, nw, ns = self.kernels[idx]
+                op, spec, launch = self.kernels[idx]
                 for v in spec.outs:
                     plan.add(v, self.pool[v])
                 tail = [self.pool[v] for v in spec.outs] + self.finish_args(idx)
                 args = [plan.slot[a] for a in spec.args]
                 staged = [functools.partial(self._arg, idx, j) for j in range(len(spec.args))]
-                plan.steps.append(functools.partial(_kernel_step, op.launch, args, staged, tail, nw, ns))
+                plan.steps.append(functools.partial(_kernel_step, op.launch, args, staged, tail,
+                                                    launch.num_warps, launch.num_stages))
             else:
                 plan.add(n.out.name, self.pool[n.out.name])
                 plan.steps.append(functools.partial(_library_step, library_fn(n, self.pool[n.out.name]),
@@ -265,13 +266,6 @@ class _Plan:
         return self.values[self.slot[name]]
 
 
-def _launch_value(nw: int, ns: int, prefetch: bool, chain: bool) -> tuple[int, ...]:
-    """A kernel's entry in ``CompiledGraph.launch``: (num_warps, num_stages[, prefetch[, chain]])."""
-    if chain:
-        return nw, ns, int(prefetch), 1
-    return (nw, ns, 1) if prefetch else (nw, ns)
-
-
 def _view_step(n, src: int, dst: int, env: list) -> None:
     env[dst] = view(n, env[src])
 
@@ -287,11 +281,12 @@ def _library_step(fn, args: list[int], env: list) -> None:
 
 
 def compile_graph(ugraph: KernelGraph, backend: str = "triton", device: str | torch.device = "cuda",
-                  launch: dict[str, tuple[int, int]] | None = None, cache_dir=None,
-                  binaries: dict[str, bytes] | None = None) -> CompiledGraph:
-    """Build ``ugraph`` for ``device``; ``launch`` maps kernel names to (num_warps, num_stages).
-    ``binaries``: a trusted cache entry's ``CompiledGraph.binaries()`` (rendered source only)."""
+                  launch: dict[str, Launch] | None = None, cache_dir=None,
+                  binaries: dict[str, bytes] | None = None, pdl: bool = True) -> CompiledGraph:
+    """Build ``ugraph`` for ``device``; ``launch`` maps kernel names to ``Launch`` (or its stored
+    list form). ``binaries``: a trusted cache entry's ``CompiledGraph.binaries()`` (the source is
+    always rendered from ``ugraph``). ``pdl``: programmatic dependent launch where the GPU has it."""
     if backend != "triton":
         raise NotImplementedError(f"compile_graph: backend {backend!r}; this runtime builds 'triton' "
                                   f"(the CUDA backend lives in superopt.codegen.cuda*)")
-    return CompiledGraph(ugraph, device, launch, cache_dir, binaries)
+    return CompiledGraph(ugraph, device, launch, cache_dir, binaries, pdl)

@@ -16,10 +16,9 @@ import torch
 
 from ..codegen.cuda import CudaModule, compile_cuda, render_cuda
 from ..ir import KernelGraph, check
+from .dtypes import TORCH_DTYPES
 from .library import run_library, view
 
-TORCH_DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16,
-                "bfloat16": torch.bfloat16, "int64": torch.int64}
 _VIEWS = ("reshape", "transpose", "slice")
 _STATIC_SMEM = 48 * 1024  # above this a kernel needs the dynamic shared-memory opt-in
 

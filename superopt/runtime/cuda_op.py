@@ -7,12 +7,13 @@ shapes and dtypes from the μGraph, which is all torch.compile needs to trace ar
 """
 from __future__ import annotations
 
-import re
 from typing import Callable
 
 import torch
 
-from .cuda_launch import TORCH_DTYPES, CudaGraphRunner
+from ..codegen.common import identifier
+from .cuda_launch import CudaGraphRunner
+from .dtypes import TORCH_DTYPES
 
 OP_NAMESPACE = "superopt_cuda"
 _OPS: dict[str, Callable] = {}
@@ -20,7 +21,7 @@ _OPS: dict[str, Callable] = {}
 
 def as_custom_op(runner: CudaGraphRunner, name: str) -> Callable[..., list[torch.Tensor]]:
     """Register ``runner`` as ``superopt_cuda::<name>`` (once per name) and return the op."""
-    qualname = f"{OP_NAMESPACE}::{re.sub(r'[^A-Za-z0-9_]', '_', name)}"
+    qualname = f"{OP_NAMESPACE}::{identifier(name)}"
     if qualname in _OPS:
         return _OPS[qualname]
     out_types = runner.graph.output_types

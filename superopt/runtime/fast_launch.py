@@ -19,8 +19,6 @@ from typing import Any
 
 from torch.library import wrap_triton
 
-from .grid_dependency import launch_options
-
 try:  # torch's switch for wrap_triton (private: without it, eager launches keep torch's wrapper)
     from torch._library.triton import is_wrap_triton_enabled, set_wrap_triton_enabled
 except ImportError:  # pragma: no cover
@@ -41,16 +39,17 @@ _SLOW = object()  # a key whose launch returned no reusable CompiledKernel: alwa
 
 
 class FastLaunch:
-    """``FastLaunch(kernel)[grid](*tensors, num_warps=w, num_stages=s)``, as ``kernel[grid](...)``."""
+    """``FastLaunch(kernel, options)[grid](*tensors, num_warps=w, num_stages=s)``, as
+    ``kernel[grid](..., **options)``. ``options``: the module's launch options (``launch_pdl`` for
+    kernels rendered waiting for their predecessor, ``grid_dependency``): compile options, so the
+    first launch's CompiledKernel launches every later one with them."""
 
     __slots__ = ("kernel", "_runners", "_options")
 
-    def __init__(self, kernel):
+    def __init__(self, kernel, options: dict | None = None):
         self.kernel = kernel
         self._runners: dict[tuple, Any] = {}
-        # programmatic dependent launch for a kernel that waits for its predecessor (grid_dependency):
-        # a compile option, so the first launch's CompiledKernel launches every later one with it
-        self._options = launch_options(kernel)
+        self._options = dict(options or {})
 
     def __getitem__(self, grid):
         return functools.partial(self._launch, grid)
@@ -72,12 +71,13 @@ class FastLaunch:
 _FAST: dict[int, FastLaunch] = {}
 
 
-def launch_wrapper(kernel):
+def launch_wrapper(kernel, options: dict | None = None):
     """What a generated launcher's ``wrap_triton(kernel)`` resolves to (``build.load_module``
-    installs it): torch's wrapper while tracing, a ``FastLaunch`` for direct launches."""
+    installs it, with the module's launch ``options``): torch's wrapper while tracing, a
+    ``FastLaunch`` for direct launches."""
     if is_wrap_triton_enabled():
         return wrap_triton(kernel)
     fast = _FAST.get(id(kernel))
     if fast is None or fast.kernel is not kernel:
-        fast = _FAST[id(kernel)] = FastLaunch(kernel)
+        fast = _FAST[id(kernel)] = FastLaunch(kernel, options)
     return fast

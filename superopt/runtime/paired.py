@@ -12,19 +12,19 @@ kernels instead of compiling them.
 """
 from __future__ import annotations
 
-import dataclasses
 import statistics
 from typing import Callable, Sequence
 
 import torch
 
-from ..codegen.triton import prefetched, render_triton
+from ..codegen.launch import prefetched
+from ..codegen.triton import render_triton
 from ..ir import digest
 from . import binaries as _binaries
-from .build import interpreting, load_module
+from .build import load_module
+from .interpreter import interpreting
 from .compiled import _VIEWS, CompiledGraph
 from .fast_launch import direct_launches
-from .grid_dependency import with_grid_dependency
 from .library import run_library, view
 
 
@@ -38,9 +38,8 @@ class PairedGraph:
         if a.tails:  # the paired rendering launches every customized op on its own
             raise ValueError("PairedGraph: a build whose kernel runs its consumer (ir.chain) is not paired")
         self.a, self.b = a, b
-        module = render_triton(a.graph, prefetched(a.launch), paired=True)
-        if a.built is not a.module:  # built for programmatic dependent launch, as the instances are
-            module = dataclasses.replace(module, source=with_grid_dependency(module.source))
+        # with programmatic dependent launch where the instances have it
+        module = render_triton(a.graph, prefetched(a.launch), paired=True, pdl=a.pdl)
         self.module = module
         mod = load_module(module)
         self.launchers = {s.node_index: getattr(mod, s.launcher) for s in module.kernels}
@@ -86,12 +85,12 @@ class PairedGraph:
                 for cg, env in zip(cgs, envs):
                     env[n.out.name] = cg.pool[n.out.name]
             elif n.op == "customized":
-                _, spec, nw, ns = self.a.kernels[idx]
+                _, spec, launch = self.a.kernels[idx]
                 tensors = []
                 for cg, env in zip(cgs, envs):
                     tensors += [cg._arg(idx, j, env[x]) for j, x in enumerate(n.args)]
                     tensors += [cg.pool[v.name] for v in n.outs] + cg.finish_args(idx)
-                self.launchers[idx](*tensors, nw, ns)
+                self.launchers[idx](*tensors, launch.num_warps, launch.num_stages)
                 for cg, env in zip(cgs, envs):
                     env.update((v.name, cg.pool[v.name]) for v in n.outs)
             else:

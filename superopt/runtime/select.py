@@ -24,8 +24,11 @@ from typing import Callable, Sequence
 
 import torch
 
+from ..codegen.launch import Launch
+from ..codegen.triton import render_triton
 from ..ir import KernelGraph, from_text, to_text
 from . import procs
+from .compiled import compile_graph
 from .profile import DEFAULT_CONFIGS, ProfileResult, applies, fits, launch_key, profile_candidates
 
 SWEEP_TOP = 3  # candidates whose launch configurations are swept after the first stage
@@ -36,7 +39,7 @@ SWEEP_TOP = 3  # candidates whose launch configurations are swept after the firs
 # of the swept few once the search offered 14 candidates instead of 7 (ninth session). Over the 29
 # candidates the ninth session's block benchmark timed at every launch, these three came within
 # 10% of each one's best (26 within 5%); default and 2 warps alone: within 41% (20 within 5%).
-PROBE = (None, (2, 3), (4, 3, 1))
+PROBE = (None, Launch(2, 3), Launch(4, 3, prefetch=True))
 
 
 def default_workers() -> int:
@@ -44,16 +47,18 @@ def default_workers() -> int:
 
 
 class Selector:
-    """Profiles candidates on ``device``; holds a pool of build workers until ``close()``."""
+    """Profiles candidates on ``device``; holds a pool of build workers until ``close()``. ``pdl``:
+    candidates are built with programmatic dependent launch where the GPU has it (``PatchOptions.pdl``)."""
 
     def __init__(self, device: torch.device, workers: int | None = None,
-                 configs: Sequence[tuple[int, int]] = DEFAULT_CONFIGS):
+                 configs: Sequence[Launch] = DEFAULT_CONFIGS, pdl: bool = True):
         self.device = torch.device(device)
+        self.pdl = pdl
         self.workers = default_workers() if workers is None else workers
         self.configs = tuple(configs)
         self._pool = None
         # (μGraph text, launch) -> why it is not built here: its build killed a worker process
-        self._refused: dict[tuple[str, tuple | None], str] = {}
+        self._refused: dict[tuple[str, Launch | None], str] = {}
 
     def pick(self, candidates: Sequence[KernelGraph], inputs: Sequence[torch.Tensor],
              sweep_also: Sequence[KernelGraph] = ()) -> list[ProfileResult]:
@@ -63,13 +68,13 @@ class Selector:
         unique = list({to_text(g): g for g in candidates}.values())
         self._prebuild([(g, c) for g in unique for c in PROBE
                         if (c is None or applies(g, c)) and fits(g, c)], inputs)
-        first = profile_candidates(unique, inputs, configs=PROBE, refused=self._refused)
+        first = profile_candidates(unique, inputs, configs=PROBE, refused=self._refused, pdl=self.pdl)
         top = [r.ugraph for r in first if r.error is None][:SWEEP_TOP]
         top += [g for g in sweep_also if g not in top]
         # configs whose shared memory cannot fit are skipped by the timing pass: do not build them
         self._prebuild([(g, c) for g in top for c in self.configs if applies(g, c) and fits(g, c)],
                        inputs)
-        swept = profile_candidates(top, inputs, configs=self.configs, refused=self._refused)
+        swept = profile_candidates(top, inputs, configs=self.configs, refused=self._refused, pdl=self.pdl)
         best = {to_text(r.ugraph): r for r in first}
         for r in swept:  # keep each graph's faster result: a probe launch or a swept one
             k = to_text(r.ugraph)
@@ -84,7 +89,7 @@ class Selector:
             self._pool = self._new_pool()
         specs = [(tuple(t.shape), str(t.dtype).removeprefix("torch.")) for t in inputs]
         index = self.device.index if self.device.index is not None else torch.cuda.current_device()
-        args = [(to_text(g), c, specs, index) for g, c in jobs]
+        args = [(to_text(g), c, specs, index, self.pdl) for g, c in jobs]
         self._pool, crashed = map_isolating_crashes(self._pool, self._new_pool, _build_once, args)
         for i in crashed:
             text, c = args[i][:2]
@@ -143,17 +148,13 @@ def map_isolating_crashes(pool: ProcessPoolExecutor, new_pool: Callable[[], Proc
 
 def _build_once(job) -> str | None:
     """Worker: build ``graph`` at ``config`` and launch it once on random inputs; the error, if any."""
-    text, config, specs, device_index = job
+    text, config, specs, device_index, pdl = job
     try:
-        from .compiled import compile_graph
         g = from_text(text)
         device = torch.device("cuda", device_index)
         xs = [torch.randn(shape, device=device).to(getattr(torch, dtype)) for shape, dtype in specs]
-        launch = None
-        if config is not None:
-            from ..codegen.triton import render_triton
-            launch = {k.name: tuple(config) for k in render_triton(g).kernels}
-        compile_graph(g, device=device, launch=launch)(*xs)
+        launch = None if config is None else {k.name: config for k in render_triton(g).kernels}
+        compile_graph(g, device=device, launch=launch, pdl=pdl)(*xs)
         torch.cuda.synchronize(device)
         return None
     except Exception as e:  # the timing pass in the parent reports it

@@ -63,11 +63,13 @@ def time_call(fn: Callable, sets: Sequence[Sequence[torch.Tensor]], graph: bool 
     return statistics.median(times)
 
 
-def copy_bandwidth(nbytes: int = 1 << 30) -> float:
-    """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written."""
-    a = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda").random_()
-    b = torch.empty_like(a)
-    us = time_call(lambda x, y: y.copy_(x), [[a, b]], graph=False, reps=20)
+def copy_bandwidth(nbytes: int = 1 << 30, device="cuda") -> float:
+    """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written (the
+    bandwidth floor every benchmark divides by; one definition for all of them)."""
+    with torch.cuda.device(device):
+        a = torch.empty(nbytes // 2, dtype=torch.uint8, device=device).random_()  # never time zeros
+        b = torch.empty_like(a)
+        us = time_call(lambda x, y: y.copy_(x), [[a, b]], graph=False, reps=20)
     return 2 * a.numel() / (us * 1e-6)
 
 

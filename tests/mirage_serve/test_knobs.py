@@ -46,23 +46,3 @@ def test_no_other_module_reads_the_environment():
                 if _READS.search(line):
                     offenders.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
     assert not offenders, "read environment variables through mirage_serve.knobs:\n" + "\n".join(offenders)
-
-
-def test_pdl_knob_is_applied_by_patch(monkeypatch):
-    """MIRAGE_SERVE_PDL=0 (the workaround where dependent launch is slower) reaches the kernel builds."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    import mirage_serve
-    from superopt.runtime import grid_dependency
-
-    cfg = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=24, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1)
-    model = LlamaForCausalLM(cfg).eval()
-    try:
-        for value, on in (("0", False), ("1", True), ("", True)):
-            monkeypatch.setenv("MIRAGE_SERVE_PDL", value)
-            mirage_serve.patch(model, search_budget=0, batch_sizes=(1,))
-            assert grid_dependency.supported(90) is on, value
-            mirage_serve.unpatch(model)
-    finally:
-        grid_dependency.set_enabled(True)

@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM
 
 import mirage_serve
 from mirage_serve import patch_prepare
+from mirage_serve.options import PatchOptions
 
 STEPS = 16
 BUCKETS = (4,)  # decode (1 or 3 rows) runs the bucket-4 kernel, zero-padded; prefill -> original
@@ -64,9 +65,8 @@ def _param_memory(model) -> tuple[int, set]:
 
 def check_family(config, monkeypatch, fused_residual: bool = False) -> mirage_serve.PatchReport:
     """``fused_residual``: every layer's o_proj and down_proj sites must take the residual
-    (patch_residual, the default) on decode-sized forwards; False: with MIRAGE_SERVE_FUSED_RESIDUAL=0,
-    none may."""
-    monkeypatch.setenv("MIRAGE_SERVE_FUSED_RESIDUAL", "1" if fused_residual else "0")
+    (patch_residual, the default) on decode-sized forwards; False: with
+    ``PatchOptions(fused_residual=False)``, none may."""
     model = build(config)
     ids1, ids3, mask3 = prompts(config.vocab_size, pad=0)
     short = ids3[:, -1:]  # [3, 1]: a decode-sized forward that goes through the kernels
@@ -79,7 +79,8 @@ def check_family(config, monkeypatch, fused_residual: bool = False) -> mirage_se
     keys = list(model.state_dict())
     mem = _param_memory(model)
 
-    report = mirage_serve.patch(model, backend="torch", search_budget=0, batch_sizes=BUCKETS)
+    report = mirage_serve.patch(model, backend="torch", search_budget=0, batch_sizes=BUCKETS,
+                                options=PatchOptions(fused_residual=fused_residual))
     assert report.supported, str(report)
     assert report.sites and not report.unpatched, str(report)
     assert all(s.check_error is not None and s.check_error <= 1e-5 for s in report.sites), str(report)

@@ -1,4 +1,4 @@
-"""MIRAGE_SERVE_FUSED_RESIDUAL: the decoder layer's residual adds inside the o_proj / down_proj kernels.
+"""PatchOptions.fused_residual: the decoder layer's residual adds inside the o_proj / down_proj kernels.
 
 Parity of whole patched models with the fusion on is in test_llama / test_qwen2 (``check_family``);
 here: which layers it applies to, the hand-off's guards, and a kernel taking two activations.
@@ -17,6 +17,7 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3Attention, Qwen3Decode
 
 import mirage_serve
 from mirage_serve.backends import Executor
+from mirage_serve.options import PatchOptions
 from mirage_serve.patch_residual import ResidualSlot, _unsupported
 from mirage_serve.site_kernel import BucketKernel, bound_call
 
@@ -128,22 +129,22 @@ def test_a_kernel_gets_its_activations_in_its_own_input_order():
     assert bound_call(plain)(x) == [w, x]
 
 
-def test_a_family_without_the_layer_template_is_patched_as_before(monkeypatch):
-    monkeypatch.setenv("MIRAGE_SERVE_FUSED_RESIDUAL", "1")
+def test_a_family_without_the_layer_template_is_patched_as_before():
     cfg = Gemma2Config(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                        num_attention_heads=4, num_key_value_heads=2, head_dim=8)
     model = build(cfg)
-    report = mirage_serve.patch(model, backend="torch", search_budget=0, batch_sizes=(2,))
+    report = mirage_serve.patch(model, backend="torch", search_budget=0, batch_sizes=(2,),
+                                options=PatchOptions(fused_residual=True))
     assert "residual adds: in the" not in report.note and "residual adds not fused" in report.note
     assert not any("forward" in layer.__dict__ for layer in model.model.layers)
 
 
-def test_the_layer_forward_is_the_original_one_when_the_knob_is_off(monkeypatch):
-    monkeypatch.setenv("MIRAGE_SERVE_FUSED_RESIDUAL", "0")
+def test_the_layer_forward_is_the_original_one_when_the_option_is_off():
     cfg = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=8)
     model = build(cfg)
-    report = mirage_serve.patch(model, backend="torch", search_budget=0, batch_sizes=(2,))
+    report = mirage_serve.patch(model, backend="torch", search_budget=0, batch_sizes=(2,),
+                                options=PatchOptions(fused_residual=False))
     assert "residual adds: in the" not in report.note
     assert not any("forward" in layer.__dict__ for layer in model.model.layers)
 
@@ -153,14 +154,14 @@ def test_recorded_hidden_states_are_not_fused(monkeypatch):
     # as the original does, and every recorded state is its own tensor with the original's value
     from mirage_serve import patch_prepare
 
-    monkeypatch.setenv("MIRAGE_SERVE_FUSED_RESIDUAL", "1")
     cfg = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=8)
     model = build(cfg)
     short = torch.randint(1, 97, (3, 1), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         want = model(short, output_hidden_states=True).hidden_states
-    mirage_serve.patch(model, backend="torch", search_budget=0, batch_sizes=(4,))
+    mirage_serve.patch(model, backend="torch", search_budget=0, batch_sizes=(4,),
+                       options=PatchOptions(fused_residual=True))
     residuals = []
     run = patch_prepare.SiteRuntime.run
     monkeypatch.setattr(patch_prepare.SiteRuntime, "run", lambda self, x, *r: residuals.append(bool(r))

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 from mirage_serve import optimize
 from mirage_serve.cache import CacheKey, KernelCache, versions_now
+from superopt.codegen.launch import Launch
 from superopt.ir import digest, to_text
 from superopt.lax import Program
-from superopt.search import SearchBudget
+from tests.fixtures.budget import states_budget
 
 
 def _program():
@@ -26,20 +27,20 @@ def test_pick_is_stored_and_a_hit_skips_profiling(tmp_path):
         cands = result.candidates()
         calls.append(len(cands))
         searched = [g for g in cands if g != program]
-        return optimize.Pick(searched[-1], {"k0": (2, 4)}, 3.5, f"fastest of {len(cands)}",
+        return optimize.Pick(searched[-1], {"k0": Launch(2, 4)}, 3.5, f"fastest of {len(cands)}",
                              timings=(["grid 4x1x1 t128 f2 [2,304] [56,304]", "w2s4", 3.5, 4.1],))
 
-    budget = SearchBudget(max_seconds=20)
+    budget = states_budget()
     first = optimize.choose(program, budget=budget, arch="sm_90", cache=cache, key=key, pick=pick)
     assert first.source == "search" and calls and calls[0] > 3
-    assert first.launch == {"k0": (2, 4)} and first.profile == f"fastest of {calls[0]}"
+    assert first.launch == {"k0": Launch(2, 4)} and first.profile == f"fastest of {calls[0]}"
     assert to_text(first.graph) == to_text([g for g in first.result.candidates() if g != program][-1])
     assert optimize.verify(program, first.graph).ok
 
     second = optimize.choose(program, budget=budget, arch="sm_90", cache=cache, key=key, pick=pick)
     assert second.source == "cache" and len(calls) == 1  # no search, no profiling
     assert to_text(second.graph) == to_text(first.graph)
-    assert second.launch == {"k0": (2, 4)} and second.profile == first.profile
+    assert second.launch == {"k0": Launch(2, 4)} and second.profile == first.profile
     # every candidate's time stays with the entry, for comparing the cost model with the GPU later
     assert cache.get(key).meta["timings"] == [["grid 4x1x1 t128 f2 [2,304] [56,304]", "w2s4", 3.5, 4.1]]
     # verified once, when stored: a hit carries that verdict instead of verifying again
@@ -55,15 +56,15 @@ def test_a_reinstantiation_left_with_only_the_program_searches_afresh():
         def reinstantiate(self, p):
             return type("R", (), {"best": p, "ranked": [(p, 1.0)]})()
 
-    choice = optimize.choose(program, budget=SearchBudget(max_seconds=20), arch="sm_90", seed=Seed())
+    choice = optimize.choose(program, budget=states_budget(), arch="sm_90", seed=Seed())
     assert choice.source == "search" and choice.graph != program
 
 
 def test_research_offers_the_shipped_graph_to_the_profiler_and_stores_the_winner(tmp_path):
-    # knobs.RESEARCH: a shipped program is searched again; its μGraph is the first candidate timed
+    # PatchOptions.research: a shipped program is searched again; its μGraph is the first candidate timed
     program = _program()
     key = CacheKey(digest(program), "b2", "bf16", "sm90", "triton", versions_now(), "mlp_out-m2")
-    budget = SearchBudget(max_seconds=20)
+    budget = states_budget()
     offered = []
 
     def pick_at(index):
@@ -71,7 +72,7 @@ def test_research_offers_the_shipped_graph_to_the_profiler_and_stores_the_winner
             cands = result.candidates()
             offered.append(cands)
             g = [c for c in cands if c != program][index]
-            return optimize.Pick(g, {"k0": (4, 3)}, 2.0 + len(offered), f"pick {len(offered)}")
+            return optimize.Pick(g, {"k0": Launch(4, 3)}, 2.0 + len(offered), f"pick {len(offered)}")
         return pick
 
     maker = KernelCache(tmp_path / "maker", shipped_dir=False)
@@ -114,7 +115,7 @@ def test_profile_timings_name_each_candidate_its_launch_time_and_cost():
     from tests.fixtures.ugraphs import FIXTURES
 
     a, b = FIXTURES["gated_mlp"]().ugraph, FIXTURES["llama_qkv"]().ugraph
-    rows = optimize.profile_timings([ProfileResult(0, a, {"k0": (2, 3, 1)}, 12.345),
+    rows = optimize.profile_timings([ProfileResult(0, a, {"k0": Launch(2, 3, prefetch=True)}, 12.345),
                                      ProfileResult(1, b, error="OutOfResources: shared memory")])
     assert rows[0][:3] == [layout(a), "w2s3p", 12.35] and rows[0][3] > 0
     assert rows[1] == [layout(b), "OutOfResources: shared memory"]

@@ -13,6 +13,7 @@ import torch
 from transformers import LlamaConfig
 
 import mirage_serve
+from superopt.search import SearchBudget
 
 from .parity import build
 
@@ -28,6 +29,7 @@ def _fake_search(monkeypatch, calls: list):
         return _Result(dataclasses.replace(program, name=program.name + "_searched"))
 
     mod = types.ModuleType("superopt.search")
+    mod.SearchBudget = SearchBudget  # the real budget: only the search itself is faked
     mod.superoptimize = superoptimize
     monkeypatch.setitem(sys.modules, "superopt.search", mod)
 
@@ -102,10 +104,10 @@ def test_searched_graph_that_does_not_build_falls_back_to_the_program(monkeypatc
 
     real = backends.build
 
-    def refuse_searched(graph, backend, device, *args):
+    def refuse_searched(graph, backend, device, *args, **kwargs):
         if graph.name.endswith("_searched"):
             raise RuntimeError("codegen does not cover this μGraph")
-        return real(graph, backend, device, *args)
+        return real(graph, backend, device, *args, **kwargs)
 
     monkeypatch.setattr(backends, "build", refuse_searched)
     cfg = LlamaConfig(vocab_size=61, hidden_size=30, intermediate_size=41, num_hidden_layers=1,
@@ -125,8 +127,8 @@ def test_searched_graph_that_fails_to_run_falls_back_to_the_program(monkeypatch)
 
     real = backends.build
 
-    def crash_searched(graph, backend, device, *args):
-        ex = real(graph, backend, device, *args)
+    def crash_searched(graph, backend, device, *args, **kwargs):
+        ex = real(graph, backend, device, *args, **kwargs)
         if not graph.name.endswith("_searched"):
             return ex
 
@@ -158,6 +160,7 @@ def test_search_that_ranks_nothing_falls_back(monkeypatch):
             return self.ranked[0][0]
 
     mod = types.ModuleType("superopt.search")
+    mod.SearchBudget = SearchBudget  # the real budget: only the search itself is faked
     mod.superoptimize = lambda program, budget=None, arch=None: Empty()
     monkeypatch.setitem(sys.modules, "superopt.search", mod)
     cfg = LlamaConfig(vocab_size=61, hidden_size=30, intermediate_size=41, num_hidden_layers=1,

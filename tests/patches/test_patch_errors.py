@@ -115,8 +115,8 @@ def test_numeric_self_check_rejects_a_wrong_kernel(monkeypatch):
     model = build(_config(1))
     real = backends.build
 
-    def off_by_a_bit(graph, backend, device, *args):
-        ex = real(graph, backend, device, *args)
+    def off_by_a_bit(graph, backend, device, *args, **kwargs):
+        ex = real(graph, backend, device, *args, **kwargs)
         return backends.Executor(lambda *ts: [o * (1 + 1e-4) for o in ex.run(*ts)], ex.backend,
                                  ex.differentiable, ex.compiled, ex.seconds)
 

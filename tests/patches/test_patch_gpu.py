@@ -12,6 +12,7 @@ import torch
 
 import mirage_serve
 from mirage_serve.hf_names import CACHE_KWARG, output_cache
+from mirage_serve.options import PatchOptions
 
 from .parity import build
 
@@ -57,11 +58,9 @@ def _decode_ms(model, ids) -> tuple[torch.Tensor, float]:
 
 
 def _budget():
-    try:
-        from superopt.search import SearchBudget
-    except ImportError:
-        return 0
-    return SearchBudget(max_seconds=20)
+    from tests.fixtures.budget import states_budget
+
+    return states_budget()
 
 
 def _parity_and_time(model, name: str, batch: int, backend: str = "triton") -> None:
@@ -114,7 +113,7 @@ def test_tiny_llama_triton_generate(searched, tmp_path):
     mirage_serve.unpatch(model)
 
 
-def _generate_patched(cfg, tmp_path):
+def _generate_patched(cfg, tmp_path, options: PatchOptions | None = None):
     """The report of patching a tiny bf16 model for buckets 1 and 4 with the decode fast path, after
     checking a batch of 3 greedy continuations against the unpatched model's (ties aside) and every
     attention module's first-use verdict; the model is unpatched again afterwards."""
@@ -123,7 +122,8 @@ def _generate_patched(cfg, tmp_path):
     model = build(cfg).to("cuda", torch.bfloat16)
     ids = torch.randint(1, cfg.vocab_size, (3, 9), device="cuda")
     want = model.generate(ids, max_new_tokens=STEPS, min_new_tokens=STEPS, do_sample=False, pad_token_id=0)
-    report = mirage_serve.patch(model, search_budget=_budget(), batch_sizes=(1, 4), cache_dir=tmp_path)
+    report = mirage_serve.patch(model, search_budget=_budget(), batch_sizes=(1, 4), cache_dir=tmp_path,
+                                options=options)
     print(report)
     got = model.generate(ids, max_new_tokens=STEPS, min_new_tokens=STEPS, do_sample=False, pad_token_id=0)
     assert set(attention_verdicts(model).values()) == {"ok"}, attention_verdicts(model)
@@ -133,15 +133,14 @@ def _generate_patched(cfg, tmp_path):
 
 
 @pytest.mark.gpu
-def test_tiny_llama_fused_residual_generate(tmp_path, monkeypatch):
-    """MIRAGE_SERVE_FUSED_RESIDUAL on the GPU path: searched (x, r) projections, the layer's hand-off
+def test_tiny_llama_fused_residual_generate(tmp_path):
+    """PatchOptions.fused_residual on the GPU path: searched (x, r) projections, the layer's hand-off
     inside CUDA-graph replays, and the decode attention's first-use check still passing."""
     from transformers import LlamaConfig
 
-    monkeypatch.setenv("MIRAGE_SERVE_FUSED_RESIDUAL", "1")
     report = _generate_patched(LlamaConfig(vocab_size=1001, hidden_size=256, intermediate_size=688,
                                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2),
-                               tmp_path)
+                               tmp_path, PatchOptions(fused_residual=True))
     assert not report.unpatched and "residual adds: in the o_proj / down_proj kernels of 2/2" in report.note
     assert all(s.launches == 1 for s in report.sites if s.site in ("attn_out", "mlp_out")), str(report)
 

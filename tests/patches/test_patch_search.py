@@ -1,15 +1,14 @@
 """patch() with the real superoptimizer: fused, verified μGraphs swapped in (torch backend, CPU)."""
 from __future__ import annotations
 
-import pytest
 import torch
 from transformers import LlamaConfig
 
 import mirage_serve
+from tests.fixtures.budget import states_budget
 
 from .parity import build
 
-search = pytest.importorskip("superopt.search", reason="superopt.search is not installed")
 
 
 def test_searched_kernels_generate_the_same_tokens():
@@ -19,7 +18,7 @@ def test_searched_kernels_generate_the_same_tokens():
     ids = torch.tensor([[5, 17, 3, 9]])
     want = model.generate(ids, max_new_tokens=16, min_new_tokens=16, do_sample=False, pad_token_id=0)
     report = mirage_serve.patch(model, backend="torch", batch_sizes=(2, 4),
-                                search_budget=search.SearchBudget(max_seconds=3))
+                                search_budget=states_budget())
     assert not report.unpatched, str(report)
     # one per distinct program of the largest bucket, shared by both layers (sites.site_parts):
     # q, k+v, gate+up, o_proj, down_proj, and the norm

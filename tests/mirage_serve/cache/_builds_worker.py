@@ -105,11 +105,9 @@ def patch(cache_dir: str) -> dict:
     import mirage_serve
     from tests.patches.parity import build as build_model
 
-    try:
-        from superopt.search import SearchBudget
-        budget = SearchBudget(max_seconds=10)
-    except ImportError:
-        budget = 0
+    from tests.fixtures.budget import states_budget
+
+    budget = states_budget()
     cfg = LlamaConfig(vocab_size=1001, hidden_size=256, intermediate_size=688, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2)
     model = build_model(cfg).to("cuda", torch.bfloat16)

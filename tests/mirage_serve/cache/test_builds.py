@@ -167,12 +167,10 @@ def test_store_build_layers(tmp_path, aot):
     assert store_build(cache, make_key(9), {}) is None
 
 
-def test_default_cache_opens_without_a_search(tmp_path, monkeypatch):
-    from mirage_serve import optimize
+def test_default_cache_opens_from_the_environment(tmp_path, monkeypatch):
     from mirage_serve.patch_api import _open_cache
     from mirage_serve.report import PatchReport
 
-    monkeypatch.setattr(optimize, "search_available", lambda: False)
     monkeypatch.setenv("MIRAGE_SERVE_CACHE_DIR", str(tmp_path / "env-cache"))
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -80,10 +80,6 @@ def test_killed_writer_leaves_no_partial_entry(tmp_path):
 
 @pytest.mark.slow
 def test_four_processes_patching_one_model_share_one_cache(tmp_path):
-    from mirage_serve import optimize
-
-    if not optimize.search_available():
-        pytest.skip("superopt.search is not available: patch() caches only searched winners")
     ctx = mp.get_context("spawn")
     with ctx.Pool(4) as pool:
         results = pool.starmap(_helpers.real_patcher, [(str(tmp_path / "c"), str(tmp_path / "gate"))] * 4)

@@ -1,8 +1,6 @@
 """Shared set-up for the CLI tests: a tiny odd-shaped Llama (random weights) that benches in seconds."""
 from __future__ import annotations
 
-import pytest
-
 # SmolLM2-135M's family cut down: hidden 72 = 4 heads × 18, GQA 4/2, odd intermediate and vocab.
 TINY_SET = ["hidden_size=72", "intermediate_size=100", "vocab_size=311", "num_attention_heads=4",
             "num_key_value_heads=2", "head_dim=18"]
@@ -19,21 +17,3 @@ def tiny_bench_args(*extra: str) -> list[str]:
     for kv in TINY_SET:
         args += ["--set", kv]
     return args + list(extra)
-
-
-def patch_available() -> str | None:
-    """None when mirage_serve.patch is importable, else the reason (tests needing it skip)."""
-    from mirage_serve.bench import patch_api
-
-    try:
-        patch_api()
-    except ImportError as err:
-        return str(err)
-    return None
-
-
-@pytest.fixture
-def needs_patch():
-    reason = patch_available()
-    if reason:
-        pytest.skip(f"needs mirage_serve.patch: {reason}")

@@ -1,80 +1,70 @@
-"""The zlib PNG writer behind `bench --plot`: a valid PNG that decodes back to the expected bars."""
+"""`bench --plot` (matplotlib, an optional extra) and the bench's progress and divergence helpers."""
 from __future__ import annotations
 
 import json
 import struct
+import sys
 import zlib
 
 import pytest
 
-from mirage_serve.bench_plot import SERIES_COLORS, write_plot
+from mirage_serve import bench_plot
 from mirage_serve.bench_timing import Progress, first_divergence
 
 
-def read_png(path) -> dict:
-    """Parse a PNG written by bench_plot: checks signature, chunk CRCs, IHDR; returns pixels and tEXt."""
+def png_text(path) -> dict[str, str]:
+    """The text chunks of a PNG (signature and chunk CRCs checked): what the plot's metadata holds."""
     data = open(path, "rb").read()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    pos, chunks = 8, []
+    pos, text, kinds = 8, {}, []
     while pos < len(data):
         (length,) = struct.unpack(">I", data[pos:pos + 4])
         kind, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + length]
         (crc,) = struct.unpack(">I", data[pos + 8 + length:pos + 12 + length])
         assert crc == zlib.crc32(kind + body), kind
-        chunks.append((kind, body))
+        kinds.append(kind)
+        if kind == b"tEXt":
+            k, v = body.split(b"\x00", 1)
+            text[k.decode("latin-1")] = v.decode("latin-1")
+        elif kind == b"iTXt":  # keyword, flag, method, language, translated keyword, text (UTF-8)
+            k, rest = body.split(b"\x00", 1)
+            text[k.decode("latin-1")] = rest[2:].split(b"\x00", 2)[2].decode()
         pos += 12 + length
-    assert chunks[0][0] == b"IHDR" and chunks[-1] == (b"IEND", b"")
-    w, h, depth, ctype, comp, filt, interlace = struct.unpack(">IIBBBBB", chunks[0][1])
-    assert (depth, ctype, comp, filt, interlace) == (8, 2, 0, 0, 0)
-    raw = zlib.decompress(b"".join(body for kind, body in chunks if kind == b"IDAT"))
-    stride = 1 + 3 * w
-    assert len(raw) == h * stride
-    rows = []
-    for y in range(h):
-        assert raw[y * stride] == 0  # filter type "None" on every scanline
-        line = raw[y * stride + 1:(y + 1) * stride]
-        rows.append([tuple(line[x * 3:x * 3 + 3]) for x in range(w)])
-    text = dict(body.split(b"\x00", 1) for kind, body in chunks if kind == b"tEXt")
-    return {"width": w, "height": h, "rows": rows, "text": {k.decode(): v.decode("latin-1") for k, v in text.items()}}
+    assert kinds[0] == b"IHDR" and kinds[-1] == b"IEND" and b"IDAT" in kinds
+    return text
 
 
-def _bar_height(rows, color, x_range, y_range) -> int:
-    """Most pixels of `color` in any column of x_range within the plot's rows (the bar's height)."""
-    return max(sum(1 for y in y_range if rows[y][x] == color) for x in x_range)
-
-
-def test_png_is_valid_and_bars_match_values(tmp_path):
+def test_png_holds_the_series_and_bars_match_values(tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib (the [plot] extra) is not installed")
     batches = [1, 3, 8]
     series = {"ours": [130.0, 371.5, 905.0], "eager": [60.0, 170.0, 410.0], "static-compile": [95.0, None, 700.0]}
-    layout = write_plot(tmp_path / "p.png", batches, series, "Qwen2.5-0.5B bf16 tok/s")
-    png = read_png(tmp_path / "p.png")
-    assert (png["width"], png["height"]) == (720, 420)
-    meta = json.loads(png["text"]["mirage-serve-series"])
-    assert meta == {"batches": batches, "series": series, "unit": "tok/s"}
-    assert png["text"]["Title"] == "Qwen2.5-0.5B bf16 tok/s"
-    plot_h = layout["plot_box"][3] - layout["plot_box"][1]
-    for name, values in series.items():
-        color = SERIES_COLORS[name]
-        for v, box in zip(values, layout["bars"][name]):
-            if v is None:
-                assert box is None
-                continue
-            measured = _bar_height(png["rows"], color, range(box[0], box[2]),
-                                   range(layout["plot_box"][1], layout["plot_box"][3]))
-            # The bar's pixels read back from the file give the value to within a pixel.
-            assert abs(measured - v / layout["y_top"] * plot_h) <= 1.0, (name, v, measured)
-    # Ordering survives: at every batch the tallest bar is ours.
-    for i in range(len(batches)):
-        heights = {n: layout["bars"][n][i][3] - layout["bars"][n][i][1]
-                   for n in series if layout["bars"][n][i] is not None}
-        assert max(heights, key=heights.get) == "ours"
+    drawn = bench_plot.write_plot(tmp_path / "p.png", batches, series, "Qwen2.5-0.5B bf16 tok/s")
+    assert drawn == series  # one bar per measured value, of that height; none where a run was not measured
+    text = png_text(tmp_path / "p.png")
+    assert json.loads(text[bench_plot.SERIES_KEY]) == {"batches": batches, "series": series, "unit": "tok/s"}
+    assert text["Title"] == "Qwen2.5-0.5B bf16 tok/s"
 
 
-def test_png_without_values_is_still_valid(tmp_path):
-    write_plot(tmp_path / "e.png", [1], {"ours": [None]}, "empty")
-    png = read_png(tmp_path / "e.png")
-    flat = {px for row in png["rows"] for px in row}
-    assert SERIES_COLORS["ours"] in flat  # the legend swatch, though no bar was drawn
+def test_a_plot_without_values_is_still_written(tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib (the [plot] extra) is not installed")
+    assert bench_plot.write_plot(tmp_path / "e.png", [1], {"ours": [None]}, "empty") == {"ours": [None]}
+    assert json.loads(png_text(tmp_path / "e.png")[bench_plot.SERIES_KEY])["series"] == {"ours": [None]}
+
+
+def test_series_of_another_length_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="one value per batch size"):
+        bench_plot.write_plot(tmp_path / "x.png", [1, 8], {"ours": [1.0]}, "t")
+
+
+def test_without_matplotlib_the_plot_is_refused_in_one_line(tmp_path, monkeypatch):
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    monkeypatch.setattr(bench_plot.importlib.util, "find_spec", lambda name: None)
+    assert bench_plot.missing() == bench_plot.MISSING and "\n" not in bench_plot.MISSING
+    with pytest.raises(bench_plot.PlotUnavailable, match=r"pip install 'mirage-serve\[plot\]'"):
+        bench_plot.write_plot(tmp_path / "p.png", [1], {"ours": [1.0]}, "t")
+    assert not (tmp_path / "p.png").exists()
 
 
 def test_first_divergence_finds_earliest_step_and_row():
@@ -100,9 +90,15 @@ def test_progress_writes_one_line_per_step_off_a_terminal(capsys):
                                                   "bench [######] 3/3 timed", "bench [######] 3/3 timed"]
 
 
-@pytest.mark.parametrize("v", [0.7, 3.0, 99.0, 1234.0])
-def test_axis_top_is_a_round_ceiling(v):
-    from mirage_serve.bench_plot import _nice_ceiling
+def test_bench_plot_without_matplotlib_is_refused_before_anything_runs(tmp_path, capsys, monkeypatch):
+    from mirage_serve import bench, cli_bench
+    from mirage_serve import cli_errors as E
+    from mirage_serve.cli import main
 
-    top = _nice_ceiling(v)
-    assert v <= top <= 2.5 * v and f"{top:.0e}"[0] in "125"
+    from .conftest import tiny_bench_args
+
+    monkeypatch.setattr(cli_bench, "plot_missing", lambda: bench_plot.MISSING)
+    monkeypatch.setattr(bench, "run", lambda *a, **k: pytest.fail("the bench ran"))
+    assert main(tiny_bench_args("--plot", str(tmp_path / "p.png"))) == E.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert bench_plot.MISSING in err and not (tmp_path / "p.png").exists()

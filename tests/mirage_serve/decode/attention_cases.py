@@ -5,8 +5,6 @@ so ``attention_interp_run`` can set TRITON_INTERPRET first.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 from transformers import Gemma3TextConfig, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config, Qwen3Config
 
@@ -114,6 +112,7 @@ def family_case(name, config, how="install"):
     import mirage_serve
     from mirage_serve.decode import attention_fast
     from mirage_serve.decode.attention_fast import attention_verdicts, install_fast_attention
+    from mirage_serve.options import PatchOptions
     from tests.patches.parity import build, prompts
 
     if name.startswith("qwen2_eager"):
@@ -126,11 +125,8 @@ def family_case(name, config, how="install"):
         ref_seq, ref_logits = _decode(model, ids, mask)
         if how in ("patch", "patch_residual"):
             fused = how == "patch_residual"  # the layer's residual adds inside o_proj/down_proj too
-            os.environ["MIRAGE_SERVE_FUSED_RESIDUAL"] = "1" if fused else "0"
-            try:
-                report = mirage_serve.patch(model, backend="torch", search_budget=0, batch_sizes=(4,))
-            finally:
-                os.environ.pop("MIRAGE_SERVE_FUSED_RESIDUAL")
+            report = mirage_serve.patch(model, backend="torch", search_budget=0, batch_sizes=(4,),
+                                        options=PatchOptions(fused_residual=fused))
             assert report.patched, str(report)
             assert ("residual adds: in the" in report.note) == fused, report.note
         else:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from superopt.runtime.build import interpreting
+from superopt.runtime.interpreter import interpreting
 
 pytestmark = pytest.mark.skipif(interpreting(), reason="kernels are interpreted in this process (TRITON_INTERPRET)")
 

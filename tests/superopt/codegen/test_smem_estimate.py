@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from superopt.codegen.launch import Launch
 from superopt.codegen.triton import render_triton
 from superopt.ir import (SMEM_BUDGET, GraphError, check, default_stages, from_text, launch_fits,
                          shared_memory_bytes, triton_smem_bytes)
@@ -19,9 +20,9 @@ from superopt.ir.chain import chains
 from tests.superopt.codegen.triton_cases import CASES, build
 
 UGRAPHS = Path(__file__).resolve().parent / "ugraphs"
-# (num_warps, num_stages[, prefetch[, chain]]) of runtime/profile.py's DEFAULT_CONFIGS, spelled out so
-# this module needs no torch
-CONFIGS = ((2, 3), (2, 4), (4, 3), (4, 4), (8, 3), (2, 3, 1), (4, 3, 1), (2, 3, 0, 1), (4, 3, 0, 1))
+# runtime/profile.py's DEFAULT_CONFIGS, spelled out so this module needs no torch
+CONFIGS = (Launch(2, 3), Launch(2, 4), Launch(4, 3), Launch(4, 4), Launch(8, 3), Launch(2, 3, prefetch=True),
+           Launch(4, 3, prefetch=True), Launch(2, 3, chain=True), Launch(4, 3, chain=True))
 H200_LIMIT = 232448       # "Hardware limit" in Triton's OutOfResources on H100/H200
 QWEN_MLP_IN_REQUIRED = 262656  # "Required" for the mlp_in μGraphs at m=1 and m=8 on the H200
 OVER_BUDGET = ("qwen05b_mlp_in_m1", "qwen05b_mlp_in_m8")
@@ -65,13 +66,12 @@ def test_estimate_bounds_triton_shared_memory(key):
     tm = render_triton(g)
     names = frozenset(s.name for s in tm.kernels)
     for config in CONFIGS:
-        nw, ns = config[:2]
-        chained = len(config) > 3 and config[3]
+        nw, ns, chained = config.num_warps, config.num_stages, config.chain
         if chained and not chains(g):
             continue
         # a prefetch variant holds its next tiles in registers: the same shared-memory estimate; a
         # chained kernel is bounded by its two blocks' estimates together (ir.launch_fits)
-        rendered = render_triton(g, names if len(config) > 2 and config[2] else frozenset(),
+        rendered = render_triton(g, names if config.prefetch else frozenset(),
                                  chain=names if chained else frozenset())
         built = aot(rendered, num_warps=nw, num_stages=ns)
         for s in rendered.kernels:
@@ -95,7 +95,7 @@ def test_qwen_mlp_in_graphs_that_failed_at_launch_are_rejected(key):
     with pytest.raises(GraphError, match=r"needs 262656 bytes of shared memory \(padded tiles, 1 stage\)"):
         check(g)
     assert default_stages(k0) is None
-    assert not any(launch_fits(g, *c[:2]) for c in CONFIGS)
+    assert not any(launch_fits(g, c.num_warps, c.num_stages) for c in CONFIGS)
 
 
 @pytest.mark.slow

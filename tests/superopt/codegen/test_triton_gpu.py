@@ -7,6 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from superopt.codegen.launch import Launch
 from superopt.interp import NumpyDomain, evaluate
 from tests.superopt.codegen.triton_cases import CASES, CHAIN_CASES, build
 
@@ -112,7 +113,7 @@ def test_chained_split_and_combine_stay_right_over_many_replays(case, dtype):
     from superopt.codegen.triton import render_triton
 
     fx = _llama_4k_attention_64_splits(dtype) if case == "llama_4k_64_splits" else build(case, dtype)
-    cg = _poisoned(fx, dtype, launch={k.name: (4, 3, 0, 1) for k in render_triton(fx.ugraph).kernels})
+    cg = _poisoned(fx, dtype, launch={k.name: Launch(4, 3, chain=True) for k in render_triton(fx.ugraph).kernels})
     assert cg.tails and len(cg.kernels) == 1
     for seed, errs in _replayed_errors(fx, cg, dtype, range(12, 24)):
         assert all(np.isfinite(errs)) and max(errs) <= TOL[dtype], f"{case} {dtype} replay {seed}: {errs}"
@@ -165,14 +166,15 @@ def test_selector_times_search_candidates_and_its_winner_is_correct():
     from superopt.lax import Program
     from superopt.runtime import compile_graph
     from superopt.runtime.select import Selector
-    from superopt.search import SearchBudget, superoptimize
+    from superopt.search import superoptimize
+    from tests.fixtures.budget import states_budget
 
     p = Program("down_proj")
     x = p.input("x", (3, 1216), "bfloat16")
     w = p.input("w", (448, 1216), "bfloat16")
     p.output(p.matmul(x, p.transpose(w)))
     program = p.build()
-    result = superoptimize(program, SearchBudget(max_seconds=30))
+    result = superoptimize(program, states_budget())
     cands = result.candidates()
     assert len(cands) > len(result.ranked[:3])  # designs at other extents are offered too
     g = torch.Generator().manual_seed(3)
@@ -186,19 +188,18 @@ def test_selector_times_search_candidates_and_its_winner_is_correct():
 
 
 def test_kernels_wait_for_their_predecessor_on_sm90():
-    """On sm_90+ every kernel is built with programmatic dependent launch's wait and signal
-    (superopt.runtime.grid_dependency); the source a cache stores stays as rendered."""
+    """On sm_90+ every kernel is rendered with programmatic dependent launch's wait and signal
+    (superopt.runtime.grid_dependency), and without them when the caller turns it off."""
+    from superopt.codegen.triton import PDL_WAIT
     from superopt.runtime import compile_graph
-    from superopt.runtime.build import load_module
-    from superopt.runtime.grid_dependency import WAIT, launch_options
 
-    cg = compile_graph(build("llama_qkv", "bfloat16").ugraph, device="cuda")
+    g = build("llama_qkv", "bfloat16").ugraph
+    cg, off = compile_graph(g, device="cuda"), compile_graph(g, device="cuda", pdl=False)
     major, minor = torch.cuda.get_device_capability()
     if 10 * major + minor < 90:
         pytest.skip("programmatic dependent launch needs sm_90+")
-    assert WAIT not in cg.source and cg.built.source.count(WAIT) == len(cg.built.kernels)
-    module = load_module(cg.built)
-    assert all(launch_options(getattr(module, s.name)) == {"launch_pdl": True} for s in cg.built.kernels)
+    assert cg.pdl and cg.module.pdl and cg.source.count(PDL_WAIT) == len(cg.module.kernels)
+    assert not off.pdl and PDL_WAIT not in off.source
 
 
 def test_a_dependent_chain_replays_bitwise_as_without_pdl():
@@ -206,7 +207,6 @@ def test_a_dependent_chain_replays_bitwise_as_without_pdl():
     before that read, captured in a CUDA graph with programmatic dependent launch: a kernel that
     started work before its predecessor completed would read a stale or half-written input."""
     from superopt.runtime import compile_graph
-    from superopt.runtime.grid_dependency import set_enabled
 
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("programmatic dependent launch needs sm_90+")
@@ -217,11 +217,7 @@ def test_a_dependent_chain_replays_bitwise_as_without_pdl():
             x = graphs[i % 2](x, *kv)[0]
         return x
 
-    set_enabled(False)
-    try:
-        plain = [compile_graph(fx.ugraph, device="cuda") for _ in range(2)]
-    finally:
-        set_enabled(True)
+    plain = [compile_graph(fx.ugraph, device="cuda", pdl=False) for _ in range(2)]
     pdl = [compile_graph(fx.ugraph, device="cuda") for _ in range(2)]
     x, *kv = _inputs(fx, "bfloat16", 6)
     chain(pdl, x, kv)  # compiles outside capture

@@ -17,6 +17,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from superopt.interp import NumpyDomain, evaluate  # noqa: E402
+from superopt.codegen.launch import Launch  # noqa: E402
 from superopt.codegen.triton import render_triton  # noqa: E402
 from superopt.runtime import compile_graph  # noqa: E402
 from tests.superopt.codegen.triton_cases import CASES, CHAIN_CASES, INTERP_DTYPES, build  # noqa: E402
@@ -33,8 +34,7 @@ def run_case(case_id: str, dtype: str, seed: int = 0, prefetch: bool = False, ch
     ref = evaluate(fx.program, [x.double().numpy() for x in xs], NumpyDomain())
     launch = None
     if prefetch or chain:
-        launch = {k.name: (k.num_warps, k.num_stages, int(prefetch), int(chain))[:4 if chain else 3]
-                  for k in render_triton(fx.ugraph).kernels}
+        launch = {k.name: Launch(k.num_warps, k.num_stages, prefetch, chain) for k in render_triton(fx.ugraph).kernels}
     cg = compile_graph(fx.ugraph, device="cpu", launch=launch)
     if prefetch and not chain and cg.launch != launch:
         raise AssertionError(f"launch {cg.launch} does not keep the prefetch mark of {launch}")

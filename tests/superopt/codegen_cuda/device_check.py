@@ -51,14 +51,6 @@ def _graph_time(fn, calls: int = 30, reps: int = 20) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def _copy_bandwidth() -> float:
-    import torch
-    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    y = torch.empty_like(x)
-    us = _graph_time(lambda i: y.copy_(x), calls=5, reps=10)
-    return 2 * x.numel() / us / 1e3  # GB/s, bytes read + written
-
-
 def qkv_graph(rows: int, k: int, n: int, n_tile: int, k_tile: int, dtype: str, threads: int = 128):
     """RMSNorm(x, g) · W as one customized op, N split by the grid, K walked by the loop."""
     from superopt.lax import Program
@@ -138,9 +130,10 @@ def bench(lines: list[str]) -> None:
     import torch
     from superopt.codegen.cuda import render_cuda
     from superopt.runtime.cuda_launch import CudaGraphRunner
+    from superopt.runtime.timing import copy_bandwidth
     with ProcessPoolExecutor(len(BENCH) + 1, mp_context=multiprocessing.get_context("spawn")) as pool:
         *cubins, attn_cubin = list(pool.map(_compile_bench, BENCH + ["attention"], timeout=300))
-    copy = _copy_bandwidth()
+    copy = copy_bandwidth() / 1e9  # GB/s, bytes read + written
     lines += [f"device-to-device copy: {copy:.0f} GB/s", "",
               "| block | rows×K×N | tile n×k, threads | ours µs | torch eager µs | ours GB/s | % copy | eager/ours | rel err |",
               "|---|---|---|---|---|---|---|---|---|"]

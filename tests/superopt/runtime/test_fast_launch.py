@@ -73,11 +73,12 @@ def test_launch_wrapper_is_torchs_while_wrap_triton_is_on():
         assert launch_wrapper(kernel) is fast  # one per kernel
 
 
-def test_a_kernel_that_waits_for_its_predecessor_is_launched_with_pdl():
-    from superopt.runtime.grid_dependency import SIGNAL, WAIT
+def test_a_kernel_of_a_module_rendered_with_pdl_is_launched_with_pdl():
+    from superopt.codegen.triton import PDL_SIGNAL, PDL_WAIT
+    from superopt.runtime.grid_dependency import launch_options
 
-    k = _Jit(f"def kernel(x_ptr):\n    {WAIT}\n    {SIGNAL}\n")
-    f = FastLaunch(k)
+    k = _Jit(f"def kernel(x_ptr):\n    {PDL_WAIT}\n    {PDL_SIGNAL}\n")
+    f = FastLaunch(k, launch_options(True))
     a = torch.randn(8)
     f[(1,)](a, num_warps=4, num_stages=2)
     f[(1,)](a, num_warps=4, num_stages=2)  # the compiled kernel keeps the option: launched directly

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from superopt.interp import NumpyDomain, evaluate
+from superopt.codegen.launch import Launch
 from superopt.codegen.triton import render_triton
 from superopt.runtime import compile_graph
 from superopt.runtime.compiled import CompiledGraph
@@ -152,12 +153,12 @@ def test_selector_sweeps_a_candidate_that_is_slow_only_at_its_default_launch(mon
         i = graphs.index(g)
         if config is None:
             return at_default[i]
-        return 17.0 if (i == 3 and config[0] == 2) else at_default[i] + 1.0
+        return 17.0 if (i == 3 and config.num_warps == 2) else at_default[i] + 1.0
 
     def fake_profile(ugraphs, inputs, configs, **_):
         out = []
         for g in ugraphs:
-            us, config = min((timed(g, c), c) for c in configs)
+            us, config = min(((timed(g, c), c) for c in configs), key=lambda t: t[0])
             out.append(ProfileResult(graphs.index(g), g, {"k": config}, us))
         return sorted(out, key=lambda r: r.median_us)
 
@@ -178,7 +179,7 @@ def test_selector_sweeps_the_launches_of_a_graph_it_is_told_to(monkeypatch):
         out = []
         for g in ugraphs:
             i = graphs.index(g)
-            us, config = min((((5.0 if (i == 4 and c == (4, 4)) else 20.0 + i), c) for c in configs),
+            us, config = min((((5.0 if (i == 4 and c == Launch(4, 4)) else 20.0 + i), c) for c in configs),
                              key=lambda t: t[0])
             out.append(ProfileResult(i, g, {"k": config}, us))
         return sorted(out, key=lambda r: r.median_us)
@@ -233,5 +234,5 @@ def test_a_refused_launch_is_never_built_and_says_why(monkeypatch):
     refused = {profile.launch_key(to_text(g), None): "the build killed its worker process"}
     (r,) = profile.profile_candidates([g], [torch.zeros(1)], configs=[None], refused=refused)
     assert built == [] and r.error == "skipped default: the build killed its worker process"
-    (r,) = profile.profile_candidates([g], [torch.zeros(1)], configs=[None, (2, 3)], refused=refused)
-    assert len(built) == 1 and r.error is None and r.tried[0][0] == (2, 3)
+    (r,) = profile.profile_candidates([g], [torch.zeros(1)], configs=[None, Launch(2, 3)], refused=refused)
+    assert len(built) == 1 and r.error is None and r.tried[0][0] == Launch(2, 3)

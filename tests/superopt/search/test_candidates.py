@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 from superopt.lax import Program
-from superopt.search import SearchBudget, superoptimize
+from superopt.search import superoptimize
 from superopt.verify import check_equivalent
+from tests.fixtures.budget import states_budget
 
 
 def test_candidates_are_other_extents_of_verified_designs():
@@ -12,7 +13,7 @@ def test_candidates_are_other_extents_of_verified_designs():
     w = p.input("w", (448, 1216), "bfloat16")
     p.output(p.matmul(x, p.transpose(w)))
     program = p.build()
-    result = superoptimize(program, SearchBudget(max_seconds=20))
+    result = superoptimize(program, states_budget())
     cands = result.candidates()
     shapes = {tuple((n.block.num_blocks, n.block.forloop) for n in g.customized_nodes()) for g in cands}
     assert len(shapes) == len(cands) > 3  # distinct instantiations, not copies

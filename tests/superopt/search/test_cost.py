@@ -7,9 +7,10 @@ import math
 import pytest
 
 from superopt.lax import Program
-from superopt.search import SearchBudget, superoptimize
+from superopt.search import superoptimize
 from superopt.runtime.retile import retile
 from superopt.search.cost import INFLIGHT_BYTES, graph_cost, streaming_fraction
+from tests.fixtures.budget import states_budget
 
 
 def test_streaming_fraction_follows_bytes_in_flight_per_sm():
@@ -31,7 +32,7 @@ def test_decode_gemv_search_prefers_slices_that_keep_weights_streaming():
     norm_weight = p.input("norm_weight", (4096,), "bfloat16")
     w = p.input("w", (1024, 4096), "bfloat16")
     p.output(p.matmul(p.rms_norm(x, norm_weight, eps=1e-5), p.transpose(w)))  # RMSNorm + k_proj
-    result = superoptimize(p.build(), SearchBudget(max_seconds=30))
+    result = superoptimize(p.build(), states_budget())
     (node,) = result.best.customized_nodes()
     weight_tile = max((i.value.type for i in node.block.inputs), key=lambda t: t.numel)
     per_iteration = weight_tile.numel * 2
@@ -49,7 +50,7 @@ def _searched_norm_k_proj(rows: int):
     norm_weight = p.input("norm_weight", (4096,), "bfloat16")
     w = p.input("w", (1024, 4096), "bfloat16")
     p.output(p.matmul(p.rms_norm(x, norm_weight, eps=1e-5), p.transpose(w)))
-    return superoptimize(p.build(), SearchBudget(max_seconds=30))
+    return superoptimize(p.build(), states_budget())
 
 
 def test_a_block_tile_of_more_than_8192_elements_is_estimated_slower_whatever_the_threads():

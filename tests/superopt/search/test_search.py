@@ -11,11 +11,12 @@ import pytest
 
 from superopt.ir import check, to_text
 from superopt.lax import Program
-from superopt.search import SearchBudget, superoptimize
+from superopt.search import superoptimize
 from superopt.verify import check_equivalent
+from tests.fixtures.budget import states_budget
 from tests.fixtures.ugraphs import FIXTURES
 
-BUDGET = SearchBudget(max_seconds=30, max_states=40_000, workers=1)
+BUDGET = states_budget(40_000, workers=1)
 
 # (fixture, builder kwargs): odd sizes where the fixture allows them; the fixtures' hand-written
 # μGraphs give the kernel count the search must reach (one kernel, or split + combine for attention).
@@ -84,7 +85,7 @@ def test_deterministic_for_seed_and_budget():
 def test_workers_give_the_same_result():
     fx = FIXTURES["rmsnorm_matmul"](rows=3, hidden=96, out=80)
     a = superoptimize(fx.program, budget=BUDGET)
-    b = superoptimize(fx.program, budget=SearchBudget(max_seconds=30, max_states=40_000, workers=2))
+    b = superoptimize(fx.program, budget=states_budget(40_000, workers=2))
     assert [to_text(g) for g, _ in a.ranked] == [to_text(g) for g, _ in b.ranked]
 
 

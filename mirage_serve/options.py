@@ -1,0 +1,36 @@
+"""PatchOptions: the switches that change what ``patch()`` does, passed as one frozen argument.
+
+    mirage_serve.patch(model)                                          # defaults (below)
+    mirage_serve.patch(model, options=PatchOptions(pdl=False))         # one switch changed
+
+A field left out takes its default from the environment, read once, when the options are made, and
+only through ``mirage_serve.knobs`` (the one place environment variables are read; a deployment
+sets ``MIRAGE_SERVE_PDL=0`` without touching code). Code and tests pass the fields they mean; the
+environment is never consulted again after construction.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from . import knobs
+
+__all__ = ["PatchOptions"]
+
+
+@dataclass(frozen=True)
+class PatchOptions:
+    """What ``patch(model, options=...)`` does beyond its arguments; each field's default is its knob's."""
+
+    # kernels launched with programmatic dependent launch on sm_90+ (superopt.runtime.grid_dependency)
+    pdl: bool = field(default_factory=knobs.PDL.get)
+    # k_proj and v_proj as one launch where it times faster (mirage_serve.patch_pairing)
+    paired_launch: bool = field(default_factory=knobs.PAIRED_LAUNCH.get)
+    # the layer's residual adds inside the o_proj / down_proj kernels (mirage_serve.patch_residual)
+    fused_residual: bool = field(default_factory=knobs.FUSED_RESIDUAL.get)
+    # search again the programs the shipped cache holds, on the GPU profile (mirage_serve.optimize.choose)
+    research: bool = field(default_factory=knobs.RESEARCH.get)
+
+    def __post_init__(self):
+        for name in ("pdl", "paired_launch", "fused_residual", "research"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"PatchOptions.{name} must be a bool, got {getattr(self, name)!r}")

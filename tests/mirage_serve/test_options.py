@@ -1,0 +1,81 @@
+"""PatchOptions: patch()'s behaviour switches as one frozen argument, defaults from the knobs only."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from mirage_serve import knobs
+from mirage_serve.options import PatchOptions
+
+FIELDS = {"pdl": knobs.PDL, "paired_launch": knobs.PAIRED_LAUNCH, "fused_residual": knobs.FUSED_RESIDUAL,
+          "research": knobs.RESEARCH}
+
+
+def test_each_switch_is_a_field_whose_default_is_its_knob(monkeypatch):
+    assert {f.name for f in dataclasses.fields(PatchOptions)} == set(FIELDS)
+    for name, knob in FIELDS.items():
+        monkeypatch.delenv(knob.name, raising=False)
+        assert getattr(PatchOptions(), name) is knob.default
+        monkeypatch.setenv(knob.name, "0" if knob.default else "1")
+        assert getattr(PatchOptions(), name) is (not knob.default), knob.name
+        # an argument wins over the environment, which is read only when the options are made
+        assert getattr(PatchOptions(**{name: knob.default}), name) is knob.default
+        made = PatchOptions()
+        monkeypatch.setenv(knob.name, "1" if knob.default else "0")
+        assert getattr(made, name) is (not knob.default)
+
+
+def test_options_are_frozen_and_typed():
+    o = PatchOptions(pdl=False, paired_launch=False, fused_residual=False, research=True)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        o.pdl = True
+    with pytest.raises(TypeError, match="pdl"):
+        PatchOptions(pdl="0")
+    assert dataclasses.replace(o, pdl=True).pdl and not o.pdl
+
+
+def _tiny_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=24, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def test_patch_hands_its_options_to_the_builds(monkeypatch):
+    import mirage_serve
+    from mirage_serve import backends
+
+    seen = []
+    build = backends.build
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("pdl"))
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(backends, "build", spy)
+    model = _tiny_llama()
+    for pdl in (False, True):
+        seen.clear()
+        mirage_serve.patch(model, search_budget=0, batch_sizes=(1,), options=PatchOptions(pdl=pdl))
+        mirage_serve.unpatch(model)
+        assert seen and set(seen) == {pdl}
+
+
+def test_patch_without_fused_residual_leaves_the_adds_to_the_layer():
+    import mirage_serve
+
+    model = _tiny_llama()
+    off = mirage_serve.patch(model, search_budget=0, batch_sizes=(1,), options=PatchOptions(fused_residual=False))
+    mirage_serve.unpatch(model)
+    on = mirage_serve.patch(model, search_budget=0, batch_sizes=(1,), options=PatchOptions(fused_residual=True))
+    mirage_serve.unpatch(model)
+    assert "residual adds: in the o_proj" in on.note and "residual adds: in the o_proj" not in off.note
+
+
+def test_patch_refuses_options_of_another_type():
+    import mirage_serve
+
+    with pytest.raises(mirage_serve.patch_api.PatchError, match="PatchOptions"):
+        mirage_serve.patch(_tiny_llama(), options={"pdl": False})
