@@ -1,0 +1,55 @@
+"""Shard a from_config Hugging Face model by its own tp_plan under torch.distributed, as from_pretrained does.
+
+``from_pretrained(..., tp_plan="auto")`` (or ``distributed_config=DistributedConfig(tp_size=N)``)
+loads a checkpoint straight into shards; benchmarks and tests build models from a config with
+random weights instead, so they shard a full model in place with the same transformers function
+(``transformers.distributed.tensor_parallel.apply_tensor_parallelism``): every rank builds the same
+full weights (same seed), keeps its shard (``distribute_tensor(..., src_data_rank=None)`` slices
+locally, no communication), and HF installs its TP forwards (all-reduce after the row-wise
+projections). transformers 5.17 takes the plan from the model; 5.24 takes it as an argument.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from .safety import assert_multicast_off
+
+
+def init_distributed(device_type: str, timeout_s: float = 300.0) -> tuple[int, int]:
+    """Join the torchrun job (NCCL on CUDA, gloo on CPU); returns (rank, world size).
+    On CUDA the process's GPU is ``LOCAL_RANK``."""
+    assert_multicast_off()
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        raise RuntimeError("not started by torchrun (RANK / WORLD_SIZE unset); see `mirage-serve bench --tp`")
+    if device_type == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    if not dist.is_initialized():
+        backend = "nccl" if device_type == "cuda" else "gloo"
+        kw = {"device_id": torch.device("cuda", torch.cuda.current_device())} if device_type == "cuda" else {}
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s), **kw)
+    return dist.get_rank(), dist.get_world_size()
+
+
+def shard_in_place(model, device_type: str):
+    """Shard ``model`` (full weights, identical on every rank) by its tp_plan over all ranks;
+    returns the model (its Linear weights are now DTensor shards)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from transformers.distributed import DistributedConfig
+    from transformers.distributed.tensor_parallel import apply_tensor_parallelism
+
+    world = dist.get_world_size()
+    mesh = init_device_mesh(device_type, (world,))
+    dcfg = DistributedConfig(tp_size=world, tp_plan="auto")
+    model.config.distributed_config = dcfg
+    model._device_mesh, model._tp_size = mesh, world
+    if "tp_plan" in inspect.signature(apply_tensor_parallelism).parameters:  # transformers ≥ 5.2x
+        tp_plan, _, _ = model._resolve_parallel_plans(dcfg)
+        apply_tensor_parallelism(model, mesh, tp_plan)
+    else:  # 5.17: the plan is the model's own
+        apply_tensor_parallelism(model, mesh)
+    return model

@@ -1,0 +1,195 @@
+"""patch() on a model sharded by HF's tp_plan: per-shard views to search on, and the all-reduce after row-wise kernels.
+
+HF's tensor parallelism (``from_pretrained(..., tp_plan="auto")`` under torchrun, or
+``hf_shard.shard_in_place``) turns each planned Linear's weight into a DTensor: column-wise
+(``Shard(0)``: q / k / v / gate / up, each rank holds some output features) or row-wise
+(``Shard(1)``: o / down, each rank holds some input features and produces a partial sum that HF
+all-reduces). It sets the module's ``forward`` to its own TP forward, which on an inference call
+runs the plain Linear on the local shard (and all-reduces after a row-wise one).
+
+patch() then works on shards (``Sharding``):
+
+* ``view(layer)``: the decoder layer as this rank sees it, the same module tree with every DTensor
+  weight replaced by its local tensor (same storage: no weight is copied) and the Linear's
+  ``in_features`` / ``out_features`` set to the shard's. Sites are traced, searched, cached and
+  self-checked on the view, so every kernel is searched for its shard's shape.
+* ``wrap(site, runtime)``: a projection site whose weight is row-wise returns a partial sum; its
+  runtime all-reduces the output through torch.distributed (NCCL on GPU, gloo on CPU) on the
+  current stream, so the decode CUDA graph captures it.
+* ``config``: the model config with this rank's head counts, for the owned static KV cache and the
+  decode-attention kernels (attention heads are split across ranks with q / k / v).
+
+Every rank takes the same decisions on the same shapes; a site that stays original on one rank
+still all-reduces once in HF's forward, so the collectives always match.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+
+def _dtensor_type():
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # torch built without distributed
+        return None
+    return DTensor
+
+
+def sharded_params(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    DTensor = _dtensor_type()
+    if DTensor is None:
+        return []
+    return [(n, p) for n, p in model.named_parameters() if isinstance(p, DTensor)]
+
+
+def _shard_dim(p) -> int | None:
+    """The dim of a DTensor weight its mesh splits (0 column-wise, 1 row-wise), or None if replicated."""
+    from torch.distributed.tensor import Shard
+
+    dims = [pl.dim % p.dim() for pl in p.placements if isinstance(pl, Shard)]
+    return dims[0] if dims else None
+
+
+def divides(config, world: int) -> str | None:
+    """Why ``world`` ranks cannot split this model's heads and MLP evenly, or None."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = getattr(text, "num_attention_heads", None)
+    sizes = {"query heads": heads, "kv heads": getattr(text, "num_key_value_heads", None) or heads,
+             "intermediate size": getattr(text, "intermediate_size", None)}
+    bad = [f"{what} {n}" for what, n in sizes.items() if isinstance(n, int) and n % world]
+    if bad:
+        return (f"tensor-parallel world size {world} does not divide the {', '.join(bad)}; "
+                f"choose a --tp that divides them")
+    return None
+
+
+def local_config(config, world: int):
+    """``config`` with this rank's head counts (q and kv heads ÷ ``world``; the head dim kept)."""
+    out = copy.deepcopy(config)
+    text = out.get_text_config() if hasattr(out, "get_text_config") else out
+    hq = text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // hq
+    text.head_dim = head_dim
+    text.num_attention_heads = hq // world
+    if getattr(text, "num_key_value_heads", None):
+        text.num_key_value_heads //= world
+    return out
+
+
+def _local_module(module: nn.Module, DTensor) -> nn.Module:
+    """A shallow copy of ``module`` (children copied the same way) whose DTensor parameters are
+    their local shards and whose instance ``forward`` (HF's TP forward) is dropped."""
+    twin = copy.copy(module)
+    twin.__dict__.pop("forward", None)
+    twin._parameters = {}
+    for name, p in module._parameters.items():
+        if isinstance(p, DTensor):
+            p = nn.Parameter(p.to_local(), requires_grad=False)
+        twin._parameters[name] = p
+    twin._buffers = dict(module._buffers)
+    twin._modules = {n: (None if c is None else _local_module(c, DTensor)) for n, c in module._modules.items()}
+    if isinstance(twin, nn.Linear) and twin._parameters.get("weight") is not None:
+        twin.out_features, twin.in_features = twin._parameters["weight"].shape
+    return twin
+
+
+class Reduced:
+    """A projection site's runtime whose output is a partial sum over ranks: all-reduced after the kernel."""
+
+    def __init__(self, runtime, group):
+        self.runtime, self.group = runtime, group
+
+    def __getattr__(self, name):  # dim, dtype, device, kernels, residual_dim… of the wrapped runtime
+        return getattr(self.runtime, name)
+
+    def eligible(self, module, x, r=None) -> bool:
+        return self.runtime.eligible(module, x) if r is None else self.runtime.eligible(module, x, r)
+
+    def run(self, x, r=None):
+        import torch.distributed as dist
+
+        outs = self.runtime.run(x) if r is None else self.runtime.run(x, r)
+        dist.all_reduce(outs[0], group=self.group)  # in place, on the current stream (graph-capturable)
+        return outs
+
+
+@dataclass
+class Sharding:
+    """What patch() needs to know about a tensor-parallel model on this rank."""
+
+    world: int
+    rank: int
+    group: object
+    config: object                      # this rank's head counts (local_config)
+    _views: dict = field(default_factory=dict)
+
+    @property
+    def tag(self) -> str:
+        """The cache-key suffix: kernels for a shard are keyed by the world size too (the
+        program digest already covers the shard's shapes)."""
+        return f"-tp{self.world}"
+
+    def view(self, layer: nn.Module) -> nn.Module:
+        v = self._views.get(id(layer))
+        if v is None:
+            v = self._views[id(layer)] = _local_module(layer, _dtensor_type())
+        return v
+
+    def row_wise(self, module: nn.Module) -> bool:
+        w = getattr(module, "weight", None)
+        return isinstance(w, _dtensor_type()) and _shard_dim(w) == w.dim() - 1
+
+    def unsupported(self, layer: nn.Module, site) -> str | None:
+        """Why a site cannot run on shards (a row-wise weight inside a fused norm site, a
+        row-wise projection with a bias), or None."""
+        from ..sites import ProjSite
+
+        if isinstance(site, ProjSite):
+            proj = layer.get_submodule(site.proj)
+            if self.row_wise(proj) and getattr(proj, "bias", None) is not None:
+                return "row-wise sharded projection with a bias (HF adds it after the all-reduce)"
+            return None
+        for c in site.consumers:
+            mod = layer.get_submodule(c.path)
+            tail = mod.get_submodule(c.tail) if c.tail else None
+            for sub in mod.modules():
+                if sub is not tail and self.row_wise(sub) and not (tail is not None and _within(sub, tail)):
+                    return f"row-wise sharded weight inside the fused site at {c.path}"
+        return None
+
+    def wrap(self, layer: nn.Module, site, runtime):
+        from ..sites import ProjSite
+
+        if isinstance(site, ProjSite) and self.row_wise(layer.get_submodule(site.proj)):
+            return Reduced(runtime, self.group)
+        return runtime
+
+    def note(self) -> str:
+        return (f"tensor parallel: rank {self.rank} of {self.world}; kernels searched for this rank's "
+                f"weight shards, all-reduce (torch.distributed) after the row-wise o_proj / down_proj "
+                f"kernels; residual adds stay in the layer's forward after the all-reduce (a collective "
+                f"cannot sit inside a searched μGraph; the next norm is fused into the following "
+                f"projections' kernels as on one GPU)")
+
+
+def _within(sub: nn.Module, root: nn.Module) -> bool:
+    return any(m is sub for m in root.modules())
+
+
+def sharding_of(model: nn.Module) -> Sharding | None:
+    """The model's ``Sharding`` if HF's tensor parallelism sharded it over more than one rank, else None."""
+    params = sharded_params(model)
+    if not params:
+        return None
+    mesh = params[0][1].device_mesh
+    world = mesh.size()
+    if world <= 1:
+        return None
+    group = mesh.get_group()
+    import torch.distributed as dist
+
+    return Sharding(world, dist.get_rank(group), group, local_config(model.config, world))
