@@ -24,6 +24,8 @@ still all-reduces once in HF's forward, so the collectives always match.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import copy
 from dataclasses import dataclass, field
 
@@ -80,6 +82,32 @@ def local_config(config, world: int):
     return out
 
 
+def shard_shaped_config(config, world: int):
+    """A config whose whole model has one rank's shapes (heads and MLP ÷ ``world``): a model built
+    from it traces to the same site programs as a real shard view, so its kernels can be searched
+    and cached with no second GPU (``mirage-serve warm --tp N``, ``simulated``)."""
+    out = local_config(config, world)
+    text = out.get_text_config() if hasattr(out, "get_text_config") else out
+    text.intermediate_size //= world
+    return out
+
+
+_SIMULATED: contextvars.ContextVar[int | None] = contextvars.ContextVar("mirage_serve_tp_simulated", default=None)
+
+
+@contextlib.contextmanager
+def simulated(world: int):
+    """patch() inside this context treats an unsharded model built from ``shard_shaped_config`` as
+    one rank of ``world``: cache keys carry the world size and the residual adds stay unfused,
+    exactly as on a real shard, so the kernels it searches serve the sharded model later. Nothing
+    is all-reduced (there is no other rank)."""
+    token = _SIMULATED.set(int(world))
+    try:
+        yield
+    finally:
+        _SIMULATED.reset(token)
+
+
 def _local_module(module: nn.Module, DTensor) -> nn.Module:
     """A shallow copy of ``module`` (children copied the same way) whose DTensor parameters are
     their local shards and whose instance ``forward`` (HF's TP forward) is dropped."""
@@ -125,6 +153,7 @@ class Sharding:
     rank: int
     group: object
     config: object                      # this rank's head counts (local_config)
+    simulated: bool = False             # a shard-shaped model on one device (``simulated``)
     _views: dict = field(default_factory=dict)
 
     @property
@@ -134,6 +163,8 @@ class Sharding:
         return f"-tp{self.world}"
 
     def view(self, layer: nn.Module) -> nn.Module:
+        if self.simulated:  # already shard-shaped
+            return layer
         v = self._views.get(id(layer))
         if v is None:
             v = self._views[id(layer)] = _local_module(layer, _dtensor_type())
@@ -164,11 +195,14 @@ class Sharding:
     def wrap(self, layer: nn.Module, site, runtime):
         from ..sites import ProjSite
 
-        if isinstance(site, ProjSite) and self.row_wise(layer.get_submodule(site.proj)):
+        if self.group is not None and isinstance(site, ProjSite) and self.row_wise(layer.get_submodule(site.proj)):
             return Reduced(runtime, self.group)
         return runtime
 
     def note(self) -> str:
+        if self.simulated:
+            return (f"tensor parallel simulated: one rank's shapes of {self.world}, kernels cached for the "
+                    f"sharded model; residual adds unfused as on a shard")
         return (f"tensor parallel: rank {self.rank} of {self.world}; kernels searched for this rank's "
                 f"weight shards, all-reduce (torch.distributed) after the row-wise o_proj / down_proj "
                 f"kernels; residual adds stay in the layer's forward after the all-reduce (a collective "
@@ -184,7 +218,8 @@ def sharding_of(model: nn.Module) -> Sharding | None:
     """The model's ``Sharding`` if HF's tensor parallelism sharded it over more than one rank, else None."""
     params = sharded_params(model)
     if not params:
-        return None
+        world = _SIMULATED.get()
+        return None if world is None else Sharding(world, 0, None, model.config, simulated=True)
     mesh = params[0][1].device_mesh
     world = mesh.size()
     if world <= 1:

@@ -16,8 +16,20 @@ import mirage_serve
 from mirage_serve.patch_api import PatchError, is_patched
 from mirage_serve.tp import shards
 from mirage_serve.tp.hf_shard import init_distributed, shard_in_place
+from superopt.search import SearchBudget
 
 STEPS = 16
+BUDGET = SearchBudget(max_seconds=0.5)  # a short search: its winners are cached by the warm-up below
+
+
+def warm_shards(model) -> dict:
+    """Rank 1 searches the kernels of one rank's shard on a shard-shaped, unsharded model (as the GPU
+    session does while rank 0 measures TP=1); the real sharded patch must then find them cached."""
+    small = AutoModelForCausalLM.from_config(shards.shard_shaped_config(model.config, 2)).eval()
+    with shards.simulated(2):
+        rep = mirage_serve.patch(small, backend="torch", search_budget=BUDGET, batch_sizes=(4,))
+    mirage_serve.unpatch(small)
+    return {"searches": rep.searches, "patched": sum(s.patched for s in rep.sites)}
 
 
 def tiny(kv_heads: int = 2):
@@ -48,7 +60,8 @@ def main(out_dir: str) -> None:
     model = tiny()
     g = torch.Generator().manual_seed(7)
     prompts = {"b1": torch.randint(1, 130, (1, 6), generator=g), "b3": torch.randint(1, 130, (3, 5), generator=g)}
-    res = {"rank": rank, "world": world, "unsharded": {k: greedy(model, v) for k, v in prompts.items()}}
+    import transformers
+    res = {"rank": rank, "world": world, "transformers": transformers.__version__, "unsharded": {k: greedy(model, v) for k, v in prompts.items()}}
     short = prompts["b3"][:, -1:]
     with torch.no_grad():
         full_logits = model(short).logits
@@ -57,6 +70,9 @@ def main(out_dir: str) -> None:
     with torch.no_grad():
         tp_logits = model(short).logits
     before = forwards(model)
+    if rank == 1:
+        res["warm"] = warm_shards(model)
+    torch.distributed.barrier()
 
     calls = {"reduced": 0}
     run = shards.Reduced.run
@@ -65,7 +81,8 @@ def main(out_dir: str) -> None:
         calls["reduced"] += 1
         return run(self, x, r)
     shards.Reduced.run = counted
-    report = mirage_serve.patch(model, backend="torch", search_budget=0, batch_sizes=(4,))
+    report = mirage_serve.patch(model, backend="torch", search_budget=BUDGET, batch_sizes=(4,))
+    res["counts"] = {k: getattr(report, k) for k in ("searches", "cache_hits", "programs")}
     res["patched_sites"] = sum(s.patched for s in report.sites)
     res["sites"] = len(report.sites)
     res["reasons"] = sorted({s.reason for s in report.sites if s.reason})

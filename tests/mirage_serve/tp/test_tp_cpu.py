@@ -3,7 +3,8 @@
 The worker (``_tp_worker.py``, started through ``mirage_serve.tp.launch`` as the CLI starts its
 ranks) checks greedy tokens against the unsharded model for 16 steps at batch 1 and 3, that the
 row-wise kernels all-reduce, that unpatch restores HF's TP forwards and bit-identical logits, and
-that a world size which does not divide the kv heads is refused with the model untouched.
+that a world size which does not divide the kv heads is refused with the model untouched, and that
+kernels searched for a shard-shaped model serve the sharded one from the cache.
 """
 from __future__ import annotations
 
@@ -46,6 +47,15 @@ def test_every_site_patched_and_row_wise_kernels_all_reduce(ranks):
         assert res["reduced_per_forward"] == 4  # o_proj and down_proj of 2 layers
         assert res["logits_err_vs_unsharded"] < 1e-5  # fp32 row of the tolerance table
         assert "tensor parallel: rank" in res["note"]
+
+
+def test_shard_kernels_searched_once_and_keyed_by_world_size(ranks):
+    """Rank 1 searched the shard's programs on a shard-shaped model (``shards.simulated``); both ranks'
+    real sharded patch then found every program in the shared cache: the keys match."""
+    assert ranks[1]["warm"]["searches"] > 0 and ranks[1]["warm"]["patched"] == 8
+    for res in ranks:
+        assert res["counts"]["searches"] == 0
+        assert res["counts"]["cache_hits"] == res["counts"]["programs"] > 0
 
 
 def test_unpatch_restores_hf_tp_model(ranks):
