@@ -49,7 +49,25 @@ def shard_in_place(model, device_type: str):
     model._device_mesh, model._tp_size = mesh, world
     if "tp_plan" in inspect.signature(apply_tensor_parallelism).parameters:  # transformers ≥ 5.2x
         tp_plan, _, _ = model._resolve_parallel_plans(dcfg)
-        apply_tensor_parallelism(model, mesh, tp_plan)
+        # A tied lm_head is no parameter of its own (named_parameters lists the embedding only):
+        # HF's loop cannot find it; it stays replicated, as the embedding it shares must.
+        apply_tensor_parallelism(model, mesh, _untied(model, tp_plan))
     else:  # 5.17: the plan is the model's own
         apply_tensor_parallelism(model, mesh)
     return model
+
+
+def _untied(model, tp_plan: dict) -> dict:
+    """``tp_plan`` without entries for a weight shared with another module (a tied lm_head): it is
+    listed under the embedding only, HF's loop cannot shard it, and it must stay replicated."""
+    params = {n for n, _ in model.named_parameters()}
+    modules = dict(model.named_modules())
+
+    def tied(name: str) -> bool:
+        if name in params:
+            return False
+        module = modules.get(name)
+        if module is None:  # a parameter name listed under another module: shared
+            return True
+        return any(f"{name}.{p}" not in params for p, _ in module.named_parameters(recurse=False))
+    return {k: v for k, v in tp_plan.items() if not tied(k)}
