@@ -129,6 +129,21 @@ class Session:
                 raise TimeoutError(f"ranks did not reach {tag} within {limit:.0f} s")
             time.sleep(0.5)
 
+    def claim(self, tag: str) -> bool:
+        """True for the one rank that takes ``tag`` (an exclusive file create)."""
+        try:
+            os.close(os.open(self.sync_dir / tag, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            return True
+        except FileExistsError:
+            return False
+
+    def write_model(self, name: str) -> None:
+        if self.rank == 0:
+            (self.out / f"tp_{name}.json").write_text(json.dumps(
+                {"environment": self.result["environment"], "collectives": self.result.get("collectives"),
+                 **self.result["models"][name]}, indent=2, default=str) + "\n")
+        self.save()
+
     def save(self) -> None:
         if self.rank != 0:
             return
@@ -227,14 +242,15 @@ class Session:
         return {"graph_capture_probe": probe, "allreduce": rows, "copy_bandwidth_GBps": [b / 1e9 for b in bws]}
 
     # ------------------------------------------------------------------ phase C
-    def tp2(self, name: str) -> dict:
+    def tp2(self, name: str, res: dict):
+        """Load, broadcast and shard the model; ours TP=N into ``res`` (saved as it goes); returns the
+        sharded model, kept for the HF baseline later."""
         import mirage_serve
         from mirage_serve import registry
         from mirage_serve.bench_timing import first_divergence
         from mirage_serve.decode import decode_paths
         from mirage_serve.tp.hf_shard import shard_in_place
 
-        res: dict = {}
         model = self.load(name)
         with self.torch.no_grad():
             for p in model.parameters():  # rank 0's weights everywhere (the TP=1 run used them)
@@ -277,20 +293,15 @@ class Session:
         else:
             res["ours"] = {"skipped": f"deadline ({self.left():.0f} s left)"}
         self.free()
-        # HF TP=2 static cache + auto torch.compile
-        if not self.args.no_hf and self.agree(self.left() > 90):
-            try:
-                m = self.measure(model, "static")
-                res["hf_static_compile"] = {"ms_per_step": {b: ms for b, (ms, _) in m.items()},
-                                            "tokens_vs_tp1": self.compare(model, m, ref, first_divergence)}
-            except Exception as e:
-                res["hf_static_compile"] = {"error": f"{type(e).__name__}: {e}"}
-                traceback.print_exc()
-        else:
-            res["hf_static_compile"] = {"skipped": f"deadline ({self.left():.0f} s left) or --no-hf"}
-        del model
-        self.free()
-        return res
+        return model, ref
+
+    def hf(self, model, ref: dict) -> dict:
+        """HF TP=N: static cache + auto torch.compile (compiles once per batch size and length)."""
+        from mirage_serve.bench_timing import first_divergence
+
+        m = self.measure(model, "static")
+        return {"ms_per_step": {b: ms for b, (ms, _) in m.items()},
+                "tokens_vs_tp1": self.compare(model, m, ref, first_divergence)}
 
     def shared_tokens(self, name: str) -> dict:
         """Rank 0's TP=1 tokens, on every rank (the near-tie check runs the model: all ranks must)."""
@@ -331,8 +342,9 @@ class Session:
             for name in a.models:
                 self.result["tp1"][name] = guarded(f"tp1 {name}", self.tp1, name)
                 self.save()
-        elif self.rank == 1:
-            for name in a.models:
+        # shard kernels: a work queue over the ranks (rank 0 joins after its TP=1 runs, from the end)
+        for name in (a.models if self.rank else reversed(a.models)):
+            if self.left() > 150 and self.claim(f"warm.{name}"):
                 self.result["warm"][name] = guarded(f"warm {name}", self.warm_shards, name)
         self.wait_all("phaseA", limit=max(self.left(), 30))
         warm = [None] * self.world
@@ -340,18 +352,29 @@ class Session:
         self.result["warm"] = {k: v for w in warm for k, v in (w or {}).items()}
         self.result["collectives"] = guarded("collectives", self.collectives)
         self.save()
+        kept = {}  # ours first for every model (the must-show), then HF's compiled baseline as time allows
         for name in a.models:
-            if not self.agree(self.left() > 120):
-                self.result["models"][name] = {"skipped": f"deadline ({self.left():.0f} s left)"}
+            res = self.result["models"][name] = {"tp1": self.result["tp1"].get(name)}
+            if not self.agree(self.left() > 100):
+                res["skipped"] = f"deadline ({self.left():.0f} s left)"
                 continue
             log(f"{name}: TP={self.world}")
-            self.result["models"][name] = guarded(f"tp2 {name}", self.tp2, name)
-            self.result["models"][name]["tp1"] = self.result["tp1"].get(name)
-            if self.rank == 0:
-                (self.out / f"tp_{name}.json").write_text(json.dumps(
-                    {"environment": self.result["environment"], "collectives": self.result["collectives"],
-                     **self.result["models"][name]}, indent=2, default=str) + "\n")
-            self.save()
+            t = time.time()
+            try:
+                kept[name] = self.tp2(name, res)
+            except Exception as e:
+                res["error"] = f"{type(e).__name__}: {e}"
+                traceback.print_exc()
+            res["seconds"] = round(time.time() - t, 2)
+            self.write_model(name)
+        for name, (model, ref) in kept.items():
+            res = self.result["models"][name]
+            if not self.args.no_hf and self.agree(self.left() > 75):
+                res["hf_static_compile"] = guarded(f"hf {name}", self.hf, model, ref)
+            else:
+                res["hf_static_compile"] = {"skipped": f"deadline ({self.left():.0f} s left) or --no-hf"}
+            self.write_model(name)
+        kept.clear()
         if self.rank == 0:
             (self.out / "tp_session.md").write_text(table(self.result) + "\n")
             print(table(self.result), flush=True)

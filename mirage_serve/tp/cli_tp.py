@@ -1,0 +1,103 @@
+"""`mirage-serve bench MODEL --tp N` and `mirage-serve warm MODEL --tp N`.
+
+bench: run from a shell, it prints the one torchrun line and starts it (``launch``); each of the N
+ranks then runs the usual bench on its GPU with the model sharded by HF's tp_plan, so every
+baseline (HF eager, HF static cache + compile) is HF's own tensor-parallel model and "ours" is
+patch() on the shards. All ranks run the same generate() calls (their collectives must match);
+rank 0 prints the table and writes the files, with the floor per GPU (weights ÷ N).
+
+warm: searches and compiles one rank's kernels on a shard-shaped model (``shards.simulated``) in
+one process: no torchrun and no second GPU needed; the sharded patch then finds them.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+from ..cli_errors import EXIT_USAGE, CliError
+
+
+def under_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def launch_bench(args) -> int | None:
+    """From a shell: start ``args.argv`` on ``args.tp`` ranks and return torchrun's status.
+    Under torchrun: None (this process is a rank; the caller goes on), after checking the job."""
+    from .launch import launch, torchrun_line
+    from .safety import assert_multicast_off
+
+    if under_torchrun():
+        assert_multicast_off()
+        world = int(os.environ["WORLD_SIZE"])
+        if world != args.tp:
+            raise CliError(f"--tp {args.tp} but torchrun started {world} processes", EXIT_USAGE)
+        return None
+    argv = ["-m", "mirage_serve.cli", *args.argv]
+    print(f"mirage-serve: starting {args.tp} ranks: {torchrun_line(args.tp, argv)}", file=sys.stderr, flush=True)
+    return launch(args.tp, argv)
+
+
+def load_sharded(opts, tp: int):
+    """This rank's LoadedModel: the full model (rank 0's random weights, broadcast), sharded by HF's
+    tp_plan. A world size that does not divide the heads is refused before anything is loaded."""
+    import torch
+    import torch.distributed as dist
+
+    from .. import registry
+    from ..bench_load import load
+    from .hf_shard import init_distributed, shard_in_place
+    from .shards import divides
+
+    device = "cuda" if opts.device.startswith("cuda") else "cpu"
+    if opts.model and opts.model in registry.names():
+        why = divides(registry.hf_config(registry.get(opts.model).config), tp)
+        if why:
+            raise CliError(why, EXIT_USAGE)
+    init_distributed(device)
+    lm = load(opts.model, dtype=opts.dtype, device=device, layers=opts.layers, overrides=opts.overrides,
+              seed=opts.seed)
+    why = divides(lm.model.config, tp)
+    if why:
+        raise CliError(why, EXIT_USAGE)
+    with torch.no_grad():
+        for p in lm.model.parameters():  # identical weights on every rank, whatever the RNG did
+            dist.broadcast(p.data, 0)
+    shard_in_place(lm.model, device)
+    lm.facts["tensor_parallel"] = tp
+    return lm
+
+
+def finish(result: dict, args) -> None:
+    """Per-GPU floor and the TP facts in the record; ranks other than 0 print and write nothing."""
+    import torch.distributed as dist
+
+    tp = args.tp
+    if result.get("floor_ms"):
+        result["floor_ms"] /= tp
+        for row in result.get("rows", []):
+            if row.get("pct_of_floor"):
+                row["pct_of_floor"] /= tp
+    result["tensor_parallel"] = {"world": tp, "backend": dist.get_backend() if dist.is_initialized() else None,
+                                 "floor": "bytes per GPU (weights ÷ world) ÷ copy bandwidth",
+                                 "baselines": "HF's tensor-parallel model (tp_plan), same ranks"}
+    result["notes"].append(f"tensor parallel over {tp} ranks: baselines are HF's TP model; the floor is per GPU")
+    if dist.is_initialized() and dist.get_rank() != 0:
+        args.json = args.markdown = args.plot = None
+        args.report = False
+        sys.stdout = open(os.devnull, "w")
+
+
+def warm_tp(args, warm_model, progress):
+    """``warm_model`` on the shard-shaped config of ``args.model`` at ``args.tp`` ranks."""
+    from ..cache.warm import resolve_config
+    from .shards import divides, shard_shaped_config, simulated
+
+    name, config = resolve_config(args.model)
+    why = divides(config, args.tp)
+    if why:
+        raise CliError(why, EXIT_USAGE)
+    shard = shard_shaped_config(config, args.tp)
+    with simulated(args.tp):
+        return warm_model(shard, batch_sizes=args.batch, dtype=args.dtype, cache_dir=args.cache_dir,
+                          progress=progress, backend=args.backend, num_layers=args.layers)
