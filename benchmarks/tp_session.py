@@ -282,7 +282,7 @@ class Session:
                     m = self.measure(model, "default" if graphs else "static-eager")
                     res["ours"] = {"ms_per_step": {b: ms for b, (ms, _) in m.items()}, "patch_seconds": patch_s,
                                    "report_summary": str(report).splitlines()[-1], "note": report.note,
-                                   "decode_paths": decode_paths(model),
+                                   "decode_paths": decode_paths(model), "capture_errors": capture_errors(model),
                                    "counts": {k: getattr(report, k) for k in
                                               ("searches", "cache_hits", "programs", "compiles")},
                                    "tokens_vs_tp1": self.compare(model, m, ref, first_divergence)}
@@ -379,6 +379,12 @@ class Session:
             (self.out / "tp_session.md").write_text(table(self.result) + "\n")
             print(table(self.result), flush=True)
         self.dist.destroy_process_group()
+
+
+def capture_errors(model) -> list[str]:
+    """Why a graphed decode loop fell back to eager steps, if one did (decode.fast_loop)."""
+    runner = getattr(model, "_mirage_decode_runner", None)
+    return sorted({lp.capture_error for lp in getattr(runner, "loops", {}).values() if lp.capture_error})
 
 
 def table(r: dict) -> str:

@@ -25,10 +25,13 @@ def launch_bench(args) -> int | None:
     """From a shell: start ``args.argv`` on ``args.tp`` ranks and return torchrun's status.
     Under torchrun: None (this process is a rank; the caller goes on), after checking the job."""
     from .launch import launch, torchrun_line
-    from .safety import assert_multicast_off
+    from .safety import MulticastError, assert_multicast_off
 
     if under_torchrun():
-        assert_multicast_off()
+        try:
+            assert_multicast_off()
+        except MulticastError as err:
+            raise CliError(str(err), EXIT_USAGE) from None
         world = int(os.environ["WORLD_SIZE"])
         if world != args.tp:
             raise CliError(f"--tp {args.tp} but torchrun started {world} processes", EXIT_USAGE)
@@ -39,22 +42,30 @@ def launch_bench(args) -> int | None:
 
 
 def load_sharded(opts, tp: int):
-    """This rank's LoadedModel: the full model (rank 0's random weights, broadcast), sharded by HF's
-    tp_plan. A world size that does not divide the heads is refused before anything is loaded."""
+    """This rank's LoadedModel sharded by HF's tp_plan: a registry model drawn directly as shards
+    (``sharded_from_config``), a checkpoint loaded whole, broadcast from rank 0 and sharded. A world
+    size that does not divide the heads is refused before anything is loaded."""
     import torch
     import torch.distributed as dist
 
     from .. import registry
-    from ..bench_load import load
-    from .hf_shard import init_distributed, shard_in_place
+    from ..bench_load import LoadedModel, _facts, _override, load, torch_dtype
+    from .hf_shard import init_distributed, shard_in_place, sharded_from_config
     from .shards import divides
 
     device = "cuda" if opts.device.startswith("cuda") else "cpu"
-    if opts.model and opts.model in registry.names():
-        why = divides(registry.hf_config(registry.get(opts.model).config), tp)
+    entry = _registry_entry(opts.model)
+    if entry is not None:
+        facts = _override(entry.config, opts.layers, opts.overrides)
+        why = divides(registry.hf_config(facts), tp)
         if why:
             raise CliError(why, EXIT_USAGE)
     init_distributed(device)
+    if entry is not None:  # random weights: drawn as shards, no rank holds the whole model
+        model = sharded_from_config(registry.hf_config(facts), torch_dtype(opts.dtype), device, opts.seed)
+        return LoadedModel(model, entry.name, f"random weights (normal 0, 0.02), architecture of {entry.hub_id}, "
+                           f"drawn as {tp} tensor-parallel shards", True, {**_facts(model.config),
+                                                                            "tensor_parallel": tp})
     lm = load(opts.model, dtype=opts.dtype, device=device, layers=opts.layers, overrides=opts.overrides,
               seed=opts.seed)
     why = divides(lm.model.config, tp)
@@ -66,6 +77,18 @@ def load_sharded(opts, tp: int):
     shard_in_place(lm.model, device)
     lm.facts["tensor_parallel"] = tp
     return lm
+
+
+def _registry_entry(spec):
+    """The registry entry ``spec`` names (a model drawn with random weights), or None (a checkpoint)."""
+    from .. import registry
+
+    if not spec or "/" in spec or spec.startswith((".", "~")) or os.path.exists(os.path.expanduser(spec)):
+        return None
+    try:
+        return registry.get(spec)
+    except registry.UnknownModelError:
+        return None
 
 
 def finish(result: dict, args) -> None:

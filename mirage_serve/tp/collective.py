@@ -89,6 +89,39 @@ def graph_capture_probe(group=None) -> dict:
         world = dist.get_world_size(group)
         want = world * (world + 1) / 2
         ok = bool(torch.all(x == want))
-        return {"ok": ok, "got": float(x[0]), "want": want}
+        out = {"ok": ok, "got": float(x[0]), "want": want}
+    except Exception as e:
+        return {"ok": False, "error": f"{type(e).__name__}: {e}"}
+    out["dtensor_gather"] = _gather_probe(rank)
+    return out
+
+
+def _gather_probe(rank: int) -> dict:
+    """HF's column-wise lm_head gathers its logits with a DTensor redistribute (Shard(-1) →
+    Replicate); the graphed decode loop captures it. Does that capture and replay right?"""
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import DTensor, Replicate, Shard
+
+        world = dist.get_world_size()
+        mesh = init_device_mesh("cuda", (world,))
+        local = torch.empty(2, 8, device="cuda")
+
+        def gather():
+            return DTensor.from_local(local, mesh, [Shard(-1)], run_check=False).redistribute(
+                placements=[Replicate()]).to_local()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            gather()
+        torch.cuda.current_stream().wait_stream(stream)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = gather()
+        local.fill_(float(rank + 1))
+        g.replay()
+        torch.cuda.synchronize()
+        want = torch.arange(1, world + 1, device="cuda", dtype=local.dtype).repeat_interleave(8).expand(2, -1)
+        return {"ok": bool(torch.equal(out, want))}
     except Exception as e:
         return {"ok": False, "error": f"{type(e).__name__}: {e}"}

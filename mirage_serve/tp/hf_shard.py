@@ -89,10 +89,14 @@ def sharded_from_config(config, dtype, device_type: str, seed: int = 0):
     rank = dist.get_rank()
     shared = torch.Generator(device=device).manual_seed(seed)
     own = torch.Generator(device=device).manual_seed(seed + 1 + rank)
+    made: dict[int, nn.Parameter] = {}  # id(meta parameter) -> its replacement (one per shared parameter)
     with torch.no_grad():
         for module in list(model.modules()):
             for name, p in list(module._parameters.items()):
                 if p is None:
+                    continue
+                if id(p) in made:
+                    module._parameters[name] = made[id(p)]
                     continue
                 if isinstance(p, DTensor):
                     local = torch.empty(p.to_local().shape, dtype=p.dtype, device=device).normal_(0.0, 0.02, generator=own)
@@ -100,7 +104,7 @@ def sharded_from_config(config, dtype, device_type: str, seed: int = 0):
                                            shape=p.shape, stride=p.stride())
                 else:
                     t = torch.empty(p.shape, dtype=p.dtype, device=device).normal_(0.0, 0.02, generator=shared)
-                module._parameters[name] = nn.Parameter(t, requires_grad=False)
+                module._parameters[name] = made[id(p)] = nn.Parameter(t, requires_grad=False)
         _materialise_buffers(model, device)
     return model.eval()
 
