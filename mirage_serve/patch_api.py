@@ -155,9 +155,9 @@ def patch(model: torch.nn.Module, *, backend: str = "auto", cache_dir=None, sear
         report.supported, report.note = False, why + "; the model was left unchanged"
         return report
     layers_path, layers = found
-    fused, why_not = _residual_layers(family, layers) if knobs.FUSED_RESIDUAL.get() and not shard else (set(), "")
-    if shard:  # the residual add follows the all-reduce: it stays in the layer (shard.note says why)
-        why_not = shard.note()
+    fused, why_not = _residual_layers(family, layers) if knobs.FUSED_RESIDUAL.get() else (set(), "")
+    if shard:  # how the shards are patched (the residual: rank 0 adds it before the all-reduce)
+        why_not = "; ".join(x for x in (why_not, shard.note()) if x)
     left = "; ".join(f"{b}: {w}" for b, w in family.not_patched if not (b == "residual" and fused))
     report.note = "; ".join(x for x in (report.note, left, why_not) if x)
 

@@ -126,10 +126,15 @@ def _local_module(module: nn.Module, DTensor) -> nn.Module:
 
 
 class Reduced:
-    """A projection site's runtime whose output is a partial sum over ranks: all-reduced after the kernel."""
+    """A projection site's runtime whose output is a partial sum over ranks: all-reduced after the kernel.
 
-    def __init__(self, runtime, group):
-        self.runtime, self.group = runtime, group
+    With the layer's residual fused in (``patch_residual``: the program ``(x, r) -> r + x Wᵀ``), rank 0
+    runs it with the residual and every other rank with ``r = 0``, so the all-reduce adds the
+    residual exactly once: the add after the all-reduce is gone, and so is its kernel."""
+
+    def __init__(self, runtime, group, rank: int):
+        self.runtime, self.group, self.rank = runtime, group, rank
+        self._zeros: dict[tuple, torch.Tensor] = {}  # (shape, dtype, device) -> a zero residual, never written
 
     def __getattr__(self, name):  # dim, dtype, device, kernels, residual_dim… of the wrapped runtime
         return getattr(self.runtime, name)
@@ -140,6 +145,11 @@ class Reduced:
     def run(self, x, r=None):
         import torch.distributed as dist
 
+        if r is not None and self.rank != 0:
+            key = (tuple(r.shape), r.dtype, r.device)
+            if key not in self._zeros:
+                self._zeros[key] = torch.zeros_like(r)
+            r = self._zeros[key]
         outs = self.runtime.run(x) if r is None else self.runtime.run(x, r)
         dist.all_reduce(outs[0], group=self.group)  # in place, on the current stream (graph-capturable)
         return outs
@@ -196,18 +206,17 @@ class Sharding:
         from ..sites import ProjSite
 
         if self.group is not None and isinstance(site, ProjSite) and self.row_wise(layer.get_submodule(site.proj)):
-            return Reduced(runtime, self.group)
+            return Reduced(runtime, self.group, self.rank)
         return runtime
 
     def note(self) -> str:
         if self.simulated:
             return (f"tensor parallel simulated: one rank's shapes of {self.world}, kernels cached for the "
-                    f"sharded model; residual adds unfused as on a shard")
+                    f"sharded model")
         return (f"tensor parallel: rank {self.rank} of {self.world}; kernels searched for this rank's "
                 f"weight shards, all-reduce (torch.distributed) after the row-wise o_proj / down_proj "
-                f"kernels; residual adds stay in the layer's forward after the all-reduce (a collective "
-                f"cannot sit inside a searched μGraph; the next norm is fused into the following "
-                f"projections' kernels as on one GPU)")
+                f"kernels; where the residual add is fused, rank 0's kernel adds it before the all-reduce "
+                f"(the other ranks add zero); the next norm is fused into the following projections' kernels")
 
 
 def _within(sub: nn.Module, root: nn.Module) -> bool:

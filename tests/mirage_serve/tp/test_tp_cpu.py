@@ -47,6 +47,8 @@ def test_every_site_patched_and_row_wise_kernels_all_reduce(ranks):
         assert res["reduced_per_forward"] == 4  # o_proj and down_proj of 2 layers
         assert res["logits_err_vs_unsharded"] < 1e-5  # fp32 row of the tolerance table
         assert "tensor parallel: rank" in res["note"]
+        # the residual add moved into o_proj / down_proj (rank 0 adds it, the all-reduce sums it in)
+        assert "residual adds: in the o_proj / down_proj kernels of 2/2 layers" in res["note"]
 
 
 def test_shard_kernels_searched_once_and_keyed_by_world_size(ranks):
