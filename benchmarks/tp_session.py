@@ -30,6 +30,8 @@ import time
 import traceback
 from pathlib import Path
 
+from tp_report import capture_errors, table  # benchmarks/tp_report.py (this script's folder is on sys.path)
+
 T0 = time.time()
 
 
@@ -340,7 +342,10 @@ class Session:
         log(f"start: {self.result['environment']['device_name']}, world {self.world}, models {a.models}")
         if self.rank == 0:
             for name in a.models:
-                self.result["tp1"][name] = guarded(f"tp1 {name}", self.tp1, name)
+                if self.left() > 200:
+                    self.result["tp1"][name] = guarded(f"tp1 {name}", self.tp1, name)
+                else:
+                    self.result["tp1"][name] = {"skipped": f"deadline ({self.left():.0f} s left)"}
                 self.save()
         # shard kernels: a work queue over the ranks (rank 0 joins after its TP=1 runs, from the end)
         for name in (a.models if self.rank else reversed(a.models)):
@@ -379,41 +384,6 @@ class Session:
             (self.out / "tp_session.md").write_text(table(self.result) + "\n")
             print(table(self.result), flush=True)
         self.dist.destroy_process_group()
-
-
-def capture_errors(model) -> list[str]:
-    """Why a graphed decode loop fell back to eager steps, if one did (decode.fast_loop)."""
-    runner = getattr(model, "_mirage_decode_runner", None)
-    return sorted({lp.capture_error for lp in getattr(runner, "loops", {}).values() if lp.capture_error})
-
-
-def table(r: dict) -> str:
-    """One markdown row per model and batch: ms/step of each run, ratios, % of the per-GPU floor."""
-    env = r["environment"]
-    bws = r.get("collectives", {}).get("copy_bandwidth_GBps") or []
-    bw = min(bws) if bws else None
-    ar = {x["bytes"]: x.get("graph_us", x["eager_us"]) for x in r.get("collectives", {}).get("allreduce", [])}
-    lines = [f"TP decode, {env['device_name']} ×{r['settings']['world']}, torch {env['torch']}, transformers "
-             f"{env['transformers']}, {env['date']}; copy bandwidth {bw and round(bw)} GB/s per GPU",
-             "| model | b | ours TP=2 ms | our TP=1 ms | HF TP=2 static+compile ms | TP2/TP1 | × HF TP2 | "
-             "% floor (per GPU) | tokens vs TP=1 |", "|---|---|---|---|---|---|---|---|---|"]
-    for name, m in r.get("models", {}).items():
-        for b in r["settings"]["batch"]:
-            ours = (m.get("ours") or {}).get("ms_per_step", {}).get(b)
-            tp1 = ((r.get("tp1") or {}).get(name) or {}).get("ms_per_step", {}).get(b)
-            hf = (m.get("hf_static_compile") or {}).get("ms_per_step", {}).get(b)
-            floor = m.get("bytes_per_gpu") / (bw * 1e9) * 1e3 if bw and m.get("bytes_per_gpu") else None
-            tok = ((m.get("ours") or {}).get("tokens_vs_tp1") or {}).get(b) or {}
-            tok_s = ("identical" if tok.get("identical") else
-                     f"differ at step {tok['first_divergence']['step']}" + (" (near tie)" if tok.get("near_tie") else "")
-                     if tok.get("checked") else "-")
-            f = (lambda v: f"{v:.3f}" if v else "-")
-            lines.append(f"| {name} | {b} | {f(ours)} | {f(tp1)} | {f(hf)} | "
-                         f"{f(ours / tp1) if ours and tp1 else '-'} | {f(hf / ours) if ours and hf else '-'} | "
-                         f"{f(100 * floor / ours) if ours and floor else '-'} | {tok_s} |")
-    if ar:
-        lines.append("all-reduce µs in a CUDA graph: " + ", ".join(f"{k} B {v:.1f}" for k, v in sorted(ar.items())))
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@
 # batch 1 and 8: ours TP=2 vs our TP=1 vs HF TP=2 static+compile, tokens vs TP=1, NCCL all-reduce
 # timing. Writes $OUT/tp_session.{json,md,log}, $OUT/tp_<model>.json, and $OUT/cache.tar (the kernel
 # cache, with the TP=2 shard kernels it searched, for kernels_cache/).
+# SEARCH_SECONDS (default 45): the search budget per program for the TP=2 shard kernels (cold on first run).
 # NVLink multicast stays off in every process started here (NCCL_NVLS_ENABLE=0,
 # TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1); the workers assert it.
 set -u
@@ -24,7 +25,7 @@ left=$((BUDGET - SECONDS))
 deadline=$((left - 45))                   # the python phases plan against this (start-up and tar after)
 echo "tp_session: ${left}s left, python deadline ${deadline}s"
 timeout --kill-after=10 $((left - 15)) python -m torch.distributed.run --standalone --nproc-per-node "${NPROC:-2}" \
-  benchmarks/tp_session.py --out "$OUT" --deadline "$deadline" "$@" >"$OUT/tp_session.log" 2>&1
+  benchmarks/tp_session.py --out "$OUT" --deadline "$deadline" --search-seconds "${SEARCH_SECONDS:-45}" "$@" >"$OUT/tp_session.log" 2>&1
 rc=$?
 echo "tp_session: torchrun rc=$rc after ${SECONDS}s"
 grep -v -i "warn" "$OUT/tp_session.log" | tail -n 60
