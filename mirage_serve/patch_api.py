@@ -185,6 +185,8 @@ def patch(model: torch.nn.Module, *, backend: str = "auto", cache_dir=None, sear
                     sr.reason = f"internal error: {type(e).__name__}: {e}"
     finally:
         prep.close()
+    if shard is not None:  # tensor parallel: install a site only where every rank prepared it
+        plans = shard.agree(plans, report.sites)
 
     if decode_attention is None:
         from superopt.runtime.build import interpreting  # Triton kernels on CPU tensors (tests)

@@ -19,8 +19,9 @@ patch() then works on shards (``Sharding``):
 * ``config``: the model config with this rank's head counts, for the owned static KV cache and the
   decode-attention kernels (attention heads are split across ranks with q / k / v).
 
-Every rank takes the same decisions on the same shapes; a site that stays original on one rank
-still all-reduces once in HF's forward, so the collectives always match.
+Every rank takes the same decisions on the same shapes, and ``agree`` makes sure of it for the
+sites: only a site prepared on every rank is installed (with the residual folded into rank 0's
+kernel, one rank running HF's forward instead would add the residual twice or never).
 """
 from __future__ import annotations
 
@@ -98,9 +99,9 @@ _SIMULATED: contextvars.ContextVar[int | None] = contextvars.ContextVar("mirage_
 @contextlib.contextmanager
 def simulated(world: int):
     """patch() inside this context treats an unsharded model built from ``shard_shaped_config`` as
-    one rank of ``world``: cache keys carry the world size and the residual adds stay unfused,
-    exactly as on a real shard, so the kernels it searches serve the sharded model later. Nothing
-    is all-reduced (there is no other rank)."""
+    one rank of ``world``: cache keys carry the world size, exactly as on a real shard, so the
+    kernels it searches serve the sharded model later. Nothing is all-reduced (there is no other
+    rank)."""
     token = _SIMULATED.set(int(world))
     try:
         yield
@@ -164,6 +165,7 @@ class Sharding:
     group: object
     config: object                      # this rank's head counts (local_config)
     simulated: bool = False             # a shard-shaped model on one device (``simulated``)
+    device: object = None               # where this rank's tensors live (NCCL collectives need it)
     _views: dict = field(default_factory=dict)
 
     @property
@@ -209,6 +211,23 @@ class Sharding:
             return Reduced(runtime, self.group, self.rank)
         return runtime
 
+    def agree(self, plans: list, sites: list) -> list:
+        """The prepared ``plans`` (layer, site, runtime, SiteReport) whose site was prepared on every
+        rank; the others get a reason and stay original everywhere. Collective: every rank calls it
+        with the same ``sites`` (the report's, in order)."""
+        if self.group is None:
+            return plans
+        import torch.distributed as dist
+
+        prepared = {id(p[3]) for p in plans}
+        flags = torch.tensor([int(id(sr) in prepared) for sr in sites], dtype=torch.int32, device=self.device)
+        dist.all_reduce(flags, op=dist.ReduceOp.MIN, group=self.group)
+        everywhere = {id(sr) for sr, f in zip(sites, flags.tolist()) if f}
+        for *_, sr in plans:
+            if id(sr) not in everywhere:
+                sr.reason = "prepared on this rank but not on every rank: left original on all of them"
+        return [p for p in plans if id(p[3]) in everywhere]
+
     def note(self) -> str:
         if self.simulated:
             return (f"tensor parallel simulated: one rank's shapes of {self.world}, kernels cached for the "
@@ -236,4 +255,5 @@ def sharding_of(model: nn.Module) -> Sharding | None:
     group = mesh.get_group()
     import torch.distributed as dist
 
-    return Sharding(world, dist.get_rank(group), group, local_config(model.config, world))
+    return Sharding(world, dist.get_rank(group), group, local_config(model.config, world),
+                    device=params[0][1].to_local().device)

@@ -32,6 +32,28 @@ def warm_shards(model) -> dict:
     return {"searches": rep.searches, "patched": sum(s.patched for s in rep.sites)}
 
 
+def one_rank_fails(model, rank: int, ids) -> dict:
+    """Rank 1 cannot prepare layer 0's o_proj site: no rank may install it (rank 0's kernel would
+    add the residual that rank 1's HF forward adds again)."""
+    from mirage_serve import patch_prepare
+
+    prepare = patch_prepare.Preparer.prepare
+
+    def failing(self, layer, site, sr):
+        if rank == 1 and sr.layer == 0 and site.name == "attn_out":
+            raise patch_prepare.SiteError("injected failure on rank 1")
+        return prepare(self, layer, site, sr)
+    patch_prepare.Preparer.prepare = failing
+    try:
+        report = mirage_serve.patch(model, backend="torch", search_budget=BUDGET, batch_sizes=(4,))
+    finally:
+        patch_prepare.Preparer.prepare = prepare
+    site = next(s for s in report.sites if s.layer == 0 and s.site == "attn_out")
+    out = {"patched": sum(s.patched for s in report.sites), "reason": site.reason, "tokens": greedy(model, ids)}
+    mirage_serve.unpatch(model)
+    return out
+
+
 def tiny(kv_heads: int = 2):
     # odd-ish sizes: head dim 12, 3 q heads / 1 kv head per rank, 67 MLP columns per rank
     cfg = LlamaConfig(vocab_size=130, hidden_size=72, intermediate_size=134, num_hidden_layers=2,
@@ -98,6 +120,8 @@ def main(out_dir: str) -> None:
     with torch.no_grad():
         res["logits_restored_exactly"] = bool(torch.equal(model(short).logits, tp_logits))
     res["restored"] = {k: greedy(model, v) for k, v in prompts.items()}
+
+    res["one_rank_fails"] = one_rank_fails(model, rank, prompts["b3"])
 
     odd = tiny(kv_heads=3)  # 3 kv heads cannot be split over 2 ranks
     shard_in_place(odd, "cpu")

@@ -66,6 +66,14 @@ def test_unpatch_restores_hf_tp_model(ranks):
         assert res["restored"] == res["unsharded"]
 
 
+def test_a_site_one_rank_could_not_prepare_stays_original_on_all(ranks):
+    for res in ranks:
+        got = res["one_rank_fails"]
+        assert got["patched"] == 7 and got["tokens"] == res["unsharded"]["b3"]
+    assert ranks[0]["one_rank_fails"]["reason"].startswith("prepared on this rank but not on every rank")
+    assert ranks[1]["one_rank_fails"]["reason"] == "injected failure on rank 1"
+
+
 def test_world_size_not_dividing_heads_is_refused_untouched(ranks):
     for res in ranks:
         assert res["refusal"].startswith("tensor-parallel world size 2 does not divide the kv heads 3")
