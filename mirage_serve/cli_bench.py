@@ -202,7 +202,7 @@ def cmd_bench(args) -> int:
     except bench.BenchOOM as err:
         raise CliError(str(err), EXIT_OOM) from None
     if tp > 1:
-        cli_tp.finish(result, args)
+        cli_tp.finish(result, args, lm)
     result["environment"]["command"] = "mirage-serve " + " ".join(shlex.quote(a) for a in args.argv)
     if lm.random_weights:
         result["notes"].append("random weights: token ids are meaningless, only speed and agreement matter")

@@ -91,7 +91,7 @@ def _registry_entry(spec):
         return None
 
 
-def finish(result: dict, args) -> None:
+def finish(result: dict, args, lm=None) -> None:
     """Per-GPU floor and the TP facts in the record; ranks other than 0 print and write nothing."""
     import torch.distributed as dist
 
@@ -105,10 +105,40 @@ def finish(result: dict, args) -> None:
                                  "floor": "bytes per GPU (weights ÷ world) ÷ copy bandwidth",
                                  "baselines": "HF's tensor-parallel model (tp_plan), same ranks"}
     result["notes"].append(f"tensor parallel over {tp} ranks: baselines are HF's TP model; the floor is per GPU")
+    share = _allreduce_share(result, (lm.facts if lm is not None else {}).get("hidden_size"))
+    if share:
+        result["tensor_parallel"]["allreduce"] = share
+        result["notes"].append("all-reduce per step (2 a layer, timed alone inside a CUDA graph): " + ", ".join(
+            f"b{x['batch']} {x['count']} × {x['us']:.1f} µs = {x['ms_per_step']:.3f} ms"
+            + (f" ({x['share_of_ours']:.0%} of ours)" if x.get("share_of_ours") else "") for x in share))
     if dist.is_initialized() and dist.get_rank() != 0:
         args.json = args.markdown = args.plot = None
         args.report = False
         sys.stdout = open(os.devnull, "w")
+
+
+def _allreduce_share(result: dict, hidden: int | None) -> list[dict]:
+    """Per batch: the decode step's all-reduces (2 a layer, ``batch × hidden`` activations) timed
+    alone in a CUDA graph on these ranks, and their share of our ms/step. Collective; GPU only."""
+    import torch
+
+    if not torch.cuda.is_available() or result["settings"]["device"] != "cuda":
+        return []
+    from .collective import allreduce_times
+
+    facts = result["model"]
+    if not hidden:
+        return []
+    itemsize = {"bf16": 2, "fp16": 2, "fp32": 4}.get(result["settings"]["dtype"], 2)
+    out = []
+    for b in result["settings"]["batches"]:
+        row = allreduce_times((b * hidden * itemsize,), graphed=True)[0]
+        us = row.get("graph_us", row["eager_us"])
+        count = 2 * int(facts["num_hidden_layers"])
+        ours = next((r["ms_per_step"] for r in result.get("rows", []) if r["run"] == "ours" and r["batch"] == b), None)
+        out.append({"batch": b, "bytes": row["bytes"], "us": us, "count": count, "ms_per_step": count * us / 1e3,
+                    "share_of_ours": count * us / 1e3 / ours if ours else None, "graphed": "graph_us" in row})
+    return out
 
 
 def warm_tp(args, warm_model, progress):
