@@ -91,6 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", metavar="FILE", help="write the full result record as JSON")
     b.add_argument("--markdown", metavar="FILE", help="append the result as a markdown table (results files)")
     b.add_argument("--plot", metavar="FILE.png", help="draw tok/s per batch size for ours and baselines")
+    b.add_argument("--tp", type=_positive, default=1, metavar="N",
+                   help="tensor parallel over N GPUs (HF's tp_plan; starts itself under torchrun)")
 
     w = sub.add_parser("warm", help="search and compile every kernel of a model into a cache")
     w.add_argument("model", help="registry name (or its hub id), or a config.json path (file or folder)")
@@ -100,6 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "~/.cache/mirage_serve)")
     w.add_argument("--backend", choices=("auto", "torch", "triton"), default=None)
     w.add_argument("--layers", type=_positive, help="build only N decoder layers (same shapes, same keys)")
+    w.add_argument("--tp", type=_positive, default=1, metavar="N",
+                   help="the kernels of one rank of N (tensor parallel): no second GPU needed")
 
     c = sub.add_parser("cache", help="inspect or move a kernel cache")
     cache_dir_help = "cache directory (default: MIRAGE_SERVE_CACHE_DIR or ~/.cache/mirage_serve)"

@@ -218,15 +218,23 @@ def cmd_bench(args) -> int:
     check_model(args.model)
     from . import bench
 
+    tp = getattr(args, "tp", 1)
+    if tp > 1:  # tensor parallel (mirage_serve.tp.cli_tp): from a shell, start the ranks under torchrun
+        from .tp import cli_tp
+        rc = cli_tp.launch_bench(args)
+        if rc is not None:
+            return rc
     opts = options(args)
     note = speed_note(opts)
     if note:
         print(note, flush=True)
-    lm = _load(opts)
+    lm = _load(opts) if tp == 1 else cli_tp.load_sharded(opts, tp)
     try:
         result = bench.run(lm, opts)
     except bench.BenchOOM as err:
         raise CliError(str(err), EXIT_OOM) from None
+    if tp > 1:
+        cli_tp.finish(result, args, lm)
     result["environment"]["command"] = "mirage-serve " + " ".join(shlex.quote(a) for a in args.argv)
     if lm.random_weights:
         result["notes"].append("random weights: token ids are meaningless, only speed and agreement matter")

@@ -53,8 +53,12 @@ def cmd_warm(args) -> int:
     from .cache.warm import warm_model
 
     try:
-        result = warm_model(args.model, batch_sizes=args.batch, dtype=dtype, cache_dir=args.cache_dir,
-                            progress=_progress, backend=args.backend, num_layers=args.layers)
+        if getattr(args, "tp", 1) > 1:  # one rank's shard shapes (mirage_serve.tp.cli_tp)
+            from .tp.cli_tp import warm_tp
+            result = warm_tp(args, warm_model, _progress, dtype)
+        else:
+            result = warm_model(args.model, batch_sizes=args.batch, dtype=dtype, cache_dir=args.cache_dir,
+                                progress=_progress, backend=args.backend, num_layers=args.layers)
     except torch.cuda.OutOfMemoryError:
         raise CliError(f"out of GPU memory while building {args.model} in {dtype}; try --layers 2 "
                        "(every layer has the same shapes, so the same cache keys)", EXIT_OOM) from None

@@ -134,6 +134,7 @@ def patch(model: torch.nn.Module, *, backend: str = "auto", cache_dir=None, sear
     """
     t0 = time.perf_counter()
     device, dtype = _check_model(model)
+    shard = _sharding(model)  # tensor parallel (mirage_serve.tp): None on one GPU
     backend = backends.resolve(backend, device)
     if options is None:
         options = PatchOptions()
@@ -162,10 +163,13 @@ def patch(model: torch.nn.Module, *, backend: str = "auto", cache_dir=None, sear
         return report
     layers_path, layers = found
     fused, why_not = _residual_layers(family, layers) if options.fused_residual else (set(), "")
+    if shard:  # how the shards are patched (the residual: rank 0 adds it before the all-reduce)
+        why_not = "; ".join(x for x in (why_not, shard.note()) if x)
     left = "; ".join(f"{b}: {w}" for b, w in family.not_patched if not (b == "residual" and fused))
     report.note = "; ".join(x for x in (report.note, left, why_not) if x)
 
-    prep = Preparer(report, backend, dtype, buckets, search_budget, _open_cache(cache_dir, report), options)
+    prep = Preparer(report, backend, dtype, buckets, search_budget, _open_cache(cache_dir, report), options,
+                    shard_tag=shard.tag if shard else "")
     plans = []
     try:
         for i, layer in enumerate(layers):
@@ -175,13 +179,21 @@ def patch(model: torch.nn.Module, *, backend: str = "auto", cache_dir=None, sear
                 sr = SiteReport(i, site.name, tuple(f"{layers_path}.{i}.{p}" for p in site.paths()))
                 report.sites.append(sr)
                 try:
-                    plans.append((layer, site, prep.prepare(layer, site, sr), sr))
+                    if shard is None:
+                        plans.append((layer, site, prep.prepare(layer, site, sr), sr))
+                    elif (why := shard.unsupported(layer, site)) is not None:
+                        sr.reason = why
+                    else:  # searched on this rank's shards; installed on the real layer
+                        runtime = prep.prepare(shard.view(layer), site, sr)
+                        plans.append((layer, site, shard.wrap(layer, site, runtime), sr))
                 except SiteError as e:
                     sr.reason = str(e)
                 except Exception as e:  # an unexpected failure of one site must not stop the others
                     sr.reason = f"internal error: {type(e).__name__}: {e}"
     finally:
         prep.close()
+    if shard is not None:  # tensor parallel: install a site only where every rank prepared it
+        plans = shard.agree(plans, report.sites)
 
     if decode_attention is None:
         decode_attention = device.type == "cuda" or interpreting()  # Triton kernels on CPU tensors (tests)
@@ -201,11 +213,12 @@ def patch(model: torch.nn.Module, *, backend: str = "auto", cache_dir=None, sear
         if slots:
             report.note = "; ".join(x for x in (report.note, _RESIDUAL_NOTE.format(n=len(slots), of=len(layers))) if x)
         if decode_attention and family.attention:
-            _install_attention(model, layers, family.attention, records, report, options.pdl)
+            _install_attention(model, layers, family.attention, records, report, options.pdl,
+                               shard.config if shard else model.config)
         if cuda_graphs:
             from .decode import install_decode_graphs
 
-            install_decode_graphs(model)
+            install_decode_graphs(model, config=shard.config if shard else None)
     except BaseException:
         restore(records)
         for *_, sr in plans:
@@ -218,6 +231,19 @@ def patch(model: torch.nn.Module, *, backend: str = "auto", cache_dir=None, sear
         _PATCHED[model] = records
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _sharding(model):
+    """The model's tensor-parallel ``Sharding`` (HF's tp_plan over torch.distributed), or None;
+    a world size that does not split the heads evenly is refused before anything changes."""
+    from .tp.shards import divides, sharding_of
+
+    shard = sharding_of(model)
+    if shard is not None and not shard.simulated:
+        why = divides(model.config, shard.world)
+        if why:
+            raise PatchError(why + "; the model was left unchanged")
+    return shard
 
 
 def _residual_layers(family, layers) -> tuple[set[int], str]:
@@ -238,10 +264,10 @@ def _residual_layers(family, layers) -> tuple[set[int], str]:
 
 
 def _install_attention(model, layers, attn_name: str, records: list[Record], report: PatchReport,
-                       pdl: bool) -> None:
+                       pdl: bool, config) -> None:
     from .decode.attention_fast import install_fast_attention
 
-    fast = install_fast_attention(layers, attn_name, model.config, records, pdl)
+    fast = install_fast_attention(layers, attn_name, config, records, pdl)
     normed = sum(f.qk_norm is not None for f in fast.values())
     note = (f"decode attention: {len(fast)}/{len(layers)} layers run "
             f"{f'q/k RMSNorm ({normed} layers) + ' if normed else ''}RoPE + cache write + "

@@ -148,9 +148,10 @@ class Preparer:
     """Prepares sites for one patch() call, sharing work across layers."""
 
     def __init__(self, report: PatchReport, backend: str, dtype: torch.dtype, buckets: tuple[int, ...],
-                 search_budget, cache, options: PatchOptions):
+                 search_budget, cache, options: PatchOptions, shard_tag: str = ""):
         self.report, self.backend, self.dtype, self.buckets = report, backend, dtype, buckets
         self.options = options
+        self.shard_tag = shard_tag  # "-tp<world>" under tensor parallelism: cache keys carry the world size
         self.budget, self.cache = optimize.default_budget(search_budget, backend), cache
         self._extracted: dict[tuple, Extracted] = {}
         self._built: dict[tuple, tuple] = {}  # (digest, device, plain) -> (choice, verification, executor)
@@ -380,8 +381,8 @@ class Preparer:
         key = None
         if self.cache is not None:
             from .cache import CacheKey, versions_now
-            key = CacheKey(dg, f"b{m}", short_dtype(self.dtype), arch.replace("_", ""),
-                           self.backend, versions_now(), f"{site_name}-m{m}")
+            key = CacheKey(dg, f"b{m}{self.shard_tag}", short_dtype(self.dtype), arch.replace("_", ""),
+                           self.backend, versions_now(), f"{site_name}-m{m}{self.shard_tag}")
         # On CPU the search still targets sm_90: the torch backend runs any μGraph, and searching
         # for the GPU's structures is what exercises the whole path without a GPU.
         search_arch = arch if device.type == "cuda" else "sm_90"

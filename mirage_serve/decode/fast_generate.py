@@ -32,6 +32,16 @@ _MODES = (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE)
 _OUTPUT_FLAGS = ("output_scores", "output_logits", "output_attentions", "output_hidden_states")
 
 
+def _synced_gpus(model) -> bool:
+    """Whether HF's generate() would sync the ranks' loops by itself (ZeRO-3 or FSDP), as it decides."""
+    try:
+        from transformers.distributed.fsdp import is_fsdp_managed_module
+        from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
+    except ImportError:  # another transformers layout: assume it might
+        return True
+    return bool(is_deepspeed_zero3_enabled() or is_fsdp_managed_module(model))
+
+
 def call_blocker(model, args: tuple, kwargs: dict) -> str | None:
     """Why this generate(*args, **kwargs) call keeps HF's loop, judged before HF runs (None: fast)."""
     if len(args) > 1:
@@ -42,8 +52,9 @@ def call_blocker(model, args: tuple, kwargs: dict) -> str | None:
     if model.config.is_encoder_decoder:
         return "encoder-decoder model"
     # HF turns synced_gpus on by itself under FSDP / ZeRO-3; a custom_generate callable loses it.
+    # (Tensor parallelism does not: every rank runs the same steps, mirage_serve.tp.)
     if torch.distributed.is_available() and torch.distributed.is_initialized() \
-            and torch.distributed.get_world_size() > 1:
+            and torch.distributed.get_world_size() > 1 and _synced_gpus(model):
         return "distributed"
     rest = {k: v for k, v in kwargs.items() if k not in ("generation_config", "input_ids", "inputs")}
     try:

@@ -32,11 +32,12 @@ _ATTR = "_mirage_decode_runner"
 
 
 class DecodeRunner:
-    def __init__(self, model, capture: bool | None = None, fast_loop: bool = True):
+    def __init__(self, model, capture: bool | None = None, fast_loop: bool = True, config=None):
         self.model = model
         self.capture = torch.cuda.is_available() if capture is None else capture
         self.fast_loop = fast_loop  # False: every call runs HF's loop (graphed steps only)
-        self.pool = CachePool(model.config)
+        # config: the KV heads this process holds (a tensor-parallel rank's share; mirage_serve.tp)
+        self.pool = CachePool(config if config is not None else model.config)
         self.steps: dict[tuple, GraphedStep] = {}
         self.graph_pool = torch.cuda.graph_pool_handle() if self.capture else None
         self.captures = 0
@@ -48,10 +49,10 @@ class DecodeRunner:
 
     # ------------------------------------------------------------ install / uninstall
     @classmethod
-    def install(cls, model, capture: bool | None = None, fast_loop: bool = True) -> "DecodeRunner":
+    def install(cls, model, capture: bool | None = None, fast_loop: bool = True, config=None) -> "DecodeRunner":
         if getattr(model, _ATTR, None) is not None:
             raise RuntimeError("decode graphs are already installed on this model; uninstall first")
-        runner = cls(model, capture, fast_loop)
+        runner = cls(model, capture, fast_loop, config)
         runner._forward = model.forward
         runner._generate = model.generate
         # generate() inspects forward's signature to decide whether to prepare position ids,
@@ -147,8 +148,8 @@ class DecodeRunner:
         return step(kwargs)
 
 
-def install_decode_graphs(model, capture: bool | None = None, fast_loop: bool = True) -> DecodeRunner:
-    return DecodeRunner.install(model, capture, fast_loop)
+def install_decode_graphs(model, capture: bool | None = None, fast_loop: bool = True, config=None) -> DecodeRunner:
+    return DecodeRunner.install(model, capture, fast_loop, config)
 
 
 def uninstall_decode_graphs(model) -> None:

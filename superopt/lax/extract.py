@@ -21,12 +21,13 @@ from typing import Any, Callable
 
 import torch
 
-from ..ir import DTYPES
+from ..ir import DTYPE_BYTES
 from . import Program, T
 
 __all__ = ["ExtractError", "Extracted", "extract"]
 
-_DTYPES = {getattr(torch, name): name for name in DTYPES}  # the IR names dtypes as torch does  # int64: positions (gather / scatter)
+# the IR names dtypes as torch does; int64 only for positions (gather / scatter)
+_DTYPES = {getattr(torch, name): name for name in DTYPE_BYTES}
 
 
 class ExtractError(ValueError):

@@ -5,12 +5,12 @@ import pytest
 
 from mirage_serve import registry
 
-EXPECTED = ["Llama-3.1-8B", "Llama-3.2-1B", "Llama-3.2-3B", "Qwen2.5-0.5B", "Qwen2.5-1.5B", "Qwen2.5-7B",
+EXPECTED = ["Llama-3.1-8B", "Llama-3.1-70B", "Llama-3.2-1B", "Llama-3.2-3B", "Qwen2.5-0.5B", "Qwen2.5-1.5B", "Qwen2.5-7B",
             "Qwen3-0.6B", "Qwen3-8B", "Mistral-7B-v0.3", "Gemma-2-2B", "Gemma-3-1B", "Phi-3-mini",
             "SmolLM2-135M", "SmolLM2-1.7B"]
 
 # Published parameter counts (model cards), in millions; the formula must land within 0.5 %.
-PUBLISHED_M = {"Llama-3.1-8B": 8030, "Llama-3.2-1B": 1236, "Llama-3.2-3B": 3213, "Qwen2.5-0.5B": 494,
+PUBLISHED_M = {"Llama-3.1-8B": 8030, "Llama-3.1-70B": 70554, "Llama-3.2-1B": 1236, "Llama-3.2-3B": 3213, "Qwen2.5-0.5B": 494,
                "Qwen2.5-1.5B": 1544, "Qwen2.5-7B": 7616, "Qwen3-8B": 8191, "Mistral-7B-v0.3": 7248,
                "Gemma-2-2B": 2614, "Phi-3-mini": 3821, "SmolLM2-135M": 134.5, "SmolLM2-1.7B": 1711}
 
