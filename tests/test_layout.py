@@ -99,14 +99,14 @@ def test_superopt_import_direction(path):
 # adapters of patches/), except cache.warm: the ahead-of-time front end, which runs patch().
 MIRAGE_LAYERS = (
     {"knobs", "cli_errors", "hf_names", "registry", "report", "sites", "backends", "verify_parallel"},  # leaves
-    {"options", "site_kernel", "patches", "cache"},   # switches, kernel store, family adapters
+    {"options", "site_kernel", "patches", "cache", "tp"},  # switches, kernel store, adapters, shard plumbing
     {"optimize", "patch_residual", "patch_pairing"},  # cache or search, then verify; residual; k/v pairing
     {"patch_prepare"},                                # one site: extract, choose, build, self-check
     {"patch_wiring"},                                 # swap forwards, restore them
     {"decode"},                                       # decode attention, CUDA-graph decode steps
     {"patch_api"},                                    # patch() / unpatch()
     {"site_programs", "bench_load", "bench_sampling", "bench_timing", "bench_plot", "cache.warm"},
-    {"bench"},
+    {"bench", "tp.cli_tp"},                           # bench; its tensor-parallel loaders
     {"cli_bench", "cli_cache"},
     {"cli"},
 )
@@ -120,8 +120,8 @@ def _mirage_unit(path: Path) -> str | None:
         return "patches"
     if rel[1:] == ("__init__",):
         return None
-    if rel[1] == "cache" and rel[2:] == ("warm",):
-        return "cache.warm"
+    if rel[1:] in (("cache", "warm"), ("tp", "cli_tp")):
+        return ".".join(rel[1:])
     return rel[1]
 
 
@@ -129,7 +129,7 @@ def _mirage_target(mod: str) -> str | None:
     parts = mod.split(".")
     if parts[0] != "mirage_serve" or len(parts) < 2:
         return None
-    return "cache.warm" if parts[1:3] == ["cache", "warm"] else parts[1]
+    return ".".join(parts[1:3]) if parts[1:3] in (["cache", "warm"], ["tp", "cli_tp"]) else parts[1]
 
 
 @pytest.mark.parametrize("path", _sources("mirage_serve", "patches"), ids=lambda p: str(p.relative_to(ROOT)))

@@ -49,7 +49,7 @@ def load_sharded(opts, tp: int):
     import torch.distributed as dist
 
     from .. import registry
-    from ..bench_load import LoadedModel, _facts, _override, load, torch_dtype
+    from ..bench_load import LoadedModel, _facts, _override, load
     from .hf_shard import init_distributed, shard_in_place, sharded_from_config
     from .shards import divides
 
@@ -62,7 +62,7 @@ def load_sharded(opts, tp: int):
             raise CliError(why, EXIT_USAGE)
     init_distributed(device)
     if entry is not None:  # random weights: drawn as shards, no rank holds the whole model
-        model = sharded_from_config(registry.hf_config(facts), torch_dtype(opts.dtype), device, opts.seed)
+        model = sharded_from_config(registry.hf_config(facts), registry.torch_dtype(opts.dtype), device, opts.seed)
         return LoadedModel(model, entry.name, f"random weights (normal 0, 0.02), architecture of {entry.hub_id}, "
                            f"drawn as {tp} tensor-parallel shards", True, {**_facts(model.config),
                                                                             "tensor_parallel": tp})
