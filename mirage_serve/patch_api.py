@@ -152,8 +152,8 @@ def patch(model: torch.nn.Module, *, backend: str = "auto", cache_dir=None, sear
         report.note = "; ".join(x for x in (report.note, _TRACED_NOTE.format(model_type) if family else "") if x)
     found = find_layers(model, family) if family else None
     if found is None:
-        why = (f"model type {model_type!r} has no adapter (adapters: {', '.join(supported_model_types())}) "
-               f"and {traced}" if family is None else
+        why = (f"model type {model_type!r} is not supported: no adapter (adapters: "
+               f"{', '.join(supported_model_types())}) and {traced}" if family is None else
                f"no decoder layer list found at {' or '.join(family.layers)}")
         if strict:
             raise PatchError(why + "; the model was left unchanged")
