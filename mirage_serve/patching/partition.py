@@ -59,7 +59,7 @@ def family_from_trace(model: nn.Module, model_type: str = "") -> tuple[Family | 
         return None, "no decoder layer list found (a ModuleList of layers holding projections)"
     path, layers = found
     try:
-        events = record(model, path, layers)
+        events = record(model, layers)
     except Exception as e:  # any forward can fail under tracing hooks; the model stays unchanged
         return None, f"the decode-shaped forward could not be traced ({type(e).__name__}: {e})".splitlines()[0]
     per_layer = [_layer_sites(i, layer, [e for e in events if _in_layer(e, i)])

@@ -1,6 +1,6 @@
 """Record the data flow of one forward: every module call and every tensor-valued torch call.
 
-    events = record(model, layers_path)   # one decode-shaped forward (1 token, a fresh cache)
+    events = record(model, layers)   # one decode-shaped forward (1 token, a fresh cache)
 
 A ``TorchFunctionMode`` sees each torch function the Python code calls (``F.linear``,
 ``torch.cat``, ``x * y``…) with the module stack it runs in; forward pre/post hooks on the decoder
@@ -58,7 +58,7 @@ class _Recorder(TorchFunctionMode):
         return out
 
 
-def record(model: torch.nn.Module, layers_path: str, layers: torch.nn.ModuleList) -> list[Event]:
+def record(model: torch.nn.Module, layers: torch.nn.ModuleList) -> list[Event]:
     """The events of the decoder layers during one forward of ``model`` on one token with a fresh
     cache (the decode shape: one row). Raises what the forward raises."""
     rec = _Recorder()

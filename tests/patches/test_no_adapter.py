@@ -160,3 +160,21 @@ def test_layer_that_cannot_be_partitioned_is_left_untouched(toy, reason):
     assert not patch_api.is_patched(model)
     assert all("forward" not in m.__dict__ for m in model.modules())
     assert all(torch.equal(model.state_dict()[k], v) for k, v in params.items())
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2", "phi3", "gemma2"])
+def test_traced_sites_match_the_hand_written_adapters(model_type):
+    """Where an adapter exists, the data flow finds the same sites it declares by name (Phi-3's
+    fused qkv_proj and gate_up_proj; Gemma-2's MLP behind pre_feedforward_layernorm, its
+    post-attention norm feeding no projection)."""
+    from mirage_serve.patch_api import _adapters
+
+    extra = {"head_dim": 24} if model_type == "gemma2" else {}
+    cfg = AutoConfig.for_model(model_type, **SMALL, **extra)
+    model = build(cfg)
+    family, why = family_from_trace(model, model_type)
+    assert family is not None, why
+    adapter = _adapters()[0](model_type)
+    assert {_shape(s) for s in family.sites} == {_shape(s) for s in adapter.sites}
+    tails = {c.path: c.tail for s in family.sites if isinstance(s, NormSite) for c in s.consumers}
+    assert tails == {c.path: c.tail for s in adapter.sites if isinstance(s, NormSite) for c in s.consumers}
