@@ -65,11 +65,12 @@ def family_from_trace(model: nn.Module, model_type: str = "") -> tuple[Family | 
     per_layer = [_layer_sites(i, layer, [e for e in events if _in_layer(e, i)])
                  for i, layer in enumerate(layers)]
     if not any(sites for sites, _ in per_layer):
-        why = per_layer[0][1] or "no norm → projection or projection found in the traced layer"
+        why = "; ".join(f"{b}: {w}" for b, w in per_layer[0][1].items()) or \
+            "no norm → projection or projection found in the traced layer"
         return None, f"the decoder layer could not be partitioned into sites ({why})"
     common = [s for s in per_layer[0][0] if all(s in sites for sites, _ in per_layer[1:])]
     left: dict[str, str] = {}
-    for sites, notes in per_layer:
+    for sites, _ in per_layer:
         for s in sites:
             if s not in common:
                 left.setdefault(s.name, "not found in every decoder layer")

@@ -178,3 +178,22 @@ def test_traced_sites_match_the_hand_written_adapters(model_type):
     assert {_shape(s) for s in family.sites} == {_shape(s) for s in adapter.sites}
     tails = {c.path: c.tail for s in family.sites if isinstance(s, NormSite) for c in s.consumers}
     assert tails == {c.path: c.tail for s in adapter.sites if isinstance(s, NormSite) for c in s.consumers}
+
+
+class _NormOnly(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.norm, self.head = _Norm(d), nn.Linear(d, d)  # head: outside the layers
+
+    def forward(self, x):
+        return x + self.norm(x)
+
+
+def test_layers_without_any_site_are_reported():
+    """A layer list whose layers hold a projection that the forward never calls gives no site."""
+    model = _Toy().eval()
+    for i in range(2):
+        model.layers[i] = _NormOnly(24)
+    family, why = family_from_trace(model, "toy")
+    assert family is None and why.startswith("the decoder layer could not be partitioned into sites (norm: ")
+    assert "\n" not in why
