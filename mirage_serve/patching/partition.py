@@ -33,35 +33,35 @@ from torch import nn
 from ..sites import Consumer, Family, NormSite, ProjSite, _without
 from .trace import Event, record
 
-__all__ = ["family_from_trace", "find_layer_list"]
+__all__ = ["family_from_trace", "find_layer_lists"]
 
 
-def find_layer_list(model: nn.Module) -> tuple[str, nn.ModuleList] | None:
-    """The decoder layers: the longest ``nn.ModuleList`` of modules of one class that each hold a
-    projection (``nn.Linear``); ties go to the first in module order."""
-    best = None
+def find_layer_lists(model: nn.Module) -> list[tuple[str, nn.ModuleList]]:
+    """Candidate decoder layer lists, longest first: each ``nn.ModuleList`` of modules of one
+    class that each hold a projection (``nn.Linear``); ties keep module order."""
+    found = []
     for path, m in model.named_modules():
-        if not isinstance(m, nn.ModuleList) or not len(m):
+        if not isinstance(m, nn.ModuleList) or not len(m) or len({type(c) for c in m}) != 1:
             continue
-        if len({type(c) for c in m}) != 1:
-            continue
-        if not all(any(isinstance(s, nn.Linear) for s in c.modules()) for c in m):
-            continue
-        if best is None or len(m) > len(best[1]):
-            best = (path, m)
-    return best
+        if all(any(isinstance(s, nn.Linear) for s in c.modules()) for c in m):
+            found.append((path, m))
+    return sorted(found, key=lambda f: -len(f[1]))
 
 
 def family_from_trace(model: nn.Module, model_type: str = "") -> tuple[Family | None, str]:
     """The ``Family`` of ``model`` partitioned from one traced forward, or (None, why not)."""
-    found = find_layer_list(model)
-    if found is None:
+    candidates = find_layer_lists(model)
+    if not candidates:
         return None, "no decoder layer list found (a ModuleList of layers holding projections)"
-    path, layers = found
-    try:
-        events = record(model, layers)
-    except Exception as e:  # any forward can fail under tracing hooks; the model stays unchanged
-        return None, f"the decode-shaped forward could not be traced ({type(e).__name__}: {e})".splitlines()[0]
+    for path, layers in candidates:  # the longest list the token's forward runs (not a vision tower)
+        try:
+            events = record(model, layers)
+        except Exception as e:  # any forward can fail under tracing hooks; the model stays unchanged
+            return None, f"the decode-shaped forward could not be traced ({type(e).__name__}: {e})".splitlines()[0]
+        if events:
+            break
+    else:
+        return None, "no candidate decoder layer list runs in a forward on input_ids"
     per_layer = [_layer_sites(i, layer, [e for e in events if _in_layer(e, i)])
                  for i, layer in enumerate(layers)]
     if not any(sites for sites, _ in per_layer):

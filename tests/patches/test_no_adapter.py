@@ -197,3 +197,16 @@ def test_layers_without_any_site_are_reported():
     family, why = family_from_trace(model, "toy")
     assert family is None and why.startswith("the decoder layer could not be partitioned into sites (norm: ")
     assert "\n" not in why
+
+
+class _WithIdleTower(_Toy):
+    """A longer layer list the text forward never runs (as a vision tower would be)."""
+
+    def __init__(self):
+        super().__init__()
+        self.tower = nn.ModuleList(nn.Sequential(nn.Linear(24, 24)) for _ in range(5))
+
+
+def test_the_layer_list_is_the_one_the_forward_runs():
+    family, why = family_from_trace(_WithIdleTower().eval(), "toy")
+    assert family is not None and family.layers == ("layers",), why
