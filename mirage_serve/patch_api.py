@@ -39,6 +39,8 @@ _CPU_NOTE = ("backend torch: μGraphs run in the torch interpreter; this is for 
 
 _RESIDUAL_NOTE = ("residual adds: in the o_proj / down_proj kernels of {n}/{of} layers (the layer's forward hands "
                   "them the residual; PatchOptions.fused_residual)")
+_TRACED_NOTE = ("sites from the traced decoder layer (no adapter for model type {!r}): norm → projections "
+                "and projections alone; attention core and residual adds stay original")
 _GRAPHS_NOTE = ("decode steps replay CUDA graphs on an owned static KV cache; HF's auto-compile is "
                 "off for this model (it would compile around the graphs)")
 
@@ -151,11 +153,15 @@ def patch(model: torch.nn.Module, *, backend: str = "auto", cache_dir=None, sear
         report.note = _CPU_NOTE
 
     family_for, supported_model_types = _adapters()
-    family = family_for(model_type)
+    family, traced = family_for(model_type), ""
+    if family is None:  # no adapter: the sites come from the traced layer (patching.partition)
+        from .patching.partition import family_from_trace
+        family, traced = family_from_trace(model, str(model_type))
+        report.note = "; ".join(x for x in (report.note, _TRACED_NOTE.format(model_type) if family else "") if x)
     found = find_layers(model, family) if family else None
     if found is None:
-        why = (f"model type {model_type!r} is not supported (supported: "
-               f"{', '.join(supported_model_types())})" if family is None else
+        why = (f"model type {model_type!r} is not supported: no adapter (adapters: "
+               f"{', '.join(supported_model_types())}) and {traced}" if family is None else
                f"no decoder layer list found at {' or '.join(family.layers)}")
         if strict:
             raise PatchError(why + "; the model was left unchanged")

@@ -43,6 +43,11 @@ def layer_programs(name: str, rows: tuple[int, ...], fused_residual: bool | None
     cfg = registry.hf_config(facts)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
     family = _adapters()[0](cfg.model_type)
+    if family is None:  # no adapter: the sites patch() would take from the traced layer
+        from .patching.partition import family_from_trace
+        family, why = family_from_trace(model, cfg.model_type)
+        if family is None:
+            raise ValueError(f"{name}: {why}")
     _, layers = find_layers(model, family)
     fused = PatchOptions().fused_residual if fused_residual is None else fused_residual
     residual = fused and 0 in _residual_layers(family, layers)[0]

@@ -99,7 +99,7 @@ def test_superopt_import_direction(path):
 # adapters of patches/), except cache.warm: the ahead-of-time front end, which runs patch().
 MIRAGE_LAYERS = (
     {"knobs", "cli_errors", "hf_names", "registry", "report", "sites", "backends", "verify_parallel"},  # leaves
-    {"options", "site_kernel", "patches", "cache", "tp"},  # switches, kernel store, adapters, shard plumbing
+    {"options", "site_kernel", "patches", "cache", "tp", "patching"},  # switches, kernel store, adapters, shards, traced sites
     {"optimize", "patch_residual", "patch_pairing"},  # cache or search, then verify; residual; k/v pairing
     {"patch_prepare"},                                # one site: extract, choose, build, self-check
     {"patch_wiring"},                                 # swap forwards, restore them
