@@ -130,7 +130,7 @@ def search_space(program, budget, arch: str = "sm_90") -> list[tuple]:
             options.append(opts)
         else:
             rest = sum(o[0][1] for o in options[1:])
-            out += [(d, node, cost + rest) for node, cost, _ in options[0]]
+            out += [(d, node, cost + rest) for node, cost, *_ in options[0]]
     return sorted(out, key=lambda x: x[2])
 
 
@@ -176,9 +176,11 @@ def analyse(label: str, dtype: str, tiling: str, name: str, kw: dict, budget) ->
     else:
         from superopt.search.skeleton import design_key
         verified = {design_key(d) for d, _ in result.designs if d is not None}
-        why = ("its design was verified, but this extent was cut by _diverse/ALTERNATIVES"
-               if design_key(row["design"]) in verified else
-               "its design was ranked out of the verify_top verified ones")
+        every = [g for g in result.candidates(designs=len(result.ranked), limit=10 ** 6) if g.customized_nodes()]
+        why = ("its design was ranked out of the verify_top verified families"
+               if design_key(row["design"]) not in verified else
+               "this extent was cut by _diverse/ALTERNATIVES" if not any(shape(g) == want for g in every) else
+               "cut by the candidates' limit or families (SearchResult.candidates)")
         row["verdict"] = (f"enumerated (rank {row['rank']} of {len(space)}, {row['cost']:.1f} µs vs the pick's "
                           f"{row['best_cost']:.1f}), not offered: {why}")
     return row

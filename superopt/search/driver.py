@@ -19,14 +19,17 @@ import time
 from dataclasses import dataclass, field, replace
 
 from ..abstract import Unsupported, analyze
-from ..ir import SMEM_BUDGET, KernelGraph, check, digest, shared_memory_bytes, to_text
+from ..ir import SMEM_BUDGET, KernelGraph, check, digest, layout, shared_memory_bytes, to_text
 from .budget import SearchBudget, SearchStats
 from .checkpoint import Checkpoint
-from .cost import graph_cost, node_cost
+from .cost import DEFAULT_PARAMS, SMS, cost_of, features, graph_cost, with_threads
 from .instantiate import assemble, build_kernel, extent_choices
 from .kernel import enumerate_patterns, run_pattern
 from .skeleton import design_key, retarget, search_key
 from .verify import verify_full, verify_reduced
+
+
+CANDIDATES = 36  # graphs handed the profiler (``SearchResult.candidates``): ~3 builds each to time
 
 
 @dataclass
@@ -40,13 +43,26 @@ class SearchResult:
     designs: list = field(default_factory=list)  # (design, extents) parallel to ranked; None for the fallback
     alternatives: list = field(default_factory=list)  # [KernelGraph] parallel to ranked: other extents
 
-    def candidates(self, designs: int = 3) -> list[KernelGraph]:
-        """What a profiler should time: the ``designs`` best-ranked graphs, each followed by its
-        design at other extents (all verified designs; the unfused program is one of the ranked)."""
-        out = []
-        for i, (g, _) in enumerate(self.ranked[:designs]):
-            out.append(g)
-            out += self.alternatives[i] if i < len(self.alternatives) else []
+    def candidates(self, designs: int = 3, limit: int = CANDIDATES) -> list[KernelGraph]:
+        """What a profiler should time: the verified designs of the ``designs`` best-ranked
+        families (``_family``; the unfused program is one), each at its cost-best extents and then
+        at its alternatives; taken in turn from each design, best-ranked first, duplicates (by
+        ``layout``) dropped, at most ``limit``. ``candidates()[0]`` is ``best``."""
+        lists, families = [], []
+        for i, (g, _) in enumerate(self.ranked):
+            d = self.designs[i][0] if i < len(self.designs) else None
+            fam = _family(d) if d is not None else None
+            if fam not in families:
+                if len(families) >= designs:
+                    continue
+                families.append(fam)
+            lists.append([g] + (self.alternatives[i] if i < len(self.alternatives) else []))
+        out, seen = [], set()
+        for turn in range(max(map(len, lists), default=0)):
+            for gs in lists:
+                if turn < len(gs) and len(out) < limit and layout(gs[turn]) not in seen:
+                    seen.add(layout(gs[turn]))
+                    out.append(gs[turn])
         return out
 
     @property
@@ -66,7 +82,7 @@ class SearchResult:
         found = _rank_and_verify(program, index, [d for d, _ in self.designs if d is not None], quick,
                                  self.arch, self.seed, stats)
         stats.seconds["reinstantiate"] = time.perf_counter() - t0
-        ranked, kept, alts = _with_fallback(program, found, self.arch)
+        ranked, kept, alts = _with_fallback(program, found, self.arch, self.budget.cost_params)
         return SearchResult(program, self.budget, self.arch, self.seed, ranked, stats, kept, alts)
 
 
@@ -104,17 +120,17 @@ def superoptimize(program: KernelGraph, budget: SearchBudget = SearchBudget(), a
     found = _rank_and_verify(program, index, designs, budget, arch, seed, stats) if designs else []
     for g, cost, _, _ in found:
         ckpt.record_found(to_text(g), cost)
-    ranked, kept, alts = _with_fallback(program, found, arch)
+    ranked, kept, alts = _with_fallback(program, found, arch, budget.cost_params)
     stats.seconds["total"] = time.perf_counter() - t_start
     return SearchResult(program, budget, arch, seed, ranked, stats, kept, alts)
 
 
-def _with_fallback(program: KernelGraph, found: list, arch: str) -> tuple[list, list]:
+def _with_fallback(program: KernelGraph, found: list, arch: str, params=None) -> tuple[list, list]:
     """The verified graphs plus the unfused program itself, by cost: ``best`` is never None."""
     ranked = [(g, c) for g, c, _, _ in found]
     kept = [x for _, _, x, _ in found]
     alts = [a for _, _, _, a in found]
-    fallback = (program, graph_cost(program, arch))
+    fallback = (program, graph_cost(program, arch, params))
     pos = next((i for i, (_, c) in enumerate(ranked) if c > fallback[1]), len(ranked))
     ranked.insert(pos, fallback)
     kept.insert(pos, (None, None))
@@ -122,11 +138,15 @@ def _with_fallback(program: KernelGraph, found: list, arch: str) -> tuple[list, 
     return ranked, kept, alts
 
 
-ALTERNATIVES = 5  # extents of a design kept besides its cost-best, for the profiler
+ALTERNATIVES = 9  # extents of a design kept besides its cost-best, for the profiler
+WIDE_COUNTS = 4  # of those: block counts of the few-waves band (``_diverse``)
 
 
 def _kernel_options(k, types, index, budget, arch, stats) -> list:
-    """[(node, cost, extents)] of kernel skeleton ``k`` at every valid extent, cheapest first."""
+    """[(node, cost, extents, cost without the tile-size term)] of kernel skeleton ``k`` at every
+    valid extent, cheapest first (the last for ``_diverse``)."""
+    params = budget.cost_params or DEFAULT_PARAMS
+    untiled = replace(params, tile_elems=float("inf"))
     opts = []
     for e in extent_choices(k, index, budget.tile_sizes, budget.block_threads, budget.loop_tile_sizes):
         try:
@@ -137,33 +157,70 @@ def _kernel_options(k, types, index, budget, arch, stats) -> list:
             continue
         args = [types[a] for a in node.args]
         best = None
+        f0 = features(node, args, arch)
         for t in budget.block_threads:
             cand = replace(node, block=replace(node.block, block_threads=t))
             stats.instances += 1
-            c = node_cost(cand, args, arch)
+            f = with_threads(f0, t)
+            c = cost_of(f, params)
             if best is None or c < best[1]:
-                best = (cand, c, (e[0], e[1], t))
+                best = (cand, c, (e[0], e[1], t), cost_of(f, untiled))
         opts.append(best)
     return sorted(opts, key=lambda o: o[1])
 
 
-def _diverse(opts: list) -> list:
-    """The cheapest option, then the cheapest of each other (block count, loop length) shape."""
-    out, seen = [], set()
+def _diverse(opts: list, sms: int = 132) -> list:
+    """The cheapest option; then, for the ``WIDE_COUNTS`` cheapest block counts between a quarter of
+    a wave and four waves of ``sms`` SMs, the cheapest loop length of each and the loop of half as
+    many iterations (slices twice as long: the tile-size term caps a tile at ``TILE_ELEMS``, and the
+    8-row winners sit one step above it; where the cheapest is one iteration, the cheapest loop);
+    then the cheapest of each other (block count, loop length) shape, ``ALTERNATIVES`` in all
+    besides the first.
+
+    The band is kept whatever the cost model says: at 8 rows a decode GEMV is fastest with wide
+    tiles (32-64 columns a block, K slices of 256-512, 64-224 blocks: the hand-written designs'
+    tilings, ``benchmarks/fixture_gap.py``), where the model's wave and tile-size terms rank them far
+    down (two [64, 256] weight tiles a block are charged twice the time of [64, 128] ones, and won
+    on the H100); only the GPU profiler tells those apart."""
+    if not opts:
+        return []
+    out = [opts[0]]
+    seen = {(opts[0][0].block.num_blocks, opts[0][0].block.forloop)}
+    by_count: dict[int, list] = {}
     for o in opts:
+        if sms / 4 <= o[0].block.num_blocks <= 4 * sms:
+            by_count.setdefault(o[0].block.num_blocks, []).append(o)
+    for group in list(by_count.values())[:WIDE_COUNTS]:
+        f0 = group[0][0].block.forloop
+        second = [o for o in group if 2 * o[0].block.forloop == f0] or [o for o in group if o[0].block.forloop != f0]
+        for o in [group[0]] + second[:1]:
+            shape = (o[0].block.num_blocks, o[0].block.forloop)
+            if shape not in seen:
+                seen.add(shape)
+                out.append(o)
+    for o in opts:
+        if len(out) > ALTERNATIVES:
+            break
         shape = (o[0].block.num_blocks, o[0].block.forloop)
         if shape not in seen:
             seen.add(shape)
             out.append(o)
-        if len(out) > ALTERNATIVES:
-            break
     return out
+
+
+def _family(design) -> tuple:
+    """The grid indices of each kernel of a design. Designs of one family differ only in what
+    their for-loops walk, and often tie: a loop of one iteration is no loop, so the loop-less
+    design's cost is its looped sibling's at for-loop 1. Counting designs, the loop-less one took
+    the sibling's place among those verified and offered, and the sibling's longer loops with it
+    (Qwen2.5-0.5B qkv at 8 rows: 16 columns a block, K in 7 slices, ``benchmarks/fixture_gap.py``)."""
+    return tuple(k.pattern.grid for k in design)
 
 
 def _budget_key(budget: SearchBudget) -> dict:
     """The budget fields that change what a pattern search finds (not its clock or its workers)."""
     log = budget.log()
-    for k in ("max_seconds", "workers", "verify_top", "full_verify_elements"):
+    for k in ("max_seconds", "workers", "verify_top", "full_verify_elements", "cost_params"):
         log.pop(k)
     return log
 
@@ -251,7 +308,7 @@ def _rank_and_verify(program, index, designs, budget, arch, seed, stats, top=Non
             options.append(opts)
         else:
             graphs = []
-            for main in _diverse(options[0]):
+            for main in _diverse(options[0], SMS.get(arch, 132)):
                 nodes = [main[0]] + [o[0][0] for o in options[1:]]
                 try:
                     graphs.append((check(assemble(program, nodes), arch), main[1] + sum(o[0][1] for o in options[1:]),
@@ -266,7 +323,11 @@ def _rank_and_verify(program, index, designs, budget, arch, seed, stats, top=Non
     t0 = time.perf_counter()
     # The cost-best few, plus the best of the designs with the fewest kernels (the most fused form
     # is always verified and ranked, even when the cost model prefers a split).
-    chosen = best_per_design[: top or budget.verify_top]
+    if top is None:  # every design of the verify_top best families (``_family``)
+        families = list(dict.fromkeys(_family(x[2][0]) for x in best_per_design))[: budget.verify_top]
+        chosen = [x for x in best_per_design if _family(x[2][0]) in families]
+    else:
+        chosen = best_per_design[:top]
     if best_per_design and top is None:
         fewest = min(best_per_design, key=lambda x: (len(x[2][0]), x[1]))
         if all(fewest is not c for c in chosen):
