@@ -73,7 +73,11 @@ class CostParams:
         unknown = set(d) - names
         if unknown:
             raise ValueError(f"CostParams: unknown constants {sorted(unknown)}")
-        return CostParams(**{k: float(v) for k, v in d.items()})
+        vals = {k: float(v) for k, v in d.items()}
+        bad = [k for k, v in vals.items() if not (math.isfinite(v) and v > 0)]
+        if bad:
+            raise ValueError(f"CostParams: constants must be positive and finite: {sorted(bad)}")
+        return CostParams(**vals)
 
 
 DEFAULT_PARAMS = CostParams()
@@ -137,7 +141,7 @@ def cost_of(f: dict, p: CostParams) -> float:
     """``node_cost`` from a node's ``features`` and the constants ``p`` (what a fit varies)."""
     eff = (_efficiency(f["blocks"], f["sms"], p.sm_share) * f["threads_busy"]
            * min(1.0, p.tile_elems / f["largest_padded"])
-           * min(1.0, f["resident"] * f["tile_bytes"] / p.inflight_bytes))
+           * (1.0 if f["library"] else min(1.0, f["resident"] * f["tile_bytes"] / p.inflight_bytes)))
     nbytes = f["bytes"] + p.reread * f["reread_bytes"]
     return p.launch_us + max(nbytes / p.bandwidth, f["flops"] / p.flops) * 1e6 / max(eff, 1e-6)
 
@@ -153,7 +157,8 @@ def features(n: Node, args: list[TensorType], arch: str = "sm_90") -> dict | Non
         nbytes = sum(_bytes(t) for t in args) + _bytes(n.out.type)
         flops = n.out.type.numel * (2 * args[0].shape[-1] if n.op == "matmul" else 1)
         return dict(bytes=nbytes, reread_bytes=0.0, flops=flops, blocks=max(1, math.ceil(n.out.type.numel / 1024)),
-                    sms=sms, threads_busy=1.0, largest=1, largest_padded=1, tile_bytes=float("inf"), resident=1.0)
+                    sms=sms, threads_busy=1.0, largest=1, largest_padded=1, tile_bytes=0.0, resident=1.0,
+                    library=True)
     b = n.block
     blocks = b.num_blocks
     nbytes, reread = 0.0, 0.0
@@ -177,7 +182,7 @@ def features(n: Node, args: list[TensorType], arch: str = "sm_90") -> dict | Non
         k = tile_types[bn.args[0]].shape[-1] if bn.op == "matmul" else 1
         runs = b.forloop if bn.op == "matmul" or bn.op.startswith("accum") else 1
         flops += 2 * k * bn.out.type.numel * runs if bn.op == "matmul" else bn.out.type.numel * runs
-    f = dict(bytes=nbytes, reread_bytes=reread, flops=flops * blocks, blocks=blocks, sms=sms, largest=largest,
+    f = dict(bytes=nbytes, reread_bytes=reread, flops=flops * blocks, blocks=blocks, sms=sms, largest=largest, library=False,
              largest_padded=_largest_padded(b, largest),
              tile_bytes=float(sum(_bytes(inp.value.type) for inp in b.inputs)))  # one iteration's loads
     return with_threads(f, b.block_threads)
@@ -186,7 +191,7 @@ def features(n: Node, args: list[TensorType], arch: str = "sm_90") -> dict | Non
 def with_threads(f: dict, block_threads: int) -> dict:
     """``features`` of the same block launched with ``block_threads`` threads (nothing else in them
     depends on the thread count, so the search costs each thread count without re-deriving them)."""
-    if f["tile_bytes"] == float("inf"):  # a library op
+    if f["library"]:
         return f
     return dict(f, threads_busy=min(1.0, f["largest"] / block_threads),
                 resident=min(max(1.0, f["blocks"] / f["sms"]), MAX_THREADS_PER_SM // block_threads))
