@@ -176,7 +176,7 @@ def main(argv=None) -> None:
         if not rows:
             raise SystemExit("no timed entry matched a program of the registry models")
         params, before, after = fit(rows)
-        save_fit(args.fit, args.arch, params, rows, before, after)
+        save_fit(args.fit, args.arch, params, rows, before, after, keep_rows=len(rows))  # refit later with more
         rb = sorted(row_correlation(r, DEFAULT_PARAMS) for r in rows)
         ra = sorted(row_correlation(r, params) for r in rows)
         print(f"{len(rows)} entries, {sum(map(len, rows))} timed candidates matched; mean rank correlation "

@@ -1,6 +1,7 @@
 """Why a hand-written fixture beat the search on a block-benchmark row: is its design in the search's space?
 
     PYTHONPATH=$PWD python benchmarks/fixture_gap.py benchmarks/results/blocks_h100_2026-11-25_s17.md [--only b8,LoRA]
+        [--cost-params cost_fit.json]
 
 For every row of a ``bench_blocks.py`` table won by a hand-written fixture (the tiling column reads
 ``fixture: grid 1x128x1 f16 w4s3``, or the "hand-written" column beats the "searched" one), on a CPU:
@@ -191,14 +192,20 @@ def main(argv=None) -> None:
     ap.add_argument("table", help="a bench_blocks.py result table (markdown)")
     ap.add_argument("--only", default="", help="comma-separated substrings of row labels")
     ap.add_argument("--search-s", type=float, default=20.0, help="search budget per row, as bench_blocks")
+    ap.add_argument("--cost-params", metavar="FILE.json",
+                    help="rank with the cost constants fitted for sm_90 in FILE (cost_vs_measured --fit)")
     args = ap.parse_args(argv)
     from superopt.search import SearchBudget
+    from superopt.search.cost import load_params
+    params = load_params(args.cost_params, "sm_90") if args.cost_params else None
+    if args.cost_params and params is None:
+        raise SystemExit(f"{args.cost_params} holds no constants for sm_90")
     with open(args.table) as f:
         rows = winning_rows(f.read())
     if args.only:
         rows = [r for r in rows if any(s in r[0] for s in args.only.split(","))]
     progs = row_programs()
-    budget = SearchBudget(max_seconds=args.search_s)
+    budget = SearchBudget(max_seconds=args.search_s, cost_params=params)
     print("| row | dtype | fixture winner (kernel shape) | search s | instances ranked | same shape enumerated | "
           "cost rank | reached profiler (of candidates) | search's top candidate | why |")
     print("|---|---|---|---|---|---|---|---|---|---|")

@@ -23,13 +23,13 @@ from ..ir import SMEM_BUDGET, KernelGraph, check, digest, layout, shared_memory_
 from .budget import SearchBudget, SearchStats
 from .checkpoint import Checkpoint
 from .cost import DEFAULT_PARAMS, SMS, cost_of, features, graph_cost, with_threads
-from .instantiate import assemble, build_kernel, extent_choices
+from .instantiate import assemble, build_kernel, extent_choices, sparse_extents
 from .kernel import enumerate_patterns, run_pattern
 from .skeleton import design_key, retarget, search_key
 from .verify import verify_full, verify_reduced
 
 
-CANDIDATES = 36  # graphs handed the profiler (``SearchResult.candidates``): ~3 builds each to time
+CANDIDATES = 40  # graphs handed the profiler (``SearchResult.candidates``): ~3 builds each to time
 
 
 @dataclass
@@ -44,25 +44,40 @@ class SearchResult:
     alternatives: list = field(default_factory=list)  # [KernelGraph] parallel to ranked: other extents
 
     def candidates(self, designs: int = 3, limit: int = CANDIDATES) -> list[KernelGraph]:
-        """What a profiler should time: the verified designs of the ``designs`` best-ranked
-        families (``_family``; the unfused program is one), each at its cost-best extents and then
-        at its alternatives; taken in turn from each design, best-ranked first, duplicates (by
-        ``layout``) dropped, at most ``limit``. ``candidates()[0]`` is ``best``."""
-        lists, families = [], []
+        """What a profiler should time, duplicates (by ``layout``) dropped, ``best`` first:
+
+        1. the ``designs`` best-ranked graphs, each followed by its ``ALTERNATIVES`` cost-best
+           other extents (``_diverse``), a split design only on the best-ranked of its combine
+           kernels' grids (the others repeat its first kernels);
+        2. up to ``limit`` in all, the rest of the verified designs of the ``designs`` best-ranked
+           families (``_family``; the unfused program is one) and the band of every design's
+           alternatives, taken in turn from each family and, within one, from each design; a
+           loop-less design after its looped sibling (whose loop of one iteration it is)."""
+        tier1, families, mains, first = [], {}, set(), 0
         for i, (g, _) in enumerate(self.ranked):
+            alts = self.alternatives[i] if i < len(self.alternatives) else []
             d = self.designs[i][0] if i < len(self.designs) else None
-            fam = _family(d) if d is not None else None
-            if fam not in families:
-                if len(families) >= designs:
+            if d is not None and len(d) > 1:  # a split combined on another grid: the same first kernels
+                if design_key(d[:1]) in mains:
                     continue
-                families.append(fam)
-            lists.append([g] + (self.alternatives[i] if i < len(self.alternatives) else []))
+                mains.add(design_key(d[:1]))
+            in_tier1 = first < designs
+            if in_tier1:
+                tier1 += [g] + alts[:ALTERNATIVES]
+                first += 1
+            fam = _family(d) if d is not None else None
+            if fam not in families and len(families) >= designs:
+                continue
+            rest = alts[ALTERNATIVES:] if in_tier1 else [g] + alts
+            looped = d is not None and d[0].pattern.loop >= 0
+            families.setdefault(fam, []).append((not looped, i, rest))
+        tier2 = _in_turn([_in_turn([r for _, _, r in sorted(lists, key=lambda x: x[:2])])
+                          for lists in families.values()])
         out, seen = [], set()
-        for turn in range(max(map(len, lists), default=0)):
-            for gs in lists:
-                if turn < len(gs) and len(out) < limit and layout(gs[turn]) not in seen:
-                    seen.add(layout(gs[turn]))
-                    out.append(gs[turn])
+        for n, g in enumerate(tier1 + tier2):
+            if (n < len(tier1) or len(out) < limit) and layout(g) not in seen:
+                seen.add(layout(g))
+                out.append(g)
         return out
 
     @property
@@ -138,15 +153,15 @@ def _with_fallback(program: KernelGraph, found: list, arch: str, params=None) ->
     return ranked, kept, alts
 
 
-ALTERNATIVES = 9  # extents of a design kept besides its cost-best, for the profiler
-WIDE_COUNTS = 4  # of those: block counts of the few-waves band (``_diverse``)
+ALTERNATIVES = 5  # extents of a design kept besides its cost-best, by cost, for the profiler
+WIDE_COUNTS = 4  # then block counts of the few-waves band, at two loop lengths each (``_diverse``)
 
 
 def _kernel_options(k, types, index, budget, arch, stats) -> list:
-    """[(node, cost, extents, cost without the tile-size term)] of kernel skeleton ``k`` at every
-    valid extent, cheapest first (the last for ``_diverse``)."""
+    """[(node, cost, extents, on the sparse lattice)] of kernel skeleton ``k`` at every valid
+    extent, cheapest first (the last for ``_diverse``: ``instantiate.sparse_extents``)."""
     params = budget.cost_params or DEFAULT_PARAMS
-    untiled = replace(params, tile_elems=float("inf"))
+    sparse = sparse_extents(k, index, budget.tile_sizes, budget.loop_tile_sizes)
     opts = []
     for e in extent_choices(k, index, budget.tile_sizes, budget.block_threads, budget.loop_tile_sizes):
         try:
@@ -164,28 +179,38 @@ def _kernel_options(k, types, index, budget, arch, stats) -> list:
             f = with_threads(f0, t)
             c = cost_of(f, params)
             if best is None or c < best[1]:
-                best = (cand, c, (e[0], e[1], t), cost_of(f, untiled))
+                best = (cand, c, (e[0], e[1], t), (e[0], e[1]) in sparse)
         opts.append(best)
     return sorted(opts, key=lambda o: o[1])
 
 
 def _diverse(opts: list, sms: int = 132) -> list:
-    """The cheapest option; then, for the ``WIDE_COUNTS`` cheapest block counts between a quarter of
-    a wave and four waves of ``sms`` SMs, the cheapest loop length of each and the loop of half as
-    many iterations (slices twice as long: the tile-size term caps a tile at ``TILE_ELEMS``, and the
-    8-row winners sit one step above it; where the cheapest is one iteration, the cheapest loop);
-    then the cheapest of each other (block count, loop length) shape, ``ALTERNATIVES`` in all
-    besides the first.
+    """On the sparse lattice (``instantiate.sparse_extents``), the cheapest option and the
+    cheapest of each other (block count, loop length) shape, ``ALTERNATIVES`` of them besides the
+    first — the earlier rule, kept on the earlier lattice: on the dense one the cost model is flat
+    and its cheapest shapes crowd a narrow range (all 128-512 blocks for Llama-3-8B down+res at
+    one row, won by 4096 blocks); then, on the dense lattice, the *band*: for the ``WIDE_COUNTS`` cheapest
+    block counts between a quarter of a wave and four waves of ``sms`` SMs, the cheapest loop
+    length of each and the loop of half as many iterations (slices twice as long: the tile-size
+    term caps a tile at ``TILE_ELEMS``, and the 8-row winners sit one step above it; where the
+    cheapest is one iteration, the cheapest loop), those not kept already.
 
     The band is kept whatever the cost model says: at 8 rows a decode GEMV is fastest with wide
     tiles (32-64 columns a block, K slices of 256-512, 64-224 blocks: the hand-written designs'
     tilings, ``benchmarks/fixture_gap.py``), where the model's wave and tile-size terms rank them far
     down (two [64, 256] weight tiles a block are charged twice the time of [64, 128] ones, and won
     on the H100); only the GPU profiler tells those apart."""
-    if not opts:
-        return []
-    out = [opts[0]]
-    seen = {(opts[0][0].block.num_blocks, opts[0][0].block.forloop)}
+    out, seen = [], set()
+
+    def keep(o) -> None:
+        shape = (o[0].block.num_blocks, o[0].block.forloop)
+        if shape not in seen:
+            seen.add(shape)
+            out.append(o)
+    for o in [o for o in opts if o[3]] or opts:
+        if len(out) > ALTERNATIVES:
+            break
+        keep(o)
     by_count: dict[int, list] = {}
     for o in opts:
         if sms / 4 <= o[0].block.num_blocks <= 4 * sms:
@@ -194,27 +219,24 @@ def _diverse(opts: list, sms: int = 132) -> list:
         f0 = group[0][0].block.forloop
         second = [o for o in group if 2 * o[0].block.forloop == f0] or [o for o in group if o[0].block.forloop != f0]
         for o in [group[0]] + second[:1]:
-            shape = (o[0].block.num_blocks, o[0].block.forloop)
-            if shape not in seen:
-                seen.add(shape)
-                out.append(o)
-    for o in opts:
-        if len(out) > ALTERNATIVES:
-            break
-        shape = (o[0].block.num_blocks, o[0].block.forloop)
-        if shape not in seen:
-            seen.add(shape)
-            out.append(o)
+            keep(o)
     return out
 
 
 def _family(design) -> tuple:
-    """The grid indices of each kernel of a design. Designs of one family differ only in what
-    their for-loops walk, and often tie: a loop of one iteration is no loop, so the loop-less
-    design's cost is its looped sibling's at for-loop 1. Counting designs, the loop-less one took
-    the sibling's place among those verified and offered, and the sibling's longer loops with it
-    (Qwen2.5-0.5B qkv at 8 rows: 16 columns a block, K in 7 slices, ``benchmarks/fixture_gap.py``)."""
-    return tuple(k.pattern.grid for k in design)
+    """The number of kernels and the first kernel's grid indices. Designs of one family differ in
+    what their for-loops walk, or in the grid of a combine kernel (a split kernel's partial sums
+    are combined on any grid over the outputs), and often tie: a loop of one iteration is no
+    loop, so the loop-less design's cost is its looped sibling's at for-loop 1. Counting designs,
+    the loop-less one took the sibling's place among those verified and offered, and the
+    sibling's longer loops with it (Qwen2.5-0.5B qkv at 8 rows: 16 columns a block, K in 7 slices,
+    ``benchmarks/fixture_gap.py``); three combine grids of one split took all three places."""
+    return len(design), design[0].pattern.grid
+
+
+def _in_turn(lists: list[list]) -> list:
+    """The items of ``lists`` taken one from each in turn: [[a, b], [c]] -> [a, c, b]."""
+    return [x[t] for t in range(max(map(len, lists), default=0)) for x in lists if t < len(x)]
 
 
 def _budget_key(budget: SearchBudget) -> dict:

@@ -155,6 +155,29 @@ def extent_choices(k: KernelSkeleton, index: ProgramIndex, tiles: tuple[int, ...
     return out
 
 
+def sparse_extents(k: KernelSkeleton, index: ProgramIndex, tiles: tuple[int, ...],
+                   loop_tiles: tuple[int, ...] | None = None, limit: int = 5) -> set[tuple]:
+    """The (grid, forloop) pairs of ``extent_choices`` on a sparse lattice: at most ``limit``
+    extents an axis and a loop, spread over the range, no loop of one iteration. The search's
+    earlier, only lattice: ranked by the cost model, its cheapest shapes won most rows on the GPU
+    (``driver._diverse`` keeps them, and the dense lattice's band besides)."""
+    p = k.pattern
+    per_axis = [_pick(index.sizes[i], tuple(t * 2 for t in tiles) if i == p.loop else (1, 2, 4, 8) + tuple(tiles),
+                      limit) for i in p.grid]
+    combos: list[list[int]] = [[]]
+    for opts in per_axis:
+        combos = [c + [e] for c in combos for e in opts]
+    out = set()
+    for c in combos:
+        grid = tuple(c) + (1,) * (3 - len(c))
+        if p.loop < 0:
+            out.add((grid, 1))
+            continue
+        n = index.sizes[p.loop] // (grid[p.grid.index(p.loop)] if p.loop in p.grid else 1)
+        out.update((grid, f) for f in _pick(n, loop_tiles or tiles, limit))
+    return out
+
+
 def reduced_extents(k: KernelSkeleton, index: ProgramIndex) -> Extents:
     """Extents for a reduced-shape instance: 2 per tiled part (sizes from ``reduced_sizes``)."""
     p = k.pattern

@@ -83,18 +83,20 @@ class _Node:
 
 
 def test_diverse_keeps_the_few_waves_band_however_it_is_costed():
-    # options (node, cost, extents, cost without the tile-size term), cheapest first: the model
-    # prefers 1024 blocks; 64-256 blocks come last, as the wide tiles did
-    opts = [(_Node(1024, f), 10 + f, None, 10 + f) for f in (4, 8, 16)]
-    opts += [(_Node(2048, f), 20 + f, None, 20 + f) for f in (4, 8, 16, 32)]
-    opts += [(_Node(blocks, f), 100 + blocks / 64 + f, None, 50 + f) for blocks in (64, 128, 256) for f in (8, 16, 32)]
+    # options (node, cost, extents, on the sparse lattice), cheapest first: the model prefers 1024
+    # and 2048 blocks (the sparse lattice's); 64-256 blocks (the dense lattice's) come last, as
+    # the wide tiles did
+    opts = [(_Node(1024, f), 10 + f, None, True) for f in (4, 8, 16)]
+    opts += [(_Node(2048, f), 20 + f, None, True) for f in (4, 8, 16, 32)]
+    opts += [(_Node(blocks, f), 100 + blocks / 64 + f, None, False) for blocks in (64, 128, 256) for f in (8, 16, 32)]
     kept = [(o[0].block.num_blocks, o[0].block.forloop) for o in _diverse(opts, sms=132)]
-    assert kept[0] == (1024, 4)
+    # the cost-best shapes of the sparse lattice first, as before
+    assert kept[:ALTERNATIVES + 1] == [(1024, 4), (1024, 8), (1024, 16), (2048, 4), (2048, 8), (2048, 16)]
     for blocks in (64, 128, 256):
         # the cheapest loop of each band count, and (no loop of half its iterations here) the next
         assert (blocks, 8) in kept and (blocks, 16) in kept
         assert (blocks, 32) not in kept
-    assert len(kept) == len(set(kept)) == ALTERNATIVES + 1
+    assert len(kept) == len(set(kept)) == ALTERNATIVES + 1 + 6
 
 
 def test_an_8_row_gated_mlp_is_offered_its_hand_written_tiling():
