@@ -16,6 +16,13 @@ the rows by layout, and each is costed afresh. Edit the cost model, run it on ``
 and see whether its ranking of designs the GPU already timed got better, without a GPU — and,
 since the profiler times every design the search offers, whether the fastest of them is still
 offered (a change to the ranking also changes which designs are verified and offered).
+
+``--fit FILE.json`` fits the cost model's constants to those timings (``superopt.search.fit``): every
+timed candidate is matched by layout to a μGraph of the search's whole space for its program (all
+designs at all extents, ``benchmarks/fixture_gap.search_space``), its features taken, and the
+constants that best order each entry's candidates as measured written to FILE for ``--arch``; the
+mean rank correlation before and after is printed. ``superopt.search.cost.load_params(FILE, arch)``
+reads them back, for ``SearchBudget(cost_params=…)``.
 """
 from __future__ import annotations
 
@@ -109,13 +116,73 @@ def rescored(cache_dir: Path, models: list[str], buckets: tuple[int, ...] = (1, 
     return out
 
 
+def _plain(layout_text: str) -> str:
+    """A layout without its thread counts: the profiler launches each candidate at its own warps."""
+    import re
+    return re.sub(r" t\d+", "", layout_text)
+
+
+def fit_rows(cache_dir: Path, models: list[str], buckets: tuple[int, ...] = (1, 2, 4, 8, 16),
+             label: str = "") -> list[list]:
+    """Per timed entry whose program a registry model of ``models`` has: [(features, measured µs)]
+    of every timed candidate found again in the search's space (entries with fewer than 3 left out)."""
+    from benchmarks.fixture_gap import search_space
+    from mirage_serve.site_programs import layer_programs
+    from superopt.ir import digest, layout
+    from superopt.search import SearchBudget
+    from superopt.search.fit import graph_features
+    from superopt.search.instantiate import assemble
+
+    timed: dict[str, list] = {}
+    for f in sorted(cache_dir.glob("*/meta.json")):
+        meta = json.loads(f.read_text()).get("meta", {})
+        if meta.get("timings") and label in f.parent.name:
+            timed.setdefault(meta.get("program_digest"), []).append(meta["timings"])
+    rows, done = [], set()
+    for name in models:
+        for fused in (True, False):
+            for _, _, g in layer_programs(name, buckets, fused_residual=fused):
+                dg = digest(g)
+                if dg not in timed or dg in done:
+                    continue
+                done.add(dg)
+                graphs = {_plain(layout(g)): g}
+                for d, node, _ in search_space(g, SearchBudget(max_seconds=30)):
+                    if len(d) == 1:
+                        graphs.setdefault(_plain(layout(assemble(g, [node]))), assemble(g, [node]))
+                for timings in timed[dg]:
+                    row = [(graph_features(graphs[_plain(t[0])]), t[2]) for t in timings
+                           if len(t) == 4 and _plain(t[0]) in graphs]
+                    if len(row) >= 3:
+                        rows.append(row)
+    return rows
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("cache_dir", type=Path)
     ap.add_argument("--label", default="", help="only entries whose directory name contains this")
     ap.add_argument("--rescore", nargs="*", metavar="MODEL",
                     help="cost the timed designs with the current cost model (registry models; none: all)")
+    ap.add_argument("--fit", metavar="FILE.json", help="fit the cost model's constants to the timings, write them here")
+    ap.add_argument("--arch", default="sm_90", help="the architecture the timings were measured on (with --fit)")
+    ap.add_argument("--models", nargs="*", help="registry models whose programs to match (with --fit; default all)")
     args = ap.parse_args(argv)
+    if args.fit:
+        from mirage_serve import registry
+        from superopt.search.fit import fit, row_correlation, save_fit
+        from superopt.search.cost import DEFAULT_PARAMS
+        rows = fit_rows(args.cache_dir, args.models or registry.names(), label=args.label)
+        if not rows:
+            raise SystemExit("no timed entry matched a program of the registry models")
+        params, before, after = fit(rows)
+        save_fit(args.fit, args.arch, params, rows, before, after, keep_rows=len(rows))  # refit later with more
+        rb = sorted(row_correlation(r, DEFAULT_PARAMS) for r in rows)
+        ra = sorted(row_correlation(r, params) for r in rows)
+        print(f"{len(rows)} entries, {sum(map(len, rows))} timed candidates matched; mean rank correlation "
+              f"{before:+.3f} -> {after:+.3f}; median {rb[len(rb) // 2]:+.3f} -> {ra[len(ra) // 2]:+.3f}")
+        print(f"fitted for {args.arch}: {params}")
+        return
     costs = None
     if args.rescore is not None:
         from mirage_serve import registry

@@ -8,6 +8,7 @@ Any failure raises `SiteError` with the reason the report shows; the site then s
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 import time
 
 import torch
@@ -17,7 +18,7 @@ from superopt.ir import digest
 from superopt.lax.extract import ExtractError, Extracted, extract
 from superopt.lax.rows import RowsError, with_rows
 
-from . import backends, optimize
+from . import backends, cost_fit, optimize
 from .options import PatchOptions
 from .patch_pairing import Pairing, merge_twins, twins
 from .registry import short_dtype
@@ -185,6 +186,7 @@ class Preparer:
             # the shipped μGraph's launches are all timed: its best may be one the probes leave out
             ranked = self._selector.pick(cands, inputs, sweep_also=[incumbent] if incumbent is not None else [])
             timings = tuple(optimize.profile_timings(ranked))
+            cost_fit.record(self.cache, backends.arch_of(device), ranked)  # the cost model learns from the GPU
             if incumbent is not None:
                 ranked = optimize.incumbent_first(ranked, incumbent)
             for r in ranked:
@@ -387,7 +389,11 @@ class Preparer:
         # for the GPU's structures is what exercises the whole path without a GPU.
         search_arch = arch if device.type == "cuda" else "sm_90"
         profiled = self.backend == "triton" and device.type == "cuda"
-        choice = optimize.choose(program, budget=self.budget, arch=search_arch, cache=self.cache, key=key,
+        budget, fitted = self.budget, cost_fit.params(self.cache, search_arch) if profiled else None
+        if fitted is not None:  # the cost model's constants fitted to this arch's earlier profiles
+            from superopt.search import SearchBudget
+            budget = replace(budget or SearchBudget(), cost_params=fitted)
+        choice = optimize.choose(program, budget=budget, arch=search_arch, cache=self.cache, key=key,
                                  seed=seed, pick=self._pick(program, device) if profiled else None,
                                  research=self.options.research)
         ver = optimize.verification_of(program, choice, self.cache, key)

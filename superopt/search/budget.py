@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from .cost import CostParams
+
 
 @dataclass(frozen=True)
 class SearchBudget:
@@ -13,13 +15,16 @@ class SearchBudget:
     block_threads: tuple[int, ...] = (128, 256)
     max_kernels: int = 2                # 1: single fused kernel only; 2: also split kernel + combine kernel
     max_block_ops: int = 24             # nodes in one block graph
-    tile_sizes: tuple[int, ...] = (16, 32, 64, 128, 256)  # preferred tile extents of a grid-split dim
+    # preferred tile extents of a grid-split dim: multiples of 16 (``tl.dot`` pads to 16), 48 and 96
+    # because 6144 columns (Llama-3-8B qkv) fill 132 SMs as 128 blocks only with 48 a block
+    tile_sizes: tuple[int, ...] = (16, 32, 48, 64, 96, 128, 256)
     # preferred per-iteration extents of the for-loop dim: a decode GEMV streams its weights in
     # K-slices, and only slices of 512-1024 keep enough bytes in flight (search/cost.py)
     loop_tile_sizes: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024)
     abstract_pruning: bool = True       # off only for the ablation: keep every well-typed value
     verify_top: int = 3                 # verify this many best-ranked distinct structures
     full_verify_elements: int = 30_000_000  # re-verify the winner at the real shape below this many input elements
+    cost_params: CostParams | None = None  # the cost model's constants fitted to GPU timings (None: defaults)
 
     def log(self) -> dict:
         return asdict(self)

@@ -20,16 +20,19 @@ import time
 from dataclasses import dataclass, field, replace
 
 from ..abstract import Unsupported, analyze
-from ..ir import SMEM_BUDGET, KernelGraph, check, digest, shared_memory_bytes, to_text
+from ..ir import SMEM_BUDGET, KernelGraph, check, digest, layout, shared_memory_bytes, to_text
 from .budget import SearchBudget, SearchStats
 from .checkpoint import Checkpoint
-from .cost import graph_cost, node_cost
-from .instantiate import assemble, build_kernel, extent_choices
+from .cost import DEFAULT_PARAMS, SMS, cost_of, features, graph_cost, with_threads
+from .instantiate import assemble, build_kernel, extent_choices, sparse_extents
 from .kernel import enumerate_patterns, run_pattern
 from .movement import LOWERED_OPS
 from .skeleton import design_key, retarget, search_key
 from .softmax import prepare
 from .verify import verify_full, verify_reduced
+
+
+CANDIDATES = 40  # graphs handed the profiler (``SearchResult.candidates``): ~3 builds each to time
 
 
 @dataclass
@@ -43,13 +46,41 @@ class SearchResult:
     designs: list = field(default_factory=list)  # (design, extents) parallel to ranked; None for the fallback
     alternatives: list = field(default_factory=list)  # [KernelGraph] parallel to ranked: other extents
 
-    def candidates(self, designs: int = 3) -> list[KernelGraph]:
-        """What a profiler should time: the ``designs`` best-ranked graphs, each followed by its
-        design at other extents (all verified designs; the unfused program is one of the ranked)."""
-        out = []
-        for i, (g, _) in enumerate(self.ranked[:designs]):
-            out.append(g)
-            out += self.alternatives[i] if i < len(self.alternatives) else []
+    def candidates(self, designs: int = 3, limit: int = CANDIDATES) -> list[KernelGraph]:
+        """What a profiler should time, duplicates (by ``layout``) dropped, ``best`` first:
+
+        1. the ``designs`` best-ranked graphs, each followed by its ``ALTERNATIVES`` cost-best
+           other extents (``_diverse``), a split design only on the best-ranked of its combine
+           kernels' grids (the others repeat its first kernels);
+        2. up to ``limit`` in all, the rest of the verified designs of the ``designs`` best-ranked
+           families (``_family``; the unfused program is one) and the band of every design's
+           alternatives, taken in turn from each family and, within one, from each design; a
+           loop-less design after its looped sibling (whose loop of one iteration it is)."""
+        tier1, families, mains, first = [], {}, set(), 0
+        for i, (g, _) in enumerate(self.ranked):
+            alts = self.alternatives[i] if i < len(self.alternatives) else []
+            d = self.designs[i][0] if i < len(self.designs) else None
+            if d is not None and len(d) > 1:  # a split combined on another grid: the same first kernels
+                if design_key(d[:1]) in mains:
+                    continue
+                mains.add(design_key(d[:1]))
+            in_tier1 = first < designs
+            if in_tier1:
+                tier1 += [g] + alts[:ALTERNATIVES]
+                first += 1
+            fam = _family(d) if d is not None else None
+            if fam not in families and len(families) >= designs:
+                continue
+            rest = alts[ALTERNATIVES:] if in_tier1 else [g] + alts
+            looped = d is not None and d[0].pattern.loop >= 0
+            families.setdefault(fam, []).append((not looped, i, rest))
+        tier2 = _in_turn([_in_turn([r for _, _, r in sorted(lists, key=lambda x: x[:2])])
+                          for lists in families.values()])
+        out, seen = [], set()
+        for n, g in enumerate(tier1 + tier2):
+            if (n < len(tier1) or len(out) < limit) and layout(g) not in seen:
+                seen.add(layout(g))
+                out.append(g)
         return out
 
     @property
@@ -70,7 +101,7 @@ class SearchResult:
         found = _rank_and_verify(program, index, [d for d, _ in self.designs if d is not None], quick,
                                  self.arch, self.seed, stats, finish=finish)
         stats.seconds["reinstantiate"] = time.perf_counter() - t0
-        ranked, kept, alts = _with_fallback(program, found, self.arch)
+        ranked, kept, alts = _with_fallback(program, found, self.arch, self.budget.cost_params)
         return SearchResult(program, self.budget, self.arch, self.seed, ranked, stats, kept, alts)
 
 
@@ -116,17 +147,17 @@ def superoptimize(program: KernelGraph, budget: SearchBudget = SearchBudget(), a
     found = _rank_and_verify(program, index, designs, budget, arch, seed, stats, finish=finish) if designs else []
     for g, cost, _, _ in found:
         ckpt.record_found(to_text(g), cost)
-    ranked, kept, alts = _with_fallback(program, found, arch)
+    ranked, kept, alts = _with_fallback(program, found, arch, budget.cost_params)
     stats.seconds["total"] = time.perf_counter() - t_start
     return SearchResult(program, budget, arch, seed, ranked, stats, kept, alts)
 
 
-def _with_fallback(program: KernelGraph, found: list, arch: str) -> tuple[list, list]:
+def _with_fallback(program: KernelGraph, found: list, arch: str, params=None) -> tuple[list, list]:
     """The verified graphs plus the unfused program itself, by cost: ``best`` is never None."""
     ranked = [(g, c) for g, c, _, _ in found]
     kept = [x for _, _, x, _ in found]
     alts = [a for _, _, _, a in found]
-    fallback = (program, graph_cost(program, arch))
+    fallback = (program, graph_cost(program, arch, params))
     pos = next((i for i, (_, c) in enumerate(ranked) if c > fallback[1]), len(ranked))
     ranked.insert(pos, fallback)
     kept.insert(pos, (None, None))
@@ -134,11 +165,15 @@ def _with_fallback(program: KernelGraph, found: list, arch: str) -> tuple[list, 
     return ranked, kept, alts
 
 
-ALTERNATIVES = 5  # extents of a design kept besides its cost-best, for the profiler
+ALTERNATIVES = 5  # extents of a design kept besides its cost-best, by cost, for the profiler
+WIDE_COUNTS = 4  # then block counts of the few-waves band, at two loop lengths each (``_diverse``)
 
 
 def _kernel_options(k, types, index, budget, arch, stats) -> list:
-    """[(node, cost, extents)] of kernel skeleton ``k`` at every valid extent, cheapest first."""
+    """[(node, cost, extents, on the sparse lattice)] of kernel skeleton ``k`` at every valid
+    extent, cheapest first (the last for ``_diverse``: ``instantiate.sparse_extents``)."""
+    params = budget.cost_params or DEFAULT_PARAMS
+    sparse = sparse_extents(k, index, budget.tile_sizes, budget.loop_tile_sizes)
     opts = []
     for e in extent_choices(k, index, budget.tile_sizes, budget.block_threads, budget.loop_tile_sizes):
         try:
@@ -149,33 +184,77 @@ def _kernel_options(k, types, index, budget, arch, stats) -> list:
             continue
         args = [types[a] for a in node.args]
         best = None
+        f0 = features(node, args, arch)
         for t in budget.block_threads:
             cand = replace(node, block=replace(node.block, block_threads=t))
             stats.instances += 1
-            c = node_cost(cand, args, arch)
+            f = with_threads(f0, t)
+            c = cost_of(f, params)
             if best is None or c < best[1]:
-                best = (cand, c, (e[0], e[1], t))
+                best = (cand, c, (e[0], e[1], t), (e[0], e[1]) in sparse)
         opts.append(best)
     return sorted(opts, key=lambda o: o[1])
 
 
-def _diverse(opts: list) -> list:
-    """The cheapest option, then the cheapest of each other (block count, loop length) shape."""
+def _diverse(opts: list, sms: int = 132) -> list:
+    """On the sparse lattice (``instantiate.sparse_extents``), the cheapest option and the
+    cheapest of each other (block count, loop length) shape, ``ALTERNATIVES`` of them besides the
+    first — the earlier rule, kept on the earlier lattice: on the dense one the cost model is flat
+    and its cheapest shapes crowd a narrow range (all 128-512 blocks for Llama-3-8B down+res at
+    one row, won by 4096 blocks); then, on the dense lattice, the *band*: for the ``WIDE_COUNTS`` cheapest
+    block counts between a quarter of a wave and four waves of ``sms`` SMs, the cheapest loop
+    length of each and the loop of half as many iterations (slices twice as long: the tile-size
+    term caps a tile at ``TILE_ELEMS``, and the 8-row winners sit one step above it; where the
+    cheapest is one iteration, the cheapest loop), those not kept already.
+
+    The band is kept whatever the cost model says: at 8 rows a decode GEMV is fastest with wide
+    tiles (32-64 columns a block, K slices of 256-512, 64-224 blocks: the hand-written designs'
+    tilings, ``benchmarks/fixture_gap.py``), where the model's wave and tile-size terms rank them far
+    down (two [64, 256] weight tiles a block are charged twice the time of [64, 128] ones, and won
+    on the H100); only the GPU profiler tells those apart."""
     out, seen = [], set()
-    for o in opts:
+
+    def keep(o) -> None:
         shape = (o[0].block.num_blocks, o[0].block.forloop)
         if shape not in seen:
             seen.add(shape)
             out.append(o)
+    for o in [o for o in opts if o[3]] or opts:
         if len(out) > ALTERNATIVES:
             break
+        keep(o)
+    by_count: dict[int, list] = {}
+    for o in opts:
+        if sms / 4 <= o[0].block.num_blocks <= 4 * sms:
+            by_count.setdefault(o[0].block.num_blocks, []).append(o)
+    for group in list(by_count.values())[:WIDE_COUNTS]:
+        f0 = group[0][0].block.forloop
+        second = [o for o in group if 2 * o[0].block.forloop == f0] or [o for o in group if o[0].block.forloop != f0]
+        for o in [group[0]] + second[:1]:
+            keep(o)
     return out
+
+
+def _family(design) -> tuple:
+    """The number of kernels and the first kernel's grid indices. Designs of one family differ in
+    what their for-loops walk, or in the grid of a combine kernel (a split kernel's partial sums
+    are combined on any grid over the outputs), and often tie: a loop of one iteration is no
+    loop, so the loop-less design's cost is its looped sibling's at for-loop 1. Counting designs,
+    the loop-less one took the sibling's place among those verified and offered, and the
+    sibling's longer loops with it (Qwen2.5-0.5B qkv at 8 rows: 16 columns a block, K in 7 slices,
+    ``benchmarks/fixture_gap.py``); three combine grids of one split took all three places."""
+    return len(design), design[0].pattern.grid
+
+
+def _in_turn(lists: list[list]) -> list:
+    """The items of ``lists`` taken one from each in turn: [[a, b], [c]] -> [a, c, b]."""
+    return [x[t] for t in range(max(map(len, lists), default=0)) for x in lists if t < len(x)]
 
 
 def _budget_key(budget: SearchBudget) -> dict:
     """The budget fields that change what a pattern search finds (not its clock or its workers)."""
     log = budget.log()
-    for k in ("max_seconds", "workers", "verify_top", "full_verify_elements"):
+    for k in ("max_seconds", "workers", "verify_top", "full_verify_elements", "cost_params"):
         log.pop(k)
     return log
 
@@ -268,7 +347,7 @@ def _rank_and_verify(program, index, designs, budget, arch, seed, stats, top=Non
             options.append(opts)
         else:
             graphs, dropped = [], None
-            for main in _diverse(options[0]):
+            for main in _diverse(options[0], SMS.get(arch, 132)):
                 nodes = [main[0]] + [o[0][0] for o in options[1:]]
                 cost = main[1] + sum(o[0][1] for o in options[1:])
                 try:
@@ -290,7 +369,11 @@ def _rank_and_verify(program, index, designs, budget, arch, seed, stats, top=Non
     t0 = time.perf_counter()
     # The cost-best few, plus the best of the designs with the fewest kernels (the most fused form
     # is always verified and ranked, even when the cost model prefers a split).
-    chosen = best_per_design[: top or budget.verify_top]
+    if top is None:  # every design of the verify_top best families (``_family``)
+        families = list(dict.fromkeys(_family(x[2][0]) for x in best_per_design))[: budget.verify_top]
+        chosen = [x for x in best_per_design if _family(x[2][0]) in families]
+    else:
+        chosen = best_per_design[:top]
     if best_per_design and top is None:
         fewest = min(best_per_design, key=lambda x: (len(x[2][0]), x[1]))
         if all(fewest is not c for c in chosen):

@@ -105,8 +105,14 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _pick(n: int, tiles: tuple[int, ...], limit: int = 4) -> list[int]:
-    """Extents e ≥ 2 dividing n whose tile n/e is a preferred size; else the nearest few."""
+def _pick(n: int, tiles: tuple[int, ...], limit: int = 12) -> list[int]:
+    """Extents e ≥ 2 dividing n whose tile n/e is a preferred size; else the nearest few.
+
+    ``limit`` only guards against long tile lists: the preferred sizes are few (about ten), and
+    every one is kept. Thinning them to five (an earlier rule) dropped exactly the tilings the
+    hand-written decode GEMVs won with at 8 rows: 48 and 32 columns a block (128 blocks of
+    Llama-3-8B's 6144 and 4096 columns, about one wave of 132 SMs) and K slices of 512 (o and down
+    projections); ``benchmarks/fixture_gap.py`` shows which rows need which."""
     good = [e for e in _divisors(n) if e >= 2 and n // e in tiles]
     if not good:
         good = sorted((e for e in _divisors(n) if e >= 2), key=lambda e: abs(n // e - 64))[:2]
@@ -127,7 +133,7 @@ def extent_choices(k: KernelSkeleton, index: ProgramIndex, tiles: tuple[int, ...
         n = index.sizes[idx]
         # grid tiles may be as small as one row (a whole-row kernel such as nTrans needs it)
         grid_tiles = (1, 2, 4, 8) + tuple(tiles)
-        per_axis.append(_pick(n, tuple(t * 2 for t in tiles) if idx == p.loop else grid_tiles, 5))
+        per_axis.append(_pick(n, tuple(t * 2 for t in tiles) if idx == p.loop else grid_tiles))
     combos: list[list[int]] = [[]]
     for opts in per_axis:
         combos = [c + [e] for c in combos for e in opts]
@@ -140,12 +146,35 @@ def extent_choices(k: KernelSkeleton, index: ProgramIndex, tiles: tuple[int, ...
             n = index.sizes[p.loop]
             if p.loop in p.grid:
                 n //= grid[p.grid.index(p.loop)]
-            loops = _pick(n, loop_tiles or tiles, 5)
-            if not loops:
-                continue
+            # a loop of one iteration too: the loop-less design of the same grid is then one of this
+            # design's extents, and the two share the profiler's candidates (``driver._family``)
+            loops = [1] + _pick(n, loop_tiles or tiles)
         for f in loops:
             for t in threads:
                 out.append((grid, f, t))
+    return out
+
+
+def sparse_extents(k: KernelSkeleton, index: ProgramIndex, tiles: tuple[int, ...],
+                   loop_tiles: tuple[int, ...] | None = None, limit: int = 5) -> set[tuple]:
+    """The (grid, forloop) pairs of ``extent_choices`` on a sparse lattice: at most ``limit``
+    extents an axis and a loop, spread over the range, no loop of one iteration. The search's
+    earlier, only lattice: ranked by the cost model, its cheapest shapes won most rows on the GPU
+    (``driver._diverse`` keeps them, and the dense lattice's band besides)."""
+    p = k.pattern
+    per_axis = [_pick(index.sizes[i], tuple(t * 2 for t in tiles) if i == p.loop else (1, 2, 4, 8) + tuple(tiles),
+                      limit) for i in p.grid]
+    combos: list[list[int]] = [[]]
+    for opts in per_axis:
+        combos = [c + [e] for c in combos for e in opts]
+    out = set()
+    for c in combos:
+        grid = tuple(c) + (1,) * (3 - len(c))
+        if p.loop < 0:
+            out.add((grid, 1))
+            continue
+        n = index.sizes[p.loop] // (grid[p.grid.index(p.loop)] if p.loop in p.grid else 1)
+        out.update((grid, f) for f in _pick(n, loop_tiles or tiles, limit))
     return out
 
 
