@@ -228,7 +228,7 @@ class Session:
 
     # ------------------------------------------------------------------ phase B
     def collectives(self) -> dict:
-        from mirage_serve.bench_timing import copy_bandwidth
+        from superopt.runtime.timing import copy_bandwidth
         from mirage_serve.tp.collective import allreduce_times, graph_capture_probe
 
         if self.dev != "cuda":

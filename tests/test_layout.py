@@ -98,7 +98,7 @@ def test_superopt_import_direction(path):
 # each stay below patch(). A package is one unit (mirage_serve.cache, mirage_serve.decode, the
 # adapters of patches/), except cache.warm: the ahead-of-time front end, which runs patch().
 MIRAGE_LAYERS = (
-    {"knobs", "cli_errors", "hf_names", "registry", "report", "sites", "backends", "verify_parallel"},  # leaves
+    {"knobs", "cli_errors", "hf_names", "registry", "report", "sites", "backends", "verify_parallel", "cost_fit"},  # leaves
     {"options", "site_kernel", "patches", "cache", "tp", "patching"},  # switches, kernel store, adapters, shards, traced sites
     {"optimize", "patch_residual", "patch_pairing"},  # cache or search, then verify; residual; k/v pairing
     {"patch_prepare"},                                # one site: extract, choose, build, self-check
