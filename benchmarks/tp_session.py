@@ -235,7 +235,7 @@ class Session:
             return {"skipped": "no GPU: NCCL and CUDA graphs are not measured on CPU"}
         probe = graph_capture_probe()
         rows = allreduce_times(graphed=probe.get("ok", False))
-        bw = copy_bandwidth("cuda")
+        bw = copy_bandwidth(device="cuda")
         bws = [None] * self.world
         self.dist.all_gather_object(bws, bw)
         for r in rows:
