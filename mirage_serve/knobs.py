@@ -97,6 +97,15 @@ FUSED_RESIDUAL: Knob[bool] = Knob(
 KNOBS: tuple[Knob, ...] = (CACHE_DIR, CACHE_READ_ONLY, CACHE_KEY, PDL, PAIRED_LAUNCH, RESEARCH, FUSED_RESIDUAL)
 
 
+def torchrun_ranks() -> tuple[int, int, int] | None:
+    """(RANK, WORLD_SIZE, LOCAL_RANK) as torchrun sets them in each process it starts, or None when this
+    process was not started by torchrun. Not knobs (torchrun owns them), but read here, as every
+    environment variable is."""
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return None
+    return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0))
+
+
 def describe() -> str:
     """One line per knob: name, current value (or 'unset'), doc."""
     lines = []

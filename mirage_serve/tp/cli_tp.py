@@ -14,11 +14,12 @@ from __future__ import annotations
 import os
 import sys
 
+from .. import knobs
 from ..cli_errors import EXIT_USAGE, CliError
 
 
 def under_torchrun() -> bool:
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    return knobs.torchrun_ranks() is not None
 
 
 def launch_bench(args) -> int | None:
@@ -32,7 +33,7 @@ def launch_bench(args) -> int | None:
             assert_multicast_off()
         except MulticastError as err:
             raise CliError(str(err), EXIT_USAGE) from None
-        world = int(os.environ["WORLD_SIZE"])
+        world = knobs.torchrun_ranks()[1]
         if world != args.tp:
             raise CliError(f"--tp {args.tp} but torchrun started {world} processes", EXIT_USAGE)
         return None

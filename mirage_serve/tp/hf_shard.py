@@ -17,6 +17,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from .. import knobs
 from .safety import assert_multicast_off
 
 
@@ -24,10 +25,11 @@ def init_distributed(device_type: str, timeout_s: float = 300.0) -> tuple[int, i
     """Join the torchrun job (NCCL on CUDA, gloo on CPU); returns (rank, world size).
     On CUDA the process's GPU is ``LOCAL_RANK``."""
     assert_multicast_off()
-    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+    ranks = knobs.torchrun_ranks()
+    if ranks is None:
         raise RuntimeError("not started by torchrun (RANK / WORLD_SIZE unset); see `mirage-serve bench --tp`")
     if device_type == "cuda":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(ranks[2])
     if not dist.is_initialized():
         backend = "nccl" if device_type == "cuda" else "gloo"
         kw = {"device_id": torch.device("cuda", torch.cuda.current_device())} if device_type == "cuda" else {}

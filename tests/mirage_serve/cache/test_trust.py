@@ -16,6 +16,7 @@ from mirage_serve import optimize
 from mirage_serve.cache import CacheEntry, CacheKey, CacheWarning, KernelCache, records, trust
 from mirage_serve.cache.audit import audit
 from mirage_serve.cache.entry import write_entry
+from superopt.codegen.launch import Launch
 from superopt.ir import digest, to_text
 from tests.fixtures.ugraphs import FIXTURES
 
@@ -190,17 +191,17 @@ def test_stale_launch_of_a_shipped_entry_is_profiled_again(tmp_path):
     def pick(result):
         timed.append(result.candidates())
         assert result.incumbent == fx.ugraph   # every launch of the cached μGraph is swept
-        return optimize.Pick(fx.ugraph, {name: (4, 3)}, 2.5, "fastest", optimize.verify(fx.program, fx.ugraph))
+        return optimize.Pick(fx.ugraph, {name: Launch(4, 3)}, 2.5, "fastest", optimize.verify(fx.program, fx.ugraph))
 
     cache = KernelCache(tmp_path / "user", shipped_dir=shipped)
     choice = optimize.choose(fx.program, budget=0, arch="sm_90", cache=cache, key=key, pick=pick)
-    assert timed == [[fx.ugraph]] and choice.launch == {name: (4, 3)} and choice.source == "cache"
+    assert timed == [[fx.ugraph]] and choice.launch == {name: Launch(4, 3)} and choice.source == "cache"
     meta = cache.get(key).meta
     assert meta["launch"] == {name: [4, 3]} and meta["render_sha256"] != "0" * 64
     # still current: the next patch profiles nothing
     timed.clear()
     assert optimize.choose(fx.program, budget=0, arch="sm_90", cache=KernelCache(tmp_path / "user"),
-                           key=key, pick=pick).launch == {name: (4, 3)} and timed == []
+                           key=key, pick=pick).launch == {name: Launch(4, 3)} and timed == []
 
 
 # ------------------------------------------------------------------ symlinks

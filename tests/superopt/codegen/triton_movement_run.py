@@ -11,7 +11,9 @@ import json
 import os
 import sys
 
-if "--aot" not in sys.argv:
+# only as a script: test_triton_movement imports CASES from here, and a pytest process that set
+# TRITON_INTERPRET would run every later test's kernels in the interpreter
+if __name__ == "__main__" and "--aot" not in sys.argv:
     os.environ["TRITON_INTERPRET"] = "1"
 
 import numpy as np  # noqa: E402

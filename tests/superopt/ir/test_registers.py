@@ -28,8 +28,9 @@ def test_the_widest_winning_tile_so_far_fits():
 
 
 def test_the_profiler_skips_a_launch_that_does_not_fit_with_the_reason():
+    from superopt.codegen.launch import Launch
     from superopt.runtime.profile import fits
 
     g = FIXTURES["ntrans"](rows=64, hidden=4096, dtype="bfloat16").ugraph
     wide = retile(g, 0, (1, 1, 1), 1)
-    assert fits(g, None) and fits(g, (2, 3)) and not fits(wide, None) and not fits(wide, (8, 3))
+    assert fits(g, None) and fits(g, Launch(2, 3)) and not fits(wide, None) and not fits(wide, Launch(8, 3))
