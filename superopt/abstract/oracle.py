@@ -127,6 +127,8 @@ class SubexprOracle:
             if rest.get((f, e > 0), 0) >= abs(e):
                 rest[(f, e > 0)] -= abs(e)
                 continue
+            if k[0] == "cnt":  # a count of part of an index: a scale the rest of the sum completes
+                continue
             if k[0] != "sum":
                 return None
             le, se = self._flatten(self.s.mono({f: 1}))

@@ -79,6 +79,13 @@ OPS: dict[str, OpInfo] = _table(
     # acc_i = acc_{i-1} * exp(m_{i-1} - m_i) + x_i, args (x, m) with m an accum_max: the
     # online-softmax rescale (flash attention). The final value is Σ_i exp(m_i - m_n) x_i.
     OpInfo("accum_sum_rescaled", C.ACCUM, L.MULTILINEAR, 2, kernel_level=False),
+    # ---- activations of Hugging Face decoders (issue 27, search-ops). Their identities with the
+    # ops above (gelu = x/2·(1 + erf(x/√2)), relu² = square(relu)…) are modelled for verification
+    # in ``interp.canonical``.
+    OpInfo("gelu", C.UNARY, L.OPAQUE, 1),   # the erf form: x/2 · (1 + erf(x/√2))
+    OpInfo("erf", C.UNARY, L.OPAQUE, 1),
+    OpInfo("relu", C.UNARY, L.OPAQUE, 1),
+    # ---- end of the activations block
 )
 del C, L
 

@@ -47,6 +47,7 @@ class SearchStats:
     seconds: dict = field(default_factory=dict)  # phase -> wall seconds
     time_budget_hit: bool = False
     state_budget_hit: int = 0           # patterns that ran out of states
+    fallback_reasons: list = field(default_factory=list)  # why a stage (or a pattern) left the space
 
     def add_pruned(self, other: dict) -> None:
         for k, v in other.items():

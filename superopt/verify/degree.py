@@ -30,6 +30,7 @@ from math import comb, prod
 import numpy as np
 
 from ..interp import evaluate
+from ..interp.canonical import expand
 from ..ir import OPAQUE_OPS, KernelGraph
 
 Counts = tuple[int, int, int]  # (opaque arguments, exps, divisions)
@@ -111,6 +112,11 @@ class DegreeDomain:
         if op == "exp":
             self._computed(E, x.shape)
             return DValue(x.shape, replace(g, n=1, d=0, own=_add(g.own, E), de=max(g.de, g.n + g.d)))
+        # ---- identities between opaque ops (issue 27, search-ops): the field test's rewrites
+        rewritten = expand(self, op, x)
+        if rewritten is not None:
+            return rewritten
+        # ---- end of the identities block
         if op in OPAQUE_OPS:
             self._computed(U, x.shape)
             return DValue(x.shape, replace(g, n=1, d=0, own=_add(g.own, U), du=max(g.du, g.n + g.d)))
