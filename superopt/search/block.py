@@ -14,7 +14,9 @@ A new value survives only if
    constants are folded first: no a+a, no (a·c1)·c2                    — pruned "canonical";
    no constant is recomputed from input data (x/x)                     — pruned "constant";
 6. its normal form is a subexpression of the kernel's targets (oracle) — pruned "abstract";
-7. its derivation fits ``max_block_ops``                               — pruned "size".
+7. its derivation fits ``max_block_ops``                               — pruned "size";
+8. it is not computed narrower than the program computes it           — pruned "precision"
+   (``search.precision``: HF's fp32 upcasts stay fp32).
 
 Rule 5 is the canonical order: a block graph is enumerated once per abstract value, through its
 first (smallest-round) derivation. The search stops when every target has a value with exactly
@@ -79,8 +81,9 @@ def tiling(pattern: Pattern, src: Source) -> tuple[tuple[int, int, int], int]:
 class BlockSearch:
     def __init__(self, store: NFStore, oracle: SubexprOracle | None, sources: list[Source],
                  pattern: Pattern, grid: tuple[int, int, int], forloop: int, vocab: dict,
-                 consts: tuple, max_ops: int, cap: int, deadline: float = float("inf")):
+                 consts: tuple, max_ops: int, cap: int, deadline: float = float("inf"), precision=None):
         self.s, self.oracle, self.pattern = store, oracle, pattern
+        self.precision = precision  # search.precision.PrecisionFloor, or None: dtypes unconstrained
         self.sources, self.vocab, self.max_ops, self.cap = sources, vocab, max_ops, cap
         self.deadline = deadline
         self.vals: list[Val] = []
@@ -139,6 +142,8 @@ class BlockSearch:
             return self._prune("not_modelled")
         if self._constant(expr) and not all(self._constant(v.expr) for v in vs):
             return self._prune("constant")  # a constant recomputed from input data (x/x)
+        if self.precision is not None and self.precision.too_narrow(op, expr, t.dtype, [v.type.dtype for v in vs]):
+            return self._prune("precision")  # arithmetic the program does wide, done narrow
         key = (expr, labels, var, t.dtype)  # casts change no value but do change the dtype
         if key in self.seen:
             return self._prune("duplicate")
