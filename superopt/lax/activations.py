@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 
 # ACT2FN names whose function is already one op or a short composition of ops.
-ACT_NAMES = ("silu", "swish", "gelu", "gelu_python", "gelu_new", "gelu_pytorch_tanh", "gelu_accurate",
-             "gelu_fast", "quick_gelu", "relu", "relu2", "tanh", "sigmoid", "linear")
+ACT_NAMES = ("silu", "swish", "gelu", "gelu_python", "gelu_new", "gelu_pytorch_tanh", "gelu_python_tanh",
+             "gelu_accurate", "gelu_fast", "quick_gelu", "relu", "relu2", "tanh", "sigmoid", "linear")
 ACT_NOT_COVERED = {
     "gelu_10": "clips at ±10: needs clamp (min/max with a constant)",
     "relu6": "needs clamp (min/max with a constant)",
@@ -20,6 +20,8 @@ ACT_NOT_COVERED = {
     "laplace": "needs erf of an affine argument with learned constants; no decoder uses it",
     "prelu": "a learned slope: a module, not a function",
     "xielu": "learned piecewise function with a select; not an op",
+    "hardswish": "x·relu6(x + 3)/6: needs clamp",
+    "sqrtsoftplus": "needs softplus = log(1 + exp(x)) (log is not an op)",
 }
 
 
@@ -59,7 +61,7 @@ def activation(p, name: str, x):
         return p.silu(x)
     if name in ("gelu", "gelu_python"):
         return p.gelu(x)
-    if name in ("gelu_new", "gelu_pytorch_tanh", "gelu_accurate"):
+    if name in ("gelu_new", "gelu_pytorch_tanh", "gelu_python_tanh", "gelu_accurate"):
         return p.gelu_tanh(x)
     if name == "gelu_fast":
         return gelu_fast(p, x)
