@@ -7,7 +7,9 @@ precision rule on and off; prints each winner's arithmetic dtypes and its measur
 The program is Llama's RMSNorm as HF writes it (``h = x.float()``; ``h * rsqrt(mean(h²) + eps)``;
 ``weight * h.to(bf16)``) feeding a projection. With ``keep_precision`` off the block search may
 compute the sum of squares and the rsqrt in bfloat16 (casts are value identities for the abstract
-domain and the verifier); with it on (the default) such values are pruned ("precision"). Errors are
+domain and the verifier); with it on (the default) such values are pruned ("precision") and the
+dtype check ``superopt.verify.precision`` rejects any candidate that squares, divides or takes the
+rsqrt narrower than the program (its verdict on each winner is printed). Errors are
 relative Frobenius errors of the μGraph, executed as tiled by the torch Domain on CPU in its
 declared dtypes, against the program in float64 on the same bf16-rounded inputs.
 """
@@ -24,6 +26,7 @@ from superopt.interp import NumpyDomain, evaluate
 from superopt.interp.torch_domain import TorchDomain
 from superopt.lax import Program
 from superopt.search import SearchBudget, superoptimize
+from superopt.verify.precision import precision_violations
 
 
 def hf_rmsnorm_matmul(rows: int, hidden: int, out: int):
@@ -81,6 +84,7 @@ def main() -> None:
         print(f"  winner's arithmetic: {' '.join(arithmetic_dtypes(r.best))}")
         print(f"  bf16 arithmetic besides the matmul: {bf16_arith or 'none'}")
         print(f"  measured rel err vs float64: {rel_error(prog, r.best):.3e}")
+        print(f"  dtype check (verify.precision) on it: {'; '.join(precision_violations(prog, r.best)) or 'passes'}")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,8 @@ class SearchBudget:
     abstract_pruning: bool = True       # off only for the ablation: keep every well-typed value
     verify_top: int = 3                 # verify this many best-ranked distinct structures
     full_verify_elements: int = 30_000_000  # re-verify the winner at the real shape below this many input elements
-    keep_precision: bool = True         # off only for the precision ablation: the search may drop fp32 upcasts
+    keep_precision: bool = True         # off only for the precision ablation: neither the search rule
+                                        # (search.precision) nor the dtype check (verify.precision)
 
     def log(self) -> dict:
         return asdict(self)

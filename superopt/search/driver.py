@@ -295,7 +295,7 @@ def _rank_and_verify(program, index, designs, budget, arch, seed, stats, top=Non
             chosen.append(fewest)
     out = []
     for g, c, (d, ext), alts in chosen:
-        ok, note = verify_reduced(program, index, d, seed, arch)
+        ok, note = verify_reduced(program, index, d, seed, arch, budget.keep_precision)
         if ok and not out:
             ok2, note2 = verify_full(program, g, seed, budget.full_verify_elements)
             note += "; " + note2

@@ -7,14 +7,16 @@ from dataclasses import replace
 from ..abstract import ProgramIndex
 from ..ir import KernelGraph, check, make_attrs
 from ..verify import FLOAT_TOL, check_equivalent, float_rel_error
+from ..verify.precision import precision_violations
 from .instantiate import build, reduced_extents, reduced_sizes, reshape_program
 from .skeleton import Design
 
 
 def verify_reduced(program: KernelGraph, index: ProgramIndex, design: Design, seed: int,
-                   arch: str) -> tuple[bool, str]:
+                   arch: str, precision: bool = True) -> tuple[bool, str]:
     """Re-build the design at small odd-tiled sizes (2 blocks and 2 iterations per tiled index) and
-    run ``check_equivalent`` (8 finite-field trials and a float64 check) against the program there."""
+    run ``check_equivalent`` (8 finite-field trials and a float64 check) against the program there,
+    after the dtype check ``verify.precision`` (unless ``precision`` is off: the ablation)."""
     sizes = reduced_sizes(design, index)
     small, index_small = _recounted(reshape_program(program, index, sizes), _resized(index, sizes),
                                     count_consts(program, index))
@@ -23,8 +25,11 @@ def verify_reduced(program: KernelGraph, index: ProgramIndex, design: Design, se
                      arch)
     except ValueError as e:
         return False, f"reduced instance invalid: {e}"
-    v = check_equivalent(small, cand, trials=8, seed=seed)
     shape = "x".join(str(sizes[i]) for i in sorted(sizes))
+    narrow = precision_violations(small, cand) if precision else []
+    if narrow:
+        return False, f"reduced sizes {shape}: precision: {'; '.join(narrow)}"
+    v = check_equivalent(small, cand, trials=8, seed=seed)
     return v.equivalent, f"reduced sizes {shape}: {v}"
 
 

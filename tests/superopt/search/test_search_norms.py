@@ -9,6 +9,7 @@ import pytest
 from superopt.ir import digest
 from superopt.lax import Program
 from superopt.search import SearchBudget, superoptimize
+from superopt.verify.precision import precision_violations
 
 SMALL = SearchBudget(max_seconds=120, max_states=40_000, grid_dims=1, workers=1)
 
@@ -104,6 +105,28 @@ def test_fp32_upcast_stays_fp32():
     # every verified candidate, not only the winner, keeps the norm in fp32
     for g, _ in kept.ranked:
         assert "bfloat16" not in _norm_dtypes(g)
+    # the ablation: without the rule and the dtype check the search does the norm in bf16 ...
     dropped = superoptimize(prog, replace(SMALL, max_states=300_000, keep_precision=False))
     assert dropped.stats.pruned.get("precision", 0) == 0
-    assert any("bfloat16" in _norm_dtypes(g) for g, _ in dropped.ranked), "the rule prunes nothing here"
+    narrow = [g for g, _ in dropped.ranked if "bfloat16" in _norm_dtypes(g)]
+    assert narrow, "the rule prunes nothing here"
+    # ... and the dtype check rejects every such graph
+    assert all(precision_violations(prog, g) for g in narrow)
+    assert not precision_violations(prog, kept.best)
+
+
+def test_the_dtype_check_compares_op_kinds_not_values():
+    wide, narrow = _hf_rmsnorm_bf16(), _bf16_rmsnorm()
+    got = precision_violations(wide, narrow)
+    # sums are one kind with the bf16 matmul, so only the rounding ops are told apart
+    assert {line.split(" in ")[0] for line in got} == {"square", "rsqrt", "div"}, got
+    assert precision_violations(narrow, wide) == []  # wider than the program is always allowed
+
+
+def _bf16_rmsnorm(rows=3, hidden=48, out=40):
+    p = Program("bf16_rms")
+    x = p.input("x", (rows, hidden), "bfloat16")
+    g = p.input("g", (hidden,), "bfloat16")
+    w = p.input("w", (hidden, out), "bfloat16")
+    p.output(p.matmul(p.mul(g, p.rms_norm(x)), w))
+    return p.build()
