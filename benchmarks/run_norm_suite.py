@@ -35,6 +35,19 @@ def gemma_mlp_up(rows, hidden, inter, name):
     return p.build()
 
 
+def gemma_mlp_up_hf(rows, hidden, inter, name):
+    """As HF's Gemma2 computes it in bf16: the norm in fp32 (x.float(), 1 + w.float()), cast back."""
+    p = Program(name)
+    x = p.input("x", (rows, hidden), "bfloat16")
+    g = p.input("pre_norm", (hidden,), "bfloat16")
+    wg = p.input("w_gate", (hidden, inter), "bfloat16")
+    wu = p.input("w_up", (hidden, inter), "bfloat16")
+    h = p.cast(p.rms_norm(p.cast(x, "float32"), p.add(p.cast(g, "float32"), p.const(1.0, "float32")), 1e-6),
+               "bfloat16")
+    p.output(p.mul(p.gelu_tanh(p.matmul(h, wg)), p.matmul(h, wu)))
+    return p.build()
+
+
 def gemma_mlp_down(rows, hidden, inter, name):
     p = Program(name)
     a = p.input("a", (rows, inter), DT)
@@ -70,6 +83,8 @@ def rows(batches):
     for b in batches:
         out += [
             (f"gemma2_2b norm+gelu_tanh mlp_up b{b}", lambda b=b: gemma_mlp_up(b, 2304, 9216, f"gemma2_up_b{b}")),
+            (f"gemma2_2b bf16, fp32 norm (HF) + gelu_tanh mlp_up b{b}",
+             lambda b=b: gemma_mlp_up_hf(b, 2304, 9216, f"gemma2_up_hf_b{b}")),
             (f"gemma2_2b mlp_down+post-norm+residual b{b}",
              lambda b=b: gemma_mlp_down(b, 2304, 9216, f"gemma2_down_b{b}")),
             (f"neox_1.4b LN(w,b)->qkv+bias b{b}", lambda b=b: ln_matmul(b, 2048, 6144, True, f"neox_qkv_b{b}")),
