@@ -66,8 +66,12 @@ class SearchResult:
         # across blocks, and a design reading each weight tile once was never timed); the float64
         # re-check at the new shape only where it is quick, so a shape bucket costs under a second.
         quick = replace(self.budget, full_verify_elements=min(self.budget.full_verify_elements, 1_000_000))
-        found = _rank_and_verify(program, index, [d for d, _ in self.designs if d is not None], quick,
-                                 self.arch, self.seed, stats)
+        try:
+            found = _rank_and_verify(program, index, [d for d, _ in self.designs if d is not None], quick,
+                                     self.arch, self.seed, stats)
+        except OUT_OF_SPACE as e:  # a structure that does not fit this shape: the fallback, with why
+            found = []
+            stats.fallback_reasons.append(f"reinstantiate: {type(e).__name__}: {e}")
         stats.seconds["reinstantiate"] = time.perf_counter() - t0
         ranked, kept, alts = _with_fallback(program, found, self.arch)
         return SearchResult(program, self.budget, self.arch, self.seed, ranked, stats, kept, alts)

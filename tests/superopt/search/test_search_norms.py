@@ -49,7 +49,9 @@ def _ln_program(kind: str, rows=3, hidden=48, out=40):
     x = p.input("x", (rows, hidden), "float16")
     g = p.input("g", (hidden,), "float16")
     w = p.input("w", (hidden, out), "float16")
-    if kind == "ln_wb_matmul":
+    if kind == "ln_matmul":  # no weight, no bias
+        p.output(p.matmul(p.layer_norm(x), w))
+    elif kind == "ln_wb_matmul":
         b = p.input("b", (hidden,), "float16")
         p.output(p.matmul(p.layer_norm(x, g, b), w))
     elif kind == "ln_matmul_bias_gelu":
@@ -63,7 +65,7 @@ def _ln_program(kind: str, rows=3, hidden=48, out=40):
     return p.build()
 
 
-@pytest.mark.parametrize("kind", ["ln_wb_matmul", "ln_matmul_bias_gelu", "layernorm1p_matmul",
+@pytest.mark.parametrize("kind", ["ln_matmul", "ln_wb_matmul", "ln_matmul_bias_gelu", "layernorm1p_matmul",
                                   "gemma_rmsnorm_matmul"])
 def test_norm_forms_fuse_into_one_verified_kernel(kind):
     r = superoptimize(_ln_program(kind), SMALL)
