@@ -230,8 +230,14 @@ class BlockSearch:
             before = len(self.vals)
             self._try(n.op, tuple(args), n.attrs)
             if len(self.vals) > before:
-                v = self.vals[-1]
-                by_key.setdefault((v.expr, v.labels), before)
+                v, at = self.vals[-1], before
+                # A sum over the looped index is a partial in the loop: accumulate it, so what the
+                # program does after it (a norm of a projection's output) replays after the loop.
+                if v.var == LOOP and (v.expr, v.labels) != (env[n.out.name], labels[n.out.name]):
+                    self._try("accum_sum", (before,), ())
+                    if len(self.vals) > before + 1:
+                        v, at = self.vals[-1], before + 1
+                by_key.setdefault((v.expr, v.labels), at)
 
     def _round(self, new: set[int]) -> bool:
         n = len(self.vals)
