@@ -61,6 +61,12 @@ def count_consts(program: KernelGraph, index: ProgramIndex) -> dict[int, int]:
 
 def _recounted(small: KernelGraph, index: ProgramIndex, counts: dict[int, int]):
     """``small`` and ``index`` with every counting constant set to its index's (reduced) extent."""
+    # The block search reuses one constant for equal values (two norms' n), so a value is recounted
+    # only when every constant of that value counts an index of one and the same reduced extent.
+    by_value: dict[float, set] = {}
+    for k, (v, _) in enumerate(index.consts):
+        by_value.setdefault(float(v), set()).add(index.sizes[counts[k]] if k in counts else None)
+    counts = {k: i for k, i in counts.items() if len(by_value[float(index.consts[k][0])]) == 1}
     if not counts:
         return small, index
     consts = tuple((float(index.sizes[counts[k]]), dt) if k in counts else (v, dt)
