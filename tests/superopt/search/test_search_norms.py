@@ -132,3 +132,23 @@ def _bf16_rmsnorm(rows=3, hidden=48, out=40):
     w = p.input("w", (hidden, out), "bfloat16")
     p.output(p.matmul(p.mul(g, p.rms_norm(x)), w))
     return p.build()
+
+
+def test_reduced_shapes_recount_a_mean_only_where_its_constant_is_unambiguous():
+    from superopt.abstract import analyze
+    from superopt.search.verify import _recounted, _resized, count_consts
+    from superopt.search.instantiate import reshape_program
+
+    p = Program("two_means")
+    a, b = p.input("a", (3, 16)), p.input("b", (16, 16))
+    p.output(p.add(p.mean(a, -1, True), p.mean(b, 0, True)))  # two indices of extent 16
+    prog = p.build()
+    index = analyze(prog)
+    counts = count_consts(prog, index)
+    assert len(counts) == 2 and len(set(counts.values())) == 2
+    ia, ib = counts.values()
+    for cut, recounted in (({ia: 5, ib: 5}, True), ({ia: 5, ib: 6}, False)):
+        sizes = {**{i: 3 for i in index.sizes}, **cut}
+        small, idx = _recounted(reshape_program(prog, index, sizes), _resized(index, sizes), counts)
+        values = {float(n.attr("value")) for n in small.nodes if n.op == "const"}
+        assert values == ({5.0} if recounted else {16.0}), (sizes, values)
