@@ -52,6 +52,11 @@ AXIOMS: tuple[Axiom, ...] = (
     Axiom("matmul_distribute", (("x", (3, 6)), ("w", (6, 4)), ("u", (6, 4))),
           lambda p, v: p.matmul(v["x"], p.add(v["w"], v["u"])),
           lambda p, v: p.add(p.matmul(v["x"], v["w"]), p.matmul(v["x"], v["u"]))),
+    # Σ_i c = n·c (a sum of a term free of the summed index): LayerNorm's variance, centred or
+    # expanded, is one normal form (issue 27).
+    Axiom("centred_variance", (("x", (5, 7)),),
+          lambda p, v: p.mean(p.square(p.sub(v["x"], p.mean(v["x"], -1, True))), -1, True),
+          lambda p, v: p.sub(p.mean(p.square(v["x"]), -1, True), p.square(p.mean(v["x"], -1, True)))),
     Axiom("matmul_assoc", (("x", (3, 6)), ("a", (6, 2)), ("b", (2, 4))),
           lambda p, v: p.matmul(p.matmul(v["x"], v["a"]), v["b"]),
           lambda p, v: p.matmul(v["x"], p.matmul(v["a"], v["b"]))),

@@ -13,7 +13,10 @@ Normal form (all parts interned to small ints in an ``NFStore``):
   ``("in", name, labels)``  an input element; labels are the program's index ids of its dims;
   ``("fn", op, expr)``      an opaque function (rsqrt, silu, …) or ``exp`` of a single term;
   ``("inv", expr)``         1 / a sum of two or more terms;
-  ``("sum", binds, mono)``  Σ over bound indices of a mono that depends on every bound index.
+  ``("sum", binds, mono)``  Σ over bound indices of a mono that depends on every bound index;
+  ``("cnt", index, parts)``  the number of elements in some parts of an index (a sum of a term
+                            that does not depend on the summed index: Σ_i c = n·c). A whole
+                            index of known extent (``sizes``) is the number n itself.
 
 Reduction indices are the program's own index ids (``abstract.program``), so ``Σ_k x[b,k]·w[k,n]``
 knows which dims meet. A bound index carries the *parts* that are summed: a tiled dim is split
@@ -49,8 +52,9 @@ class NFStore:
     searched; an index not listed is untiled (only its tile part ``t`` exists).
     """
 
-    def __init__(self, nontrivial: dict[int, frozenset] | None = None):
+    def __init__(self, nontrivial: dict[int, frozenset] | None = None, sizes: dict[int, int] | None = None):
         self.nontrivial = dict(nontrivial or {})
+        self.sizes = dict(sizes or {})  # index id -> extent, for Σ_i c = n·c
         self._ids: dict[tuple, int] = {}
         self.keys: list[tuple] = []          # id -> ("f", key) | ("m", key) | ("e", key)
         self._free: dict[int, frozenset] = {}
@@ -100,6 +104,8 @@ class NFStore:
             out = frozenset(x for x in key[2] if x >= 0)
         elif key[0] in ("fn", "inv"):
             out = self.free(key[-1])
+        elif key[0] == "cnt":
+            out = frozenset()
         else:  # sum
             out = self.free(key[2]) - {idx for idx, parts in key[1] if parts == ALL}
         self._free[i] = out
@@ -193,18 +199,38 @@ class NFStore:
         if key not in self._memo:
             acc: dict[int, Fraction] = {}
             for m, c in self.terms(a):
-                mm = self._sum_mono(m, dict(binds))
-                acc[mm] = acc.get(mm, Fraction(0)) + c
+                mm, k = self._sum_mono(m, dict(binds))
+                acc[mm] = acc.get(mm, Fraction(0)) + c * k
             self._memo[key] = self.expr(acc)
         return self._memo[key]
 
-    def _sum_mono(self, m: int, binds: dict[int, str]) -> int:
+    def _count(self, indep: dict[int, int], binds: dict[int, str]) -> tuple[int, Fraction]:
+        """Σ over ``binds`` of a mono free of them: the mono times the number of summed elements.
+        Parts of one index merge with a count of its other parts already in the mono (a tile sum,
+        then the loop over tiles); a whole index of known extent becomes that number."""
+        k = Fraction(1)
+        for idx, parts in sorted(binds.items()):
+            for f, e in list(indep.items()):
+                fk = self.fkey(f)
+                if fk[0] == "cnt" and fk[1] == idx and e == 1 and ALL not in (parts, fk[2]) \
+                        and not set(parts) & set(fk[2]):
+                    del indep[f]
+                    parts = self._merge_parts(parts, fk[2])
+            parts = self._norm_binds({idx: parts})[0][1]
+            if parts == ALL and idx in self.sizes:
+                k *= self.sizes[idx]
+            else:
+                f = self.factor(("cnt", idx, parts))
+                indep[f] = indep.get(f, 0) + 1
+        return self.mono(indep), k
+
+    def _sum_mono(self, m: int, binds: dict[int, str]) -> tuple[int, Fraction]:
         bound = set(binds)
         dep, indep = {}, {}
         for f, e in self.mono_items(m):
             (dep if self.free(f) & bound else indep)[f] = e
         if not dep:
-            raise NotNormalizable("sum of a term that does not depend on the summed index")
+            return self._count(indep, binds)
         binds = dict(binds)
         # Merge nested sums: a lone sum factor (same or other indices), or sums over indices that no
         # other dependent factor mentions (Σ_r b_r·Σ_k x_k a_kr = Σ_{r,k} b_r x_k a_kr).
@@ -228,7 +254,7 @@ class NFStore:
                 break
         s = self.factor(("sum", self._norm_binds(binds), self.mono(dep)))
         indep[s] = indep.get(s, 0) + 1
-        return self.mono(indep)
+        return self.mono(indep), Fraction(1)
 
     # ------------------------------------------------------------ substitution
     def substitute(self, e: int, table: dict[int, int]) -> int:
@@ -252,7 +278,7 @@ class NFStore:
         if f in table:
             return table[f]
         k = self.fkey(f)
-        if k[0] == "in":
+        if k[0] in ("in", "cnt"):
             return self.expr({self.mono({f: 1}): Fraction(1)})
         if k[0] == "fn":
             return self.fn(k[1], self.substitute(k[2], table))
@@ -277,5 +303,7 @@ class NFStore:
             return f"{k[1]}({self.show(k[2])})"
         if k[0] == "inv":
             return f"inv({self.show(k[1])})"
+        if k[0] == "cnt":
+            return f"#[{k[1]}:{k[2]}]"
         binds = ",".join(f"{i}:{p}" for i, p in k[1])
         return f"Σ[{binds}]({self.show(self.expr({k[2]: Fraction(1)}))})"

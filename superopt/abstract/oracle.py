@@ -27,10 +27,13 @@ from .nf import ALL, NFStore
 
 
 class SubexprOracle:
-    def __init__(self, store: NFStore, targets: list[int], scales: tuple = ()):
+    def __init__(self, store: NFStore, targets: list[int], scales: tuple = (), known: tuple = ()):
         """``scales``: the program's constants; a part may differ from its target by one of them
-        (or its reciprocal): the scale a μGraph can still apply."""
+        (or its reciprocal): the scale a μGraph can still apply. ``known``: normal forms accepted
+        as they are (the program's own values: a mean subtraction (x − Σx/n)² merges terms only
+        after its sum, Σ_i c = n·c, which no rule below can foresee)."""
         self.s = store
+        self.known = frozenset(known)
         self.scales = {Fraction(1)} | {abs(Fraction(c)) for c in scales if c} | {1 / abs(Fraction(c)) for c in scales if c}
         self.exprs: list[int] = []
         self.coeffs: set[Fraction] = set()
@@ -127,6 +130,8 @@ class SubexprOracle:
             if rest.get((f, e > 0), 0) >= abs(e):
                 rest[(f, e > 0)] -= abs(e)
                 continue
+            if k[0] == "cnt":  # a count of part of an index: a scale the rest of the sum completes
+                continue
             if k[0] != "sum":
                 return None
             le, se = self._flatten(self.s.mono({f: 1}))
@@ -175,7 +180,7 @@ class SubexprOracle:
             self.hits += 1
             return got
         t0 = time.perf_counter()
-        got = self._memo[e] = self._decide(e)
+        got = self._memo[e] = e in self.known or self._decide(e)
         self.seconds += time.perf_counter() - t0
         return got
 

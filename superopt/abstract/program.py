@@ -143,8 +143,8 @@ def apply_abstract(store: NFStore, op: str, args: list[int], attrs: dict, arg_la
         return store.div(args[0], args[1])
     if op == "reduce_sum":
         idx = arg_labels[0][attrs["dim"]]
-        if idx < 0:
-            raise NotNormalizable("sum over a size-1 dim")
+        if idx < 0:  # a sum of one element is the element
+            return args[0]
         return store.reduce(args[0], ((idx, parts),))
     if op == "matmul":
         k = arg_labels[0][-1]
@@ -158,6 +158,7 @@ def apply_abstract(store: NFStore, op: str, args: list[int], attrs: dict, arg_la
 def program_exprs(program: KernelGraph, index: ProgramIndex, store: NFStore) -> dict[str, int]:
     """The normal form of every value of ``program`` (whole-index reductions)."""
     store.movement = index.movement  # the block search labels moved tiles by it (abstract.movement)
+    store.sizes.update(index.sizes)  # Σ_i c = n·c needs the extents
     env: dict[str, int] = {v.name: store.atom(v.name, index.labels[v.name]) for v in program.inputs}
     for n in program.nodes:
         attrs = dict(n.attrs)

@@ -37,6 +37,10 @@ __device__ __forceinline__ float op_tanh(float x) { return tanhf(x); }
 __device__ __forceinline__ float op_gelu_tanh(float x) {
   return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
 }
+// activations (issue 27, search-ops)
+__device__ __forceinline__ float op_gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f)); }
+__device__ __forceinline__ float op_erf(float x) { return erff(x); }
+__device__ __forceinline__ float op_relu(float x) { return fmaxf(x, 0.0f); }
 __device__ __forceinline__ float op_add(float a, float b) { return a + b; }
 __device__ __forceinline__ float op_sub(float a, float b) { return a - b; }
 __device__ __forceinline__ float op_mul(float a, float b) { return a * b; }

@@ -29,6 +29,10 @@ _UNARY = {
     "tanh": "(2.0 * tl.sigmoid(2.0 * {0}) - 1.0)",
     "gelu_tanh": "(0.5 * {0} * (1.0 + (2.0 * tl.sigmoid(1.5957691216057308 * ({0} + 0.044715 * {0} * {0} * {0}))"
                  " - 1.0)))",
+    # ---- activations (issue 27, search-ops); erf from libdevice through tl.math
+    "gelu": "(0.5 * {0} * (1.0 + tl.math.erf({0} * 0.7071067811865476)))",
+    "erf": "tl.math.erf({0})",
+    "relu": "tl.maximum({0}, 0.0)",
 }
 _BINARY = {"add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "div": "({0} / {1})",
            "max": "tl.maximum({0}, {1})"}

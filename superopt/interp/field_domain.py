@@ -15,8 +15,10 @@ Meaning of each op (verify/equivalence.py derives the error bound from these cho
 * exp(x) = g^(x.q) mod p, g of order q: exp(a + b) = exp(a)·exp(b) exactly. exp's own q-part is a
   keyed hash of x.q: only nested exp (outside the Lax fragment) would read it.
 * constants: the float's exact rational value num/den ↦ num · den⁻¹ in each ring.
-* opaque unary ops (sqrt, rsqrt, silu, gelu_tanh, sigmoid, tanh): uninterpreted functions — a
-  keyed splitmix64 hash of the argument's residue mod p, with a fresh key per (trial seed, op).
+* opaque unary ops: silu, rsqrt, tanh, gelu_tanh and gelu are first rewritten over the base
+  functions sigmoid, sqrt, erf, relu (``interp/canonical.py``: silu(x) = x·sigmoid(x), …); a base
+  function is an uninterpreted function — a keyed splitmix64 hash of the argument's residue mod p,
+  with a fresh key per (trial seed, op).
 * max (binary ``max``, ``reduce_max``, hence ``accum_max``), ``max_model="multiset"`` (default):
   an uninterpreted *symmetric function of the multiset* of its arguments. The signature is the
   wrapping sum of the keyed hashes of the elements, so it is associative and commutative and a
@@ -37,6 +39,8 @@ import zlib
 from fractions import Fraction
 
 import numpy as np
+
+from .canonical import expand
 
 _U64 = np.uint64
 _EXP_BITS = 11  # exp by three table look-ups of 11 bits each (q < 2^31)
@@ -229,6 +233,11 @@ class FieldDomain:
             p = t0[e & mask] * t1[(e >> _EXP_BITS) & mask] % P * t2[e >> (2 * _EXP_BITS)] % P
             q = (self._hash("exp.q", x.q) % _U64(Q)).astype(np.int64)
             return FieldValue(p, q)
+        # ---- identities between opaque ops (issue 27, search-ops): interp/canonical.py
+        rewritten = expand(self, op, x)
+        if rewritten is not None:
+            return rewritten
+        # ---- end of the identities block
         return self._uf(self._hash(op, x.p))
 
     def binary(self, op, a: FieldValue, b: FieldValue) -> FieldValue:

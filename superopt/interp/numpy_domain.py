@@ -10,6 +10,14 @@ def _gelu_tanh(x):
     return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
 
 
+_erf_scalar = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def _erf(x):
+    # math.erf is correctly rounded to ~1 ulp in float64; numpy has no erf of its own.
+    return _erf_scalar(np.asarray(x, dtype=np.float64))
+
+
 _UNARY = {
     "exp": np.exp,
     "neg": np.negative,
@@ -20,6 +28,11 @@ _UNARY = {
     "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)),
     "tanh": np.tanh,
     "gelu_tanh": _gelu_tanh,
+    # ---- activations (issue 27, search-ops)
+    "gelu": lambda x: 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0))),
+    "erf": lambda x: _erf(x),
+    "relu": lambda x: np.maximum(x, 0.0),
+    # ---- end of the activations block
 }
 _BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "max": np.maximum}
 

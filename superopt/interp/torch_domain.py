@@ -23,6 +23,11 @@ _UNARY = {
     "sigmoid": torch.sigmoid,
     "tanh": torch.tanh,
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    # ---- activations (issue 27, search-ops)
+    "gelu": F.gelu,
+    "erf": torch.erf,
+    "relu": torch.relu,
+    # ---- end of the activations block
 }
 _BINARY = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "max": torch.maximum}
 

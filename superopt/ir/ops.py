@@ -85,6 +85,13 @@ OPS: dict[str, OpInfo] = _table(
     OpInfo("gather", C.STRUCTURAL, L.STRUCTURAL, 2, block_level=False),
     OpInfo("scatter", C.STRUCTURAL, L.STRUCTURAL, 3, block_level=False),
     # ---- end data movement ----
+    # ---- activations of Hugging Face decoders (issue 27, search-ops). Their identities with the
+    # ops above (gelu = x/2·(1 + erf(x/√2)), relu² = square(relu)…) are modelled for verification
+    # in ``interp.canonical``.
+    OpInfo("gelu", C.UNARY, L.OPAQUE, 1),   # the erf form: x/2 · (1 + erf(x/√2))
+    OpInfo("erf", C.UNARY, L.OPAQUE, 1),
+    OpInfo("relu", C.UNARY, L.OPAQUE, 1),
+    # ---- end of the activations block
 )
 del C, L
 

@@ -199,6 +199,23 @@ class Program:
         y = self.mul(x, self.rsqrt(self.add(ms, self.const(eps, x.dtype))))
         return y if weight is None else self.mul(y, weight)
 
+    # ---- activations and norms of HF decoders (issue 27, search-ops): superopt/lax/activations.py
+    def gelu(self, a): return self._emit("gelu", [a])
+    def erf(self, a): return self._emit("erf", [a])
+    def relu(self, a): return self._emit("relu", [a])
+
+    def layer_norm(self, x: T, weight: T | None = None, bias: T | None = None, eps: float = 1e-5,
+                   dim: int = -1, offset: float = 0.0) -> T:
+        """LayerNorm; ``offset=1`` gives the (1 + w) / LayerNorm1p forms (see ``activations``)."""
+        from .activations import layer_norm
+        return layer_norm(self, x, weight, bias, eps, dim, offset)
+
+    def activation(self, name: str, x: T) -> T:
+        """``transformers`` ``ACT2FN[name]`` as Lax ops (``activations.ACT_NAMES`` lists them)."""
+        from .activations import activation
+        return activation(self, name, x)
+    # ---- end of the activations block
+
     def softmax(self, x: T, dim: int = -1, stable: bool = False) -> T:
         """exp(x) / Σ exp(x); ``stable`` subtracts the max first (the verifier treats max as opaque)."""
         if stable:

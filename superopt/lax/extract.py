@@ -317,6 +317,31 @@ _RULES: dict[str, Callable] = {
     "aten.cat.default": lambda p, node, xs, dim=0: xs[0] if len(xs) == 1 else p.concat(list(xs), dim),
 }
 
+# ---- activations and LayerNorm (issue 27, search-ops)
+def _gelu_any(p, node, a, approximate="none"):
+    return p.gelu(_operand(p, node, a)) if approximate == "none" else _gelu(p, node, a, approximate)
+
+
+def _layer_norm(p, node, a, shape, weight=None, bias=None, eps=1e-5, *rest):
+    if len(shape) != 1:
+        raise ExtractError(f"{node.target} over {len(shape)} dims is not supported (the last dim only)")
+    return p.layer_norm(a, weight, bias, eps)
+
+
+def _pow_any(p, node, a, e):
+    if e == 3:  # HF's NewGELU writes torch.pow(x, 3.0)
+        a = _operand(p, node, a)
+        return p.mul(p.mul(a, a), a)
+    return _pow(p, node, a, e)
+
+
+_RULES.update({
+    "aten.pow.Tensor_Scalar": _pow_any,
+    "aten.gelu.default": _gelu_any, "aten.relu.default": _unary("relu"), "aten.erf.default": _unary("erf"),
+    "aten.layer_norm.default": _layer_norm,
+})
+# ---- end of the activations block
+
 # Runtime assertions torch.export inserts; they compute nothing.
 _IGNORED = frozenset({"aten._assert_tensor_metadata.default", "aten._assert_scalar.default",
                       "aten.sym_constrain_range_for_size.default"})

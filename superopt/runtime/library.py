@@ -16,6 +16,8 @@ from ..ir.ops import Category
 _UNARY = {
     "exp": torch.exp, "neg": torch.neg, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt,
     "sigmoid": torch.sigmoid, "tanh": torch.tanh,
+    # ---- activations (issue 27, search-ops)
+    "erf": torch.erf, "relu": torch.relu,
 }
 _BINARY = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "max": torch.maximum}
 
@@ -40,6 +42,8 @@ def library_fn(n: Node, out: torch.Tensor) -> Callable[..., None]:
             return lambda x: torch.ops.aten.silu.out(x, out=out)
         if n.op == "gelu_tanh":
             return lambda x: torch.ops.aten.gelu.out(x, approximate="tanh", out=out)
+        if n.op == "gelu":
+            return lambda x: torch.ops.aten.gelu.out(x, out=out)
         return functools.partial(_UNARY[n.op], out=out)
     if cat is Category.BINARY:
         return functools.partial(_BINARY[n.op], out=out)

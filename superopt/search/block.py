@@ -17,6 +17,8 @@ A new value survives only if
 7. its derivation fits ``max_block_ops``                               — pruned "size";
 8. for a program whose softmax subtracts a max, an exp applies to one of the program's exp
    operands, whole (not exp(a)·exp(b) for exp(a + b)), so the max can be kept — pruned "exp_arg".
+9. it is not computed narrower than the program computes it           — pruned "precision"
+   (``search.precision``: HF's fp32 upcasts stay fp32).
 
 Rule 5 is the canonical order: a block graph is enumerated once per abstract value, through its
 first (smallest-round) derivation. The search stops when every target has a value with exactly
@@ -84,9 +86,10 @@ class BlockSearch:
     def __init__(self, store: NFStore, oracle: SubexprOracle | None, sources: list[Source],
                  pattern: Pattern, grid: tuple[int, int, int], forloop: int, vocab: dict,
                  consts: tuple, max_ops: int, cap: int, deadline: float = float("inf"),
-                 exp_args: frozenset | None = None):
+                 exp_args: frozenset | None = None, precision=None):
         self.s, self.oracle, self.pattern = store, oracle, pattern
         self.exp_args = exp_args
+        self.precision = precision  # search.precision.PrecisionFloor, or None: dtypes unconstrained
         self._replaying = False
         self.sources, self.vocab, self.max_ops, self.cap = sources, vocab, max_ops, cap
         self.deadline = deadline
@@ -154,6 +157,8 @@ class BlockSearch:
             return self._prune("not_modelled")
         if self._constant(expr) and not all(self._constant(v.expr) for v in vs):
             return self._prune("constant")  # a constant recomputed from input data (x/x)
+        if self.precision is not None and self.precision.too_narrow(op, expr, t.dtype, [v.type.dtype for v in vs]):
+            return self._prune("precision")  # arithmetic the program does wide, done narrow
         key = (expr, labels, var, t.dtype)  # casts change no value but do change the dtype
         if key in self.seen:
             self.last_duplicate = self.seen[key]

@@ -25,6 +25,8 @@ class SearchBudget:
     verify_top: int = 3                 # verify this many best-ranked distinct structures
     full_verify_elements: int = 30_000_000  # re-verify the winner at the real shape below this many input elements
     cost_params: CostParams | None = None  # the cost model's constants fitted to GPU timings (None: defaults)
+    keep_precision: bool = True         # off only for the precision ablation: neither the search rule
+                                        # (search.precision) nor the dtype check (verify.precision)
 
     def log(self) -> dict:
         return asdict(self)
@@ -52,6 +54,7 @@ class SearchStats:
     seconds: dict = field(default_factory=dict)  # phase -> wall seconds
     time_budget_hit: bool = False
     state_budget_hit: int = 0           # patterns that ran out of states
+    fallback_reasons: list = field(default_factory=list)  # why a stage (or a pattern) left the space
 
     def add_pruned(self, other: dict) -> None:
         for k, v in other.items():

@@ -10,7 +10,10 @@ Stages, in order (wall time of each in ``stats.seconds``):
                   ``superopt.verify.check_equivalent``; the winner re-checked at the real shape in
                   float64 when its inputs are small enough (``budget.full_verify_elements``).
 
-The unfused program is always in the ranking, so ``result.best`` is never None.
+The unfused program is always in the ranking, so ``result.best`` is never None. A valid program
+that leaves the search space anywhere (an op the abstract domain does not model, a value it cannot
+normalise, a pattern whose search fails) is never an exception: that stage or pattern is dropped,
+its reason goes to ``stats.fallback_reasons``, and the unfused program is the result.
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ import multiprocessing as mp
 import time
 from dataclasses import dataclass, field, replace
 
-from ..abstract import Unsupported, analyze
+from ..abstract import NotNormalizable, Unsupported, analyze
 from ..ir import SMEM_BUDGET, KernelGraph, check, digest, layout, shared_memory_bytes, to_text
 from .budget import SearchBudget, SearchStats
 from .checkpoint import Checkpoint
@@ -98,18 +101,30 @@ class SearchResult:
         # across blocks, and a design reading each weight tile once was never timed); the float64
         # re-check at the new shape only where it is quick, so a shape bucket costs under a second.
         quick = replace(self.budget, full_verify_elements=min(self.budget.full_verify_elements, 1_000_000))
-        found = _rank_and_verify(program, index, [d for d, _ in self.designs if d is not None], quick,
-                                 self.arch, self.seed, stats, finish=finish)
+        try:
+            found = _rank_and_verify(program, index, [d for d, _ in self.designs if d is not None], quick,
+                                     self.arch, self.seed, stats, finish=finish)
+        except OUT_OF_SPACE as e:  # a structure that does not fit this shape: the fallback, with why
+            found = []
+            stats.fallback_reasons.append(f"reinstantiate: {type(e).__name__}: {e}")
         stats.seconds["reinstantiate"] = time.perf_counter() - t0
         ranked, kept, alts = _with_fallback(program, found, self.arch, self.budget.cost_params)
         return SearchResult(program, self.budget, self.arch, self.seed, ranked, stats, kept, alts)
+
+
+# What leaves the search space: the abstract domain's own signals, and the shape / key / arity
+# errors a half-modelled op raises deep inside a block search. Anything else is a bug and raises.
+OUT_OF_SPACE = (Unsupported, NotNormalizable, ValueError, KeyError, IndexError, NotImplementedError)
 
 
 def _job(args):
     program, index, pattern, budget, cap, deadline, whole_exp = args
     if time.time() > deadline:
         return pattern, None, None
-    designs, st = run_pattern(program, index, pattern, budget, cap, deadline, whole_exp)
+    try:
+        designs, st = run_pattern(program, index, pattern, budget, cap, deadline, whole_exp)
+    except OUT_OF_SPACE as e:
+        return pattern, None, f"pattern {pattern.key()}: {type(e).__name__}: {e}"
     return pattern, designs, st
 
 
@@ -136,15 +151,23 @@ def superoptimize(program: KernelGraph, budget: SearchBudget = SearchBudget(), a
         patterns = enumerate_patterns(search_program, index, budget)
         stats.patterns = len(patterns)
         stats.seconds["patterns"] = time.perf_counter() - t0
-    except Unsupported as e:
+    except OUT_OF_SPACE as e:
         stats.verify_notes.append(f"no search: {e}")
+        stats.fallback_reasons.append(f"analyze: {type(e).__name__}: {e}")
         index, patterns = None, []
     ckpt = Checkpoint(checkpoint, digest(program), _budget_key(budget), seed)
     if patterns:
         t0 = time.perf_counter()
         designs = _search(search_program, index, patterns, budget, deadline, ckpt, stats, finish is not None)
         stats.seconds["search"] = time.perf_counter() - t0
-    found = _rank_and_verify(program, index, designs, budget, arch, seed, stats, finish=finish) if designs else []
+    found = []
+    if designs:
+        try:
+            found = _rank_and_verify(program, index, designs, budget, arch, seed, stats, finish=finish)
+        except OUT_OF_SPACE as e:
+            stats.fallback_reasons.append(f"rank/verify: {type(e).__name__}: {e}")
+    if not found and not stats.fallback_reasons:
+        stats.fallback_reasons.append("no verified fused design: the unfused program is the result")
     for g, cost, _, _ in found:
         ckpt.record_found(to_text(g), cost)
     ranked, kept, alts = _with_fallback(program, found, arch, budget.cost_params)
@@ -300,6 +323,9 @@ def _search(program, index, patterns, budget, deadline, ckpt, stats, whole_exp=F
 
 def _take(out, results, ckpt, stats) -> None:
     pattern, designs, st = out
+    if designs is None and isinstance(st, str):  # the pattern left the search space
+        stats.fallback_reasons.append(st)
+        return
     if designs is None:
         stats.patterns_skipped_time += 1
         stats.time_budget_hit = True
@@ -380,7 +406,7 @@ def _rank_and_verify(program, index, designs, budget, arch, seed, stats, top=Non
             chosen.append(fewest)
     out = []
     for g, c, (d, ext), alts in chosen:
-        ok, note = verify_reduced(program, index, d, seed, arch, finish)
+        ok, note = verify_reduced(program, index, d, seed, arch, finish, budget.keep_precision)
         if ok and not out:
             ok2, note2 = verify_full(program, g, seed, budget.full_verify_elements)
             note += "; " + note2

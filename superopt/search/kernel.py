@@ -23,6 +23,7 @@ from ..ir import KernelGraph, TensorType
 from ..ir.ops import BINARY_OPS, UNARY_OPS
 from .block import BlockSearch, Goal, Source
 from .budget import SearchBudget
+from .precision import PrecisionFloor
 from .skeleton import Pattern, retarget
 
 
@@ -175,7 +176,7 @@ def enumerate_patterns(program: KernelGraph, index: ProgramIndex, budget: Search
 # ---------------------------------------------------------------- one pattern
 
 
-def _block(store, targets, sources, pattern, index, vocab, consts, budget, cap, stats):
+def _block(store, targets, sources, pattern, index, vocab, consts, budget, cap, stats, known=(), precision=None):
     rep = representative(pattern, index.sizes)
     exp_args = stats["exp_args"](store) if stats["exp_args"] is not None else None
     scales = tuple(v for v, _ in consts)
@@ -183,9 +184,9 @@ def _block(store, targets, sources, pattern, index, vocab, consts, budget, cap, 
         # two constants in a row scale an exp operand: (s·scale)/softcap inside Gemma-2's tanh; only
         # for these programs (a weaker oracle costs the others their pruning: QKNorm 3× the states)
         scales += tuple(a * b for a in scales for b in scales) + tuple(a / b for a in scales for b in scales if b)
-    oracle = SubexprOracle(store, targets, scales) if budget.abstract_pruning else None
+    oracle = SubexprOracle(store, targets, scales, known) if budget.abstract_pruning else None
     bs = BlockSearch(store, oracle, sources, pattern, rep[0], rep[1], vocab, consts, budget.max_block_ops, cap,
-                     stats["deadline"], exp_args)
+                     stats["deadline"], exp_args, precision=precision if budget.keep_precision else None)
     stats["bs"].append((bs, oracle))
     return bs
 
@@ -209,8 +210,11 @@ def run_pattern(program: KernelGraph, index: ProgramIndex, pattern: Pattern, bud
     designs: list[tuple] = []
     if pattern.split < 0:
         goals = [Goal(t, index.labels[o], o, program.type_of(o).dtype) for t, o in zip(targets, program.outputs)]
+        # The program's own values are always part of the computation: a mean subtraction's terms
+        # merge only after its sum (Σ_i c = n·c), which the subexpression rules cannot foresee.
         bs = _block(store, targets, _program_sources(program, index, store, targets), pattern, index,
-                    vocab, index.consts, budget, cap, col)
+                    vocab, index.consts, budget, cap, col, known=tuple(env.values()),
+                    precision=PrecisionFloor(program, env))
         found = bs.run(goals, guide=(program, env, index.labels))
         if found:
             designs.append((bs.skeleton(found, goals, -1),))
@@ -218,7 +222,7 @@ def run_pattern(program: KernelGraph, index: ProgramIndex, pattern: Pattern, bud
         fr = frontier(store, targets, pattern.split)
         goals = [Goal(store.expr({store.mono({f: 1}): Fraction(1)}), None, f"part{j}") for j, f in enumerate(fr)]
         bs = _block(store, [g.expr for g in goals], _program_sources(program, index, store, [g.expr for g in goals]),
-                    pattern, index, vocab, index.consts, budget, cap, col)
+                    pattern, index, vocab, index.consts, budget, cap, col, precision=PrecisionFloor(program, env))
         found = bs.run(goals, split=pattern.split, guide=(program, env, index.labels))
         if found:
             k1 = bs.skeleton(found, goals, pattern.split)

@@ -16,6 +16,14 @@ Rules: a + b → (max(n_a + d_b, n_b + d_a), d_a + d_b); a·b → (n_a + n_b, d_
 a / b → (n_a + d_b, d_a + n_b); a sum of k terms → (n + (k−1)·d, k·d); counts add up over the
 operands and multiply by k in a sum or a matmul of inner size k.
 
+Shared denominators (issue 27: rsqrt is 1/sqrt, ``interp/canonical.py``). ``ds`` ≤ d bounds the
+degree of a factor of Den common to every element along the last axis (a row's rsqrt broadcast
+over its columns). A sum of k terms over the last axis, or a matmul's k terms whose left operand
+has ``ds``, puts that factor over the sum once: (n + (k−1)(d − ds), ds + k(d − ds)), not
+(n + (k−1)d, k·d). Sums, products and quotients add the ``ds`` of their operands; a broadcast
+operand's whole denominator (and, as a divisor, its whole numerator) is shared; anything else
+forgets it (``ds`` = 0 is always sound).
+
 Sharing along the last axis. Counts are split into ``own`` (atoms that differ along the value's
 last axis) and ``shared`` (atoms constant along it: an operand broadcast from extent 1, like a
 row's sum or rms). A sum over the last axis multiplies ``own`` only: softmax(s) @ v counts the
@@ -30,6 +38,7 @@ from math import comb, prod
 import numpy as np
 
 from ..interp import evaluate
+from ..interp.canonical import expand
 from ..ir import OPAQUE_OPS, KernelGraph
 
 Counts = tuple[int, int, int]  # (opaque arguments, exps, divisions)
@@ -54,6 +63,7 @@ class Deg:
     du: int = 0
     de: int = 0
     dv: int = 0
+    ds: int = 0   # degree of a denominator factor shared along the last axis (docstring)
 
     @property
     def counts(self) -> Counts:
@@ -61,11 +71,11 @@ class Deg:
 
     def merged(self) -> "Deg":
         """Forget which atoms are constant along the last axis."""
-        return replace(self, own=self.counts, shared=ZERO)
+        return replace(self, own=self.counts, shared=ZERO, ds=0)
 
     def as_shared(self) -> "Deg":
         """Broadcast along the last axis: every atom is now constant along it."""
-        return replace(self, own=ZERO, shared=self.counts)
+        return replace(self, own=ZERO, shared=self.counts, ds=self.d)
 
     def args_max(self, other: "Deg") -> dict:
         return dict(du=max(self.du, other.du), de=max(self.de, other.de), dv=max(self.dv, other.dv))
@@ -107,27 +117,35 @@ class DegreeDomain:
         if op == "neg":
             return x
         if op == "square":
-            return DValue(x.shape, replace(g, n=2 * g.n, d=2 * g.d))
+            return DValue(x.shape, replace(g, n=2 * g.n, d=2 * g.d, ds=2 * g.ds))
         if op == "exp":
             self._computed(E, x.shape)
-            return DValue(x.shape, replace(g, n=1, d=0, own=_add(g.own, E), de=max(g.de, g.n + g.d)))
+            return DValue(x.shape, replace(g, n=1, d=0, ds=0, own=_add(g.own, E), de=max(g.de, g.n + g.d)))
+        # ---- identities between opaque ops (issue 27, search-ops): the field test's rewrites
+        rewritten = expand(self, op, x)
+        if rewritten is not None:
+            return rewritten
+        # ---- end of the identities block
         if op in OPAQUE_OPS:
             self._computed(U, x.shape)
-            return DValue(x.shape, replace(g, n=1, d=0, own=_add(g.own, U), du=max(g.du, g.n + g.d)))
+            return DValue(x.shape, replace(g, n=1, d=0, ds=0, own=_add(g.own, U), du=max(g.du, g.n + g.d)))
         raise ValueError(f"DegreeDomain: no unary op {op!r}")
 
     def binary(self, op, a: DValue, b: DValue) -> DValue:
         shape = tuple(np.broadcast_shapes(a.shape, b.shape))
         x, y = _aligned(a, shape), _aligned(b, shape)
         own, shared, args = _add(x.own, y.own), _add(x.shared, y.shared), x.args_max(y)
+        ds = x.ds + y.ds
         if op in ("add", "sub"):
-            return DValue(shape, Deg(max(x.n + y.d, y.n + x.d), x.d + y.d, own, shared, **args))
+            return DValue(shape, Deg(max(x.n + y.d, y.n + x.d), x.d + y.d, own, shared, ds=ds, **args))
         if op == "mul":
-            return DValue(shape, Deg(x.n + y.n, x.d + y.d, own, shared, **args))
+            return DValue(shape, Deg(x.n + y.n, x.d + y.d, own, shared, ds=ds, **args))
         if op == "div":
             self._computed(DIV, shape)
             args["dv"] = max(args["dv"], y.n)
-            return DValue(shape, Deg(x.n + y.d, x.d + y.n, _add(own, DIV), shared, **args))
+            y_bcast = _last(b.shape) == 1 and _last(shape) > 1  # the divisor's numerator is shared too
+            return DValue(shape, Deg(x.n + y.d, x.d + y.n, _add(own, DIV), shared,
+                                     ds=x.ds + (y.n if y_bcast else 0), **args))
         if op == "max":  # a max atom over the multiset {a, b}
             self._computed(_scale(U, 2), shape)
             args["du"] = max(args["du"], x.n + x.d, y.n + y.d)
@@ -149,9 +167,14 @@ class DegreeDomain:
         else:
             own, shared = _scale(g.own, k), _scale(g.shared, k)
         if op == "reduce_sum":
-            return DValue(tuple(shape), replace(g, n=g.n + (k - 1) * g.d, d=k * g.d, own=own, shared=shared))
+            if axis == len(x.shape) - 1:  # the shared denominator is common to the k terms
+                free = g.d - g.ds
+                return DValue(tuple(shape), replace(g, n=g.n + (k - 1) * free, d=g.ds + k * free, ds=0,
+                                                    own=own, shared=shared))
+            return DValue(tuple(shape), replace(g, n=g.n + (k - 1) * g.d, d=k * g.d, ds=k * g.ds,
+                                                own=own, shared=shared))
         self._computed(U, x.shape)
-        return DValue(tuple(shape), replace(g, n=1, d=0, own=_add(own, _scale(U, k)), shared=shared,
+        return DValue(tuple(shape), replace(g, n=1, d=0, ds=0, own=_add(own, _scale(U, k)), shared=shared,
                                             du=max(g.du, g.n + g.d)))
 
     def matmul(self, a: DValue, b: DValue) -> DValue:
@@ -161,9 +184,13 @@ class DegreeDomain:
         # a is summed along its last axis and constant along the result's last axis (b's columns)
         shared = _add(_scale(x.own, k), x.shared, _scale(y.shared, k))
         own = _scale(y.own, k)
-        n, d = x.n + y.n, x.d + y.d
+        # a's denominator shared along its last axis (k) is common to the k terms; the result's
+        # shared part is everything of a (constant along b's columns) and b's shared part.
+        c = x.ds
+        n, free = x.n + y.n, x.d + y.d - c
         return DValue(batch + (a.shape[-2], b.shape[-1]),
-                      Deg(n + (k - 1) * d, k * d, own, shared, **x.args_max(y)))
+                      Deg(n + (k - 1) * free, c + k * free, own, shared, ds=c + k * (x.d - c) + k * y.ds,
+                          **x.args_max(y)))
 
     def cast(self, x, dtype):
         return x

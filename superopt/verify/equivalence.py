@@ -9,14 +9,20 @@ Frobenius error above ``FLOAT_TOL`` rejects too (it catches what the field model
 e.g. a wrong constant that is exact in Z_p only by accident of the model).
 
 The formal model (what "equivalent" means here). Terms are built from the inputs with + − × ÷,
-rational constants, exp (never nested), opaque unary functions f (sqrt, rsqrt, silu, gelu_tanh,
-sigmoid, tanh) and max. Their values live in the field of rational functions over Q in *atoms*:
+rational constants, exp (never nested), opaque unary functions and max. Known identities between
+opaque functions are applied first (``interp/canonical.py``): silu, rsqrt, tanh, gelu_tanh and
+gelu are rewritten as terms over the base functions f ∈ {sigmoid, sqrt, erf, relu} — silu(x) =
+x·sigmoid(x), rsqrt(x) = 1/sqrt(x), tanh(x) = 2·sigmoid(2x) − 1 (so a softcap c·tanh(x/c) too),
+gelu_tanh(x) = x·sigmoid(2k(x + 0.044715x³)), gelu(x) = x/2·(1 + erf(x/fl(√2))). Every rewrite is
+an identity of real functions, so everything below holds for the rewritten terms; the degree
+analysis counts their atoms, products and divisions (rsqrt adds one division by a sqrt atom).
+Their values live in the field of rational functions over Q in *atoms*:
 the input variables; f(t), one atom per op and formally distinct argument t; M(S), one atom per
 formally distinct multiset S of terms (max: associative and commutative, see field_domain.py);
 and e^t, with e^a·e^b = e^(a+b). Formal equality implies equality over the reals (substitute the
 real functions for the atoms), so the test never passes a candidate that formal algebra cannot
-justify; it can reject a real identity the model does not know (rsqrt = 1/sqrt, max(a, a) = a):
-a false alarm, never a false pass.
+justify; it can reject a real identity the model does not know (max(a, a) = a, relu = max(x, 0),
+a constant spelled as another float): a false alarm, never a false pass.
 
 Theorem (one trial). Let output o differ formally between P and C. ``degree.py`` bounds, for
 every element of o in each graph: numerator/denominator degrees n, d (atoms have degree 1);

@@ -89,6 +89,9 @@ inline float op_sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 inline float op_silu(float x) { return x / (1.0f + std::exp(-x)); }
 inline float op_tanh(float x) { return std::tanh(x); }
 inline float op_gelu_tanh(float x) { return 0.5f * x * (1.0f + std::tanh(0.7978845608028654f * (x + 0.044715f * x * x * x))); }
+inline float op_gelu(float x) { return 0.5f * x * (1.0f + std::erf(x * 0.7071067811865476f)); }
+inline float op_erf(float x) { return std::erf(x); }
+inline float op_relu(float x) { return std::fmax(x, 0.0f); }
 inline float op_add(float a, float b) { return a + b; }
 inline float op_sub(float a, float b) { return a - b; }
 inline float op_mul(float a, float b) { return a * b; }

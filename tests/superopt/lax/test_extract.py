@@ -94,10 +94,15 @@ def test_unknown_aten_op_is_named():
         extract(Sine(), (torch.randn(2, 7),))
 
 
-def test_exact_gelu_is_refused():
+def test_exact_gelu_extracts_as_the_erf_form():
+    """nn.functional.gelu (erf form) was refused before issue 27; now it is the op ``gelu``."""
     class Gelu(nn.Module):
         def forward(self, x):
             return (nn.functional.gelu(x),)
 
-    with pytest.raises(ExtractError, match="approximate='none'"):
-        extract(Gelu(), (torch.randn(2, 7),))
+    x = torch.randn(2, 7, dtype=torch.float64)
+    ex = extract(Gelu(), (x,))
+    assert [n.op for n in ex.graph.nodes] == ["gelu"]
+    (got,) = evaluate(ex.graph, [x.numpy()], NumpyDomain())
+    want = nn.functional.gelu(x).numpy()
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-12
