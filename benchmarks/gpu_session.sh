@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: the integrated GPU checks, each step time-boxed, logs under $OUT.
 #   bash benchmarks/gpu_session.sh STEP [STEP ...]      (steps below; $OUT must be set)
-# Steps: tests | tests-pdl | registry | warm-patch | trust-patch | cold | overhead | alone-rounds | alone | decode-qwen | decode-llama | decode-qwen3 | {nopdl,unpaired,unfused}-{qwen,llama,qwen3} | profile-qwen | profile-llama | profile-qwen3 | profile-attn | sweep-attn | cuda | probe-gemv |
+# Steps: tests | tests-pdl | registry | warm-patch | trust-patch | cold | overhead | alone-rounds | alone | decode-qwen | decode-llama | decode-qwen3 | {nopdl,unpaired,unfused}-{qwen,llama,qwen3} | profile-qwen | profile-llama | profile-qwen3 | profile-attn | sweep-attn | probe-gemv |
 # blocks | research | unship | warm. Every step's limit is cut to what is left before DEADLINE (default 560 s: a device command may run 600 s,
 # and the tars at the end need a few seconds); a step with under 20 s left is skipped.
 # (environment: MIRAGE_SERVE_PDL, MIRAGE_SERVE_PAIRED_LAUNCH, MIRAGE_SERVE_FUSED_RESIDUAL, NEW_TOKENS, LLAMA_BATCH, BASELINES; overhead: OVERHEAD (MODEL:BATCH ...); unship: UNSHIP (MODEL:LABELS ..., shipped entries to delete in this copy, so later steps search them); warm: WARM_MODELS, WARM_BATCH; it leaves $OUT/shipped.tar,
@@ -91,7 +91,6 @@ while [ $# -gt 0 ]; do
     profile-qwen3) step profile_qwen3 200 python benchmarks/profile_decode_step.py Qwen3-8B ;;
     profile-attn) step profile_attn 200 env PYTHONPATH="$PWD" python benchmarks/profile_attention.py ;;  # issue 4: per kernel
     sweep-attn) step sweep_attn 450 env PYTHONPATH="$PWD" python benchmarks/sweep_attention.py ;;  # launch plans
-    cuda) step cuda 200 python -m tests.superopt.codegen_cuda.device_check "$OUT" ;;
     probe-gemv) step probe_gemv_qkv 150 env PYTHONPATH="$PWD" python benchmarks/probe_gemv_ceiling.py --n 6144 --k 4096
                 step probe_gemv_o 150 env PYTHONPATH="$PWD" python benchmarks/probe_gemv_ceiling.py --n 4096 --k 4096 ;;
     research) export MIRAGE_SERVE_RESEARCH=1  # every later step's patch() searches the shipped programs

@@ -3,9 +3,8 @@
 * ``torch``: ``superopt.interp.evaluate`` over a ``TorchDomain``: runs the μGraph exactly as
   tiled, with torch ops. Exact and slow; on CPU it gives **no speed-up** (it exists so the whole
   patch path runs and is tested without a GPU). Differentiable, like any torch code.
-* ``triton`` / ``cuda``: ``superopt.runtime.compile_graph`` (Triton) or
-  ``superopt.runtime.cuda_launch.cuda_runner`` (CUDA C++ through NVRTC); not differentiable, so a patched module falls back to its original forward when autograd needs
-  a graph.
+* ``triton``: ``superopt.runtime.compile_graph``; not differentiable, so a patched module falls
+  back to its original forward when autograd needs a graph.
 * ``auto``: ``triton`` when the model is on a CUDA device, else ``torch``.
 """
 from __future__ import annotations
@@ -18,7 +17,7 @@ import torch
 
 from superopt.ir import KernelGraph
 
-BACKENDS = ("auto", "torch", "triton", "cuda")
+BACKENDS = ("auto", "torch", "triton")
 
 
 class BackendError(ValueError):
@@ -31,7 +30,7 @@ def resolve(backend: str, device: torch.device) -> str:
         raise BackendError(f"unknown backend {backend!r}; valid backends: {', '.join(BACKENDS)}")
     if backend == "auto":
         return "triton" if device.type == "cuda" else "torch"
-    if backend in ("triton", "cuda") and device.type != "cuda":
+    if backend == "triton" and device.type != "cuda":
         raise BackendError(f"backend {backend!r} needs the model on a CUDA device; it is on {device} "
                            f"(use backend='torch' or 'auto' on CPU)")
     return backend
@@ -72,7 +71,7 @@ def build(graph: KernelGraph, backend: str, device: torch.device, launch: dict |
         return Executor(lambda *ts: evaluate(graph, ts, domain), "torch", True, 0,
                         time.perf_counter() - t0)
     if backend != "triton":
-        return _build_cuda(graph, device, binaries, t0)
+        raise BackendError(f"cannot build backend {backend!r}; resolve() gives torch or triton")
     from superopt.runtime import compile_graph  # triton: imported when a GPU build is asked for
 
     compiled = compile_graph(graph, backend="triton", device=device, launch=launch, binaries=binaries, pdl=pdl)
@@ -83,24 +82,3 @@ def build(graph: KernelGraph, backend: str, device: torch.device, launch: dict |
     return Executor(compiled, backend, False, compiled.compiles, time.perf_counter() - t0,
                     compiled.source, compiled.binaries())
 
-
-CUDA_CUBIN = "module.cubin"   # the CUDA backend's whole module, one NVRTC build
-
-
-def _build_cuda(graph: KernelGraph, device: torch.device, binaries: dict | None, t0: float) -> Executor:
-    """CUDA C++ through NVRTC; a stored cubin (same arch and NVRTC: both in the cache key) skips it."""
-    from superopt.runtime.cuda_launch import CudaGraphRunner, cuda_runner
-
-    runner, compiles = None, 0
-    cubin = (binaries or {}).get(CUDA_CUBIN)
-    if cubin:
-        try:
-            runner = CudaGraphRunner(graph, cubin, device)
-        except Exception:  # a cubin this driver cannot load: build afresh rather than fall back
-            runner = None
-    if runner is None:
-        arch = arch_of(device)
-        runner = cuda_runner(graph, device, arch + "a" if arch == "sm_90" else arch)
-        compiles = len(runner.module.kernels)
-    return Executor(runner, "cuda", False, compiles, time.perf_counter() - t0, runner.module.source,
-                    {CUDA_CUBIN: runner.cubin} if runner.module.kernels else {})

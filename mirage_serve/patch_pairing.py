@@ -77,7 +77,7 @@ class Pairing:
 
         ga, gb = a.executor.run, b.executor.run
         if not (isinstance(ga, CompiledGraph) and isinstance(gb, CompiledGraph)):
-            return None  # the torch and CUDA backends: two launches
+            return None  # the torch backend: two calls
         key = (id(ga), id(gb))
         if key not in self._memo:
             self._memo[key] = self._decide(a, b, m)

@@ -12,8 +12,8 @@ from any other), so a cubin planted in a shared cache directory or an archive is
 
 The binaries are opaque files from ``superopt.runtime`` (``CompiledGraph.binaries()``: per Triton
 kernel its cubin and the metadata JSON Triton needs to load it, and a manifest); this module
-does not look inside them. They are specific to (GPU arch, Triton, CUDA), all of which are in the
-``CacheKey`` (``arch``, ``versions_now``), so a binary is only ever found by the toolchain that
+does not look inside them. They are specific to the GPU arch and Triton (whose bundled ptxas
+compiles them), both of which are in the ``CacheKey`` (``arch``, ``versions_now``), so a binary is only ever found by the toolchain that
 built it; shipped entries carry none (``KernelCache.get`` drops them).
 
 When binaries are made: on the GPU, when ``patch`` builds a site (every kernel is compiled at

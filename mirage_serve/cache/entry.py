@@ -4,8 +4,7 @@
       ugraph.txt      the winning μGraph, canonical text (superopt.ir.text)
       <kernel>.<hash16>.cubin / .json, triton-kernels.json
                       compiled binaries, raw bytes (user cache only): per Triton kernel its cubin and
-                      Triton's metadata, and a manifest (superopt.runtime.binaries); module.cubin for
-                      the CUDA backend
+                      Triton's metadata, and a manifest (superopt.runtime.binaries)
       (other text)    "source" files: inert text, never executed (generated source is always
                       rendered again from the μGraph; entries written now hold none)
       meta.json       {"format", "key", "key_digest", "files": {name: {kind, sha256, bytes}},

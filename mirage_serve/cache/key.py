@@ -17,12 +17,10 @@ from pathlib import Path
 # Toolchain components whose version can change what a cache entry holds. Binaries depend on all
 # of them; the shipped, binary-free cache is keyed by TEXT_VERSIONS alone, so it serves users on
 # any torch/triton/CUDA (and its μGraphs are re-verified on load by patch() anyway).
-# (name, distributions to try): CUDA wheels carry a -cuNN suffix in some releases.
+# (name, distributions to try).
 _DISTRIBUTIONS = (
     ("triton", ("triton",)),
     ("torch", ("torch",)),
-    ("cuda-nvrtc", ("nvidia-cuda-nvrtc", "nvidia-cuda-nvrtc-cu13", "nvidia-cuda-nvrtc-cu12")),
-    ("cuda-bindings", ("cuda-bindings",)),
 )
 TEXT_VERSIONS = ("superopt",)
 
@@ -31,10 +29,9 @@ _LABEL_MAX = 96
 
 
 def versions_now() -> tuple[tuple[str, str], ...]:
-    """(name, version) for superopt, triton, torch and the CUDA toolkit pieces codegen uses
-    (NVRTC, cuda-bindings), where installed. Read from package metadata: nothing heavy is
-    imported. (Triton kernels are compiled by triton's own bundled ptxas, so triton's version
-    covers them; CUDA C++ kernels by NVRTC, whose wheel version covers those.)"""
+    """(name, version) for superopt, triton and torch, where installed. Read from package
+    metadata: nothing heavy is imported. (Kernels are compiled by triton's own bundled ptxas, so
+    triton's version covers them.)"""
     import superopt
 
     out = [("superopt", superopt.__version__), ("superopt-src", _superopt_source_digest())]
@@ -67,7 +64,7 @@ class CacheKey:
     bucket: str                  # shape bucket, e.g. "b8" or "b1-16"
     dtype: str                   # "bf16", "fp16", "fp32"
     arch: str                    # "sm90", or "cpu" for the interpreter backend
-    backend: str                 # "triton", "cuda", "torch"
+    backend: str                 # "triton", "torch"
     versions: tuple[tuple[str, str], ...]
     label: str                   # readable directory prefix only
 

@@ -1,1 +1,1 @@
-"""Code generation: render μGraphs to GPU kernels (Triton in triton*.py, CUDA C++ in cuda*.py)."""
+"""Code generation: render μGraphs to GPU kernels (Triton, in triton*.py)."""

@@ -1,7 +1,7 @@
-"""What both renderers write the same way: identifiers from names, row-major strides.
+"""Naming and layout rules the Triton renderer shares across its modules: identifiers, row-major strides.
 
-``identifier`` is the one rule for every place a name lands in generated text or a registry (Triton
-kernels and their variables, CUDA C++ kernels, torch custom-op names): every character outside
+``identifier`` is the one rule for every place a name lands in generated text (Triton kernels and
+their variables): every character outside
 ``[A-Za-z0-9_]`` becomes ``_``, and a name that would start with a digit (or be empty) gets a
 ``g_`` prefix.
 """

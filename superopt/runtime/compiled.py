@@ -287,6 +287,5 @@ def compile_graph(ugraph: KernelGraph, backend: str = "triton", device: str | to
     list form). ``binaries``: a trusted cache entry's ``CompiledGraph.binaries()`` (the source is
     always rendered from ``ugraph``). ``pdl``: programmatic dependent launch where the GPU has it."""
     if backend != "triton":
-        raise NotImplementedError(f"compile_graph: backend {backend!r}; this runtime builds 'triton' "
-                                  f"(the CUDA backend lives in superopt.codegen.cuda*)")
+        raise NotImplementedError(f"compile_graph: backend {backend!r}; this runtime builds 'triton' only")
     return CompiledGraph(ugraph, device, launch, cache_dir, binaries, pdl)

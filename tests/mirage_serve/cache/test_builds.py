@@ -234,21 +234,3 @@ def test_patch_with_a_warm_cache_searches_and_compiles_nothing(tmp_path):
     # (tokens are not compared: kernels with atomic cross-block sums are not bitwise deterministic)
     assert any(i.binaries for i in KernelCache(cache, shipped_dir=False).ls(("user",)))
 
-
-@pytest.mark.gpu
-def test_cuda_backend_reuses_a_stored_cubin():
-    import torch
-
-    from mirage_serve import backends
-
-    g = build(CASE, "bfloat16").ugraph
-    dev = torch.device("cuda")
-    cold = backends.build(g, "cuda", dev)
-    assert cold.compiled == len(g.customized_nodes()) or cold.compiled > 0
-    assert set(cold.binaries) == {backends.CUDA_CUBIN} and "__global__" in cold.source
-    warm = backends.build(g, "cuda", dev, None, cold.binaries)
-    assert warm.compiled == 0
-    gen = torch.Generator().manual_seed(3)
-    xs = [torch.randn(v.type.shape, generator=gen).to(dev, getattr(torch, v.type.dtype)) for v in g.inputs]
-    want = [o.clone() for o in cold.run(*xs)]
-    assert all(torch.equal(a, b) for a, b in zip(warm.run(*xs), want))
