@@ -5,13 +5,16 @@ precision rule on and off; prints each winner's arithmetic dtypes and its measur
     python benchmarks/precision_upcast.py --hidden 4096
 
 The program is Llama's RMSNorm as HF writes it (``h = x.float()``; ``h * rsqrt(mean(h²) + eps)``;
-``weight * h.to(bf16)``) feeding a projection. With ``keep_precision`` off the block search may
-compute the sum of squares and the rsqrt in bfloat16 (casts are value identities for the abstract
-domain and the verifier); with it on (the default) such values are pruned ("precision") and the
+``weight * h.to(bf16)``) feeding a projection. With ``keep_precision`` off the block search
+computes the sum of squares and the rsqrt in bfloat16 (casts are value identities for the abstract
+domain and the verifier, and the replay of the program's dataflow then matches values without their
+dtype, taking the bf16 input for ``x.float()``); with it on (the default) such values are pruned ("precision") and the
 dtype check ``superopt.verify.precision`` rejects any candidate that squares, divides or takes the
 rsqrt narrower than the program (its verdict on each winner is printed). Errors are
 relative Frobenius errors of the μGraph, executed as tiled by the torch Domain on CPU in its
-declared dtypes, against the program in float64 on the same bf16-rounded inputs.
+declared dtypes, against the program in float64 on the same bf16-rounded inputs. Each op's result
+is rounded to its dtype, but torch's CPU sum of a bf16 tile accumulates in float32 before rounding,
+so the bf16 μGraph's error is a lower bound (only the per-tile ``accum_sum`` rounds in bf16).
 """
 from __future__ import annotations
 

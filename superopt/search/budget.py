@@ -26,7 +26,8 @@ class SearchBudget:
     full_verify_elements: int = 30_000_000  # re-verify the winner at the real shape below this many input elements
     cost_params: CostParams | None = None  # the cost model's constants fitted to GPU timings (None: defaults)
     keep_precision: bool = True         # off only for the precision ablation: neither the search rule
-                                        # (search.precision) nor the dtype check (verify.precision)
+                                        # (search.precision), the replay's dtype matching (search.replay)
+                                        # nor the dtype check (verify.precision)
 
     def log(self) -> dict:
         return asdict(self)

@@ -13,6 +13,8 @@ need not discover them by enumeration:
 
 Values are matched to program values by normal form, labels and dtype (a cast changes no normal
 form: q.float() is not q). Constants keep the program's order here ((s·scale)/softcap).
+Under the precision ablation (``SearchBudget.keep_precision=False``, no ``PrecisionFloor``) values are
+matched by normal form and labels only: the first equal value, whatever its dtype, as the rounds would.
 """
 from __future__ import annotations
 
@@ -27,6 +29,8 @@ def replay(bs, program, env: dict[str, int], labels: dict[str, tuple]) -> None:
     pending: dict[str, tuple[int, int]] = {}   # program value -> (numerator, divisor) block values
 
     def find(a):
+        if bs.precision is None:  # the precision ablation: a cast is a value identity, any dtype will do
+            return by_key.get((env[a], labels[a]))
         return by_key.get((env[a], labels[a], program.type_of(a).dtype), by_key.get((env[a], labels[a])))
 
     bs._replaying = True
