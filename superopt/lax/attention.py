@@ -14,6 +14,11 @@ core is written in grouped form, q [b, kv heads, group, d] against k / v [b, kv 
 ``decode_attention_program`` builds the whole program, with an optional q RMSNorm (Qwen3's q_norm,
 fp32 inside as HF computes it; Qwen3's k_norm acts on the new key before the cache write, so it
 belongs to that program, not to this one).
+
+``decode_layer_attention_program`` builds the whole site as HF runs it with a static cache: q / k
+RMSNorm (Qwen3), RoPE on q and the step's k, the cache write of k / v at the position, then the
+core against the updated caches; the search lowers it (docs/architecture.md, Search: the rotated k
+is a program of its own, the cache writes run as library ops before the attention kernel).
 """
 from __future__ import annotations
 
