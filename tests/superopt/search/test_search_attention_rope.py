@@ -5,14 +5,23 @@ a small pre kernel, the cache writes as library ops, RoPE on q fused into the at
 Small odd shapes: 3 kv heads × group 2, head_dim 16, cache lengths 73 / 96."""
 from __future__ import annotations
 
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from superopt.interp import NumpyDomain, evaluate
+from superopt.ir import to_text
 from superopt.lax.attention import decode_layer_attention_program
 from superopt.search import SearchBudget, superoptimize
 from superopt.verify import check_equivalent
 
+ROOT = Path(__file__).resolve().parents[3]
 SMALL = dict(batch=1, q_heads=6, kv_heads=3, head_dim=16)
 
 
@@ -104,3 +113,33 @@ def test_search_finds_online_softmax_with_rope_and_cache_write(extra, budget):
     env = _inputs(program, pos=extra["kv_len"] - 5)
     for g, w in zip(evaluate(best, env, NumpyDomain()), evaluate(program, env, NumpyDomain())):
         assert _rel(g, w) <= 1e-12
+
+
+def test_reinstantiate_at_another_cache_length():
+    budget = SearchBudget(max_seconds=120, max_states=2_000_000)
+    res = superoptimize(decode_layer_attention_program(**SMALL, kv_len=73), budget)
+    other = decode_layer_attention_program(**SMALL, kv_len=96)
+    again = res.reinstantiate(other)
+    assert again.program is other and again.best is not other
+    assert 1 <= len(_attention_kernels(again.best)) <= 2 and _exp_reads_a_max(again.best)
+    env = _inputs(other, pos=90)
+    for g, w in zip(evaluate(again.best, env, NumpyDomain()), evaluate(other, env, NumpyDomain())):
+        assert _rel(g, w) <= 1e-12
+
+
+def test_found_design_runs_in_the_triton_interpreter(tmp_path):
+    # the pre kernel, the cache writes and the attention kernel rendered to Triton, run on the CPU
+    for dtype in ("float32", "float16"):
+        program = decode_layer_attention_program(**SMALL, kv_len=73, dtype=dtype)
+        best = superoptimize(program, SearchBudget(max_seconds=120, max_states=2_000_000)).best
+        assert best is not program
+        (tmp_path / f"{dtype}.program.txt").write_text(to_text(program))
+        (tmp_path / f"{dtype}.ugraph.txt").write_text(to_text(best))
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-m", "tests.superopt.search.attention_interp_run", str(tmp_path)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    errs = json.loads(proc.stdout.strip().splitlines()[-1])
+    for dtype, tol in (("float32", 1e-5), ("float16", 2e-3)):   # docs/conventions.md tolerance table
+        assert not isinstance(errs[dtype], str), errs[dtype]
+        assert math.isfinite(errs[dtype]) and errs[dtype] <= tol, f"{dtype}: relative error {errs[dtype]:.3e}"
