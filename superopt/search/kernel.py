@@ -184,7 +184,11 @@ def _block(store, targets, sources, pattern, index, vocab, consts, budget, cap, 
         # two constants in a row scale an exp operand: (s·scale)/softcap inside Gemma-2's tanh; only
         # for these programs (a weaker oracle costs the others their pruning: QKNorm 3× the states)
         scales += tuple(a * b for a in scales for b in scales) + tuple(a / b for a in scales for b in scales if b)
-    oracle = SubexprOracle(store, targets, scales, known) if budget.abstract_pruning else None
+    # an exp operand's own sub-values (RoPE'd q inside q·kᵀ) are sums the targets hold only inside
+    # exp, which the normal form splits into a product of exps: the oracle takes the operands as
+    # targets too, or it prunes them (``exp_arg`` keeps the exps themselves to these operands)
+    pool = list(targets) + sorted(exp_args or ())
+    oracle = SubexprOracle(store, pool, scales, known) if budget.abstract_pruning else None
     bs = BlockSearch(store, oracle, sources, pattern, rep[0], rep[1], vocab, consts, budget.max_block_ops, cap,
                      stats["deadline"], exp_args, precision=precision if budget.keep_precision else None)
     stats["bs"].append((bs, oracle))

@@ -8,8 +8,9 @@ without them, searched, and each verified μGraph *raised* back (DESIGN.md "Sear
 1. **Output views.** An output that is a chain of slices / reshapes of a computed value (q, k, v
    split from the fused projection) is taken as that view of the value: the core program outputs
    the value, the raised graph ends with the views (no launch, ``ir.graph.VIEW_OPS``).
-2. **Slices pushed to the inputs.** A slice of a matmul, a transpose, a cast or an elementwise
-   result whose every user is a slice is moved onto the operands that carry the sliced dim
+2. **Slices pushed to the inputs.** A slice of a matmul or a transpose whose every user is a
+   slice, or of a cast or an elementwise result (recomputed on the slice where it is also read
+   whole), is moved onto the operands that carry the sliced dim
    (``slice(x @ W.T, cols) = x @ slice(W, rows).T``), until slices and head repeats sit on
    external tensors; HF's ``repeat_kv`` (unsqueeze → expand → reshape) is one head repeat.
 3. **Views become inputs.** A slice or repeat chain of an external tensor is a fresh core input;
@@ -19,6 +20,11 @@ without them, searched, and each verified μGraph *raised* back (DESIGN.md "Sear
    position, the KV-cache write) runs as a library op before the fused kernels; its result is a
    core input. The updated cache stays an output. A reshape of an external tensor (q viewed as
    heads) is a prefix view: no launch, and the core reads it as an input of the new shape.
+5. **Pre programs.** A cache write whose new row is computed (the step's key after k-norm and
+   RoPE) cannot be a prefix op as it stands: the row's cone (everything it depends on) becomes a
+   program of its own, searched by itself and launched first; its result is then external and
+   the write a prefix op. The cone's nodes stay in the core too when something else reads them
+   (recomputed there, never read back), so the core's search is unchanged.
 
 The core program is searched by ``superoptimize``; every raised graph is checked
 (``ir.check``) and the best one verified against the original program by the finite-field test,
@@ -42,11 +48,12 @@ class Lowered:
     core: KernelGraph                          # what the search sees
     views: dict = field(default_factory=dict)  # core input -> (external tensor, view steps)
     prefix: tuple = ()                         # library nodes before the core (gather, scatter)
+    pre: tuple = ()                            # programs searched alone, run before the prefix
     suffix: tuple = ()                         # view nodes after the core (output slices)
 
     @property
     def changed(self) -> bool:
-        return bool(self.views or self.prefix or self.suffix)
+        return bool(self.views or self.prefix or self.suffix or self.pre)
 
 
 class _Builder:
@@ -86,6 +93,7 @@ def lower(program: KernelGraph) -> Lowered:
     b = _Builder(program)
     outputs = list(program.outputs)
     suffix = _peel_outputs(b, outputs)
+    pre = _pre_programs(b, program)
     _merge_repeat_kv(b)
     while _push_slices(b):
         b.nodes = _live(b.nodes, outputs)  # the pushed slice's old operand, if nothing else reads it
@@ -96,6 +104,7 @@ def lower(program: KernelGraph) -> Lowered:
     nodes = _live(b.nodes, core_outputs)
     used = {a for n in nodes for a in n.args} | set(core_outputs)
     inputs = [v for v in program.inputs if v.name in used]
+    inputs += [Value(o, p.output_types[0]) for p in pre for o in p.outputs if o in used]
     inputs += [Value(n.out.name, n.out.type) for n in prefix if n.out.name in used]
     inputs += [Value(k, t) for k, (t, _, _) in views.items() if k in used]
     if not core_outputs:
@@ -104,7 +113,33 @@ def lower(program: KernelGraph) -> Lowered:
         core = check(KernelGraph(tuple(inputs), tuple(nodes), tuple(core_outputs), f"{program.name}_core"))
     wanted = used | set(program.outputs) | {a for n in suffix for a in n.args}
     vmap = {k: (src, steps) for k, (_, src, steps) in views.items() if k in wanted}
-    return Lowered(program, core, vmap, tuple(prefix), tuple(suffix))
+    return Lowered(program, core, vmap, tuple(prefix), pre=tuple(pre), suffix=tuple(suffix))
+
+
+def _pre_programs(b: _Builder, program: KernelGraph) -> list[KernelGraph]:
+    """Each computed row a scatter writes (cache and index external) as a program of its own
+    (step 5 of the module docstring); the row becomes an external value of the builder."""
+    prod = b.producer()
+    pre = []
+    for n in list(b.nodes):
+        if n.op != "scatter" or not all(a in b.inputs for a in n.args[:2]) or n.args[2] in b.inputs:
+            continue
+        cone, stack = {}, [n.args[2]]
+        while stack:
+            x = stack.pop()
+            if x in cone or x in b.inputs:
+                continue
+            cone[x] = prod[x]
+            stack.extend(prod[x].args)
+        if any(m.op == "scatter" for m in cone.values()):
+            continue
+        nodes = [m for m in b.nodes if m.out.name in cone]
+        used = {a for m in nodes for a in m.args}
+        ins = tuple(v for v in program.inputs if v.name in used)
+        src = n.args[2]
+        pre.append(check(KernelGraph(ins, tuple(nodes), (src,), f"{program.name}_{src}_pre")))
+        b.inputs[src] = Value(src, prod[src].out.type)
+    return pre
 
 
 def _peel_outputs(b: _Builder, outputs: list[str]) -> list[Node]:
@@ -162,7 +197,11 @@ def _push_slices(b: _Builder) -> bool:
         if n.op != "slice" or n.args[0] not in prod:
             continue
         src = prod[n.args[0]]
-        if src.op not in PUSH_THROUGH or any(u.op != "slice" for u in users[n.args[0]]):
+        # an elementwise result read whole too (Qwen3's normed q: RoPE reads it and its halves)
+        # is recomputed on the halves, cheap in a kernel; a matmul or transpose only when every
+        # reader slices it
+        elementwise = src.op in UNARY_OPS | BINARY_OPS | {"cast"}
+        if src.op not in PUSH_THROUGH or not elementwise and any(u.op != "slice" for u in users[n.args[0]]):
             continue
         new = _pushed(b, n, src)
         if new is None:

@@ -13,10 +13,13 @@ from .driver import SearchResult  # the driver imports this module only inside s
 from .movement import Lowered, lower
 
 
-def raise_graph(low: Lowered, g: KernelGraph, arch: str = "sm_90") -> KernelGraph:
-    """``g`` (a μGraph of ``low.core``) as a μGraph of ``low.program``: prefix ops first, views of
-    external tensors folded into the block inputs that read them, output views last."""
-    nodes: list[Node] = list(low.prefix)
+def raise_graph(low: Lowered, g: KernelGraph, arch: str = "sm_90", pre: tuple = ()) -> KernelGraph:
+    """``g`` (a μGraph of ``low.core``) as a μGraph of ``low.program``: the pre programs' μGraphs
+    (``pre``, one per ``low.pre``) first, then prefix ops, views of external tensors folded into the
+    block inputs that read them, output views last."""
+    if len(pre) != len(low.pre):
+        raise ValueError(f"raise_graph: {len(low.pre)} pre program(s), {len(pre)} μGraph(s) given")
+    nodes: list[Node] = [n for pg in pre for n in pg.nodes] + list(low.prefix)
     made: set[str] = set()
     types = {v.name: v.type for v in low.program.inputs}
     types.update((n.out.name, n.out.type) for n in low.prefix)
@@ -69,21 +72,26 @@ def superoptimize_lowered(program: KernelGraph, budget, arch: str, seed: int, ch
     if not low.changed or low.core is program:
         return None
     t_lower = time.perf_counter() - t0
+    pre = [search(p, budget, arch, seed, checkpoint) for p in low.pre]  # each alone, its own verdict
     inner = search(low.core, budget, arch, seed, checkpoint)
-    return _raised_result(low, inner, t_lower, arch, seed, budget)
+    return _raised_result(low, inner, t_lower, arch, seed, budget, pre)
 
 
-def _raised_result(low: Lowered, inner, t_lower: float, arch: str, seed: int, budget):
+def _raised_result(low: Lowered, inner, t_lower: float, arch: str, seed: int, budget, pre=()):
     from ..verify import check_equivalent
     stats = inner.stats
+    pre_graphs = tuple(r.best for r in pre)
+    for p, r in zip(low.pre, pre):
+        stats.verify_notes.append(f"pre program {p.name}: {r.best.num_kernels} kernel(s)"
+                                  f"{' (its unfused fallback)' if r.best is p else ''}")
     entries = []
     for i, (g, _) in enumerate(inner.ranked):
         design = inner.designs[i] if i < len(inner.designs) else (None, None)
         if design[0] is None:
             continue  # the core's fallback: the program itself stands for it below
         try:
-            r = raise_graph(low, g, arch)
-            alts = [raise_graph(low, a, arch) for a in (inner.alternatives[i] if i < len(inner.alternatives) else [])]
+            r = raise_graph(low, g, arch, pre_graphs)
+            alts = [raise_graph(low, a, arch, pre_graphs) for a in (inner.alternatives[i] if i < len(inner.alternatives) else [])]
         except (ValueError, KeyError) as e:
             stats.verify_notes.append(f"raise failed: {type(e).__name__}: {e}")
             continue
@@ -106,7 +114,7 @@ def _raised_result(low: Lowered, inner, t_lower: float, arch: str, seed: int, bu
     stats.verify_notes.append(f"data movement lowered: {len(low.views)} input view(s), {len(low.prefix)} "
                               f"prefix op(s), {len(low.suffix)} output view(s)")
     return LoweredResult(low.program, budget, arch, seed, [(g, c) for g, c, _, _ in entries], stats,
-                         [d for _, _, d, _ in entries], [a for _, _, _, a in entries], low, inner)
+                         [d for _, _, d, _ in entries], [a for _, _, _, a in entries], low, inner, tuple(pre))
 
 
 @dataclass
@@ -115,9 +123,11 @@ class LoweredResult(SearchResult):
 
     lowered: object = None
     inner: object = None
+    pre: tuple = ()      # the pre programs' own results (``movement.Lowered.pre``)
 
     def reinstantiate(self, program: KernelGraph) -> "LoweredResult":
         t0 = time.perf_counter()
         low = lower(program)
         inner = self.inner.reinstantiate(low.core)
-        return _raised_result(low, inner, time.perf_counter() - t0, self.arch, self.seed, self.budget)
+        pre = tuple(r.reinstantiate(p) for r, p in zip(self.pre, low.pre))
+        return _raised_result(low, inner, time.perf_counter() - t0, self.arch, self.seed, self.budget, pre)

@@ -18,6 +18,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from superopt.interp import NumpyDomain, evaluate  # noqa: E402
+from superopt.interp.movement import random_indices  # noqa: E402
 from superopt.ir import from_text  # noqa: E402
 from superopt.runtime import compile_graph  # noqa: E402
 
@@ -25,12 +26,14 @@ from superopt.runtime import compile_graph  # noqa: E402
 def run(program_text: str, ugraph_text: str, seed: int = 0) -> float:
     program, ugraph = from_text(program_text), from_text(ugraph_text)
     rng = np.random.default_rng(seed)
-    xs = [torch.from_numpy(rng.standard_normal(v.type.shape)).to(getattr(torch, v.type.dtype))
+    idx = random_indices(program, rng, NumpyDomain())  # cache positions (int64 inputs)
+    xs = [torch.from_numpy(idx[v.name]) if v.name in idx else
+          torch.from_numpy(rng.standard_normal(v.type.shape)).to(getattr(torch, v.type.dtype))
           for v in program.inputs]
-    ref = evaluate(program, [x.double().numpy() for x in xs], NumpyDomain())
+    ref = evaluate(program, [x.numpy() if x.dtype == torch.int64 else x.double().numpy() for x in xs], NumpyDomain())
     cg = compile_graph(ugraph, device="cpu")
     for buf in cg.pool.values():
-        if buf.dim():
+        if buf.dim() and buf.is_floating_point():
             buf.fill_(float("nan"))
     outs = cg(*xs)
     errs = [float(np.linalg.norm(o.double().numpy() - r) / np.linalg.norm(r)) for o, r in zip(outs, ref)]
