@@ -1,8 +1,8 @@
 """Precision is a constraint: a bf16 RMSNorm → matmul with HF's fp32 upcast, searched with the
 precision rule on and off; prints each winner's arithmetic dtypes and its measured error.
 
-    python benchmarks/precision_upcast.py                 # rows 8, hidden 2048, out 512
-    python benchmarks/precision_upcast.py --hidden 4096
+    PYTHONPATH=$PWD python benchmarks/precision_upcast.py                 # rows 8, hidden 2048, out 512
+    PYTHONPATH=$PWD python benchmarks/precision_upcast.py --hidden 4096
 
 The program is Llama's RMSNorm as HF writes it (``h = x.float()``; ``h * rsqrt(mean(h²) + eps)``;
 ``weight * h.to(bf16)``) feeding a projection. With ``keep_precision`` off the block search
@@ -27,20 +27,9 @@ import torch
 
 from superopt.interp import NumpyDomain, evaluate
 from superopt.interp.torch_domain import TorchDomain
-from superopt.lax import Program
 from superopt.search import SearchBudget, superoptimize
 from superopt.verify.precision import precision_violations
-
-
-def hf_rmsnorm_matmul(rows: int, hidden: int, out: int):
-    p = Program("hf_rmsnorm_matmul_bf16")
-    x = p.input("x", (rows, hidden), "bfloat16")
-    g = p.input("g", (hidden,), "bfloat16")
-    w = p.input("w", (hidden, out), "bfloat16")
-    h = p.cast(x, "float32")
-    h = p.mul(h, p.rsqrt(p.add(p.mean(p.square(h), -1, keepdim=True), p.const(1e-6, "float32"))))
-    p.output(p.matmul(p.mul(g, p.cast(h, "bfloat16")), w))
-    return p.build()
+from tests.fixtures.precision import hf_rmsnorm_matmul_bf16
 
 
 def arithmetic_dtypes(graph) -> list[str]:
@@ -73,7 +62,7 @@ def main() -> None:
     ap.add_argument("--out", type=int, default=512)
     ap.add_argument("--workers", type=int, default=2)
     a = ap.parse_args()
-    prog = hf_rmsnorm_matmul(a.rows, a.hidden, a.out)
+    prog = hf_rmsnorm_matmul_bf16(a.rows, a.hidden, a.out)
     print(f"program: bf16 RMSNorm (fp32 upcast) -> matmul, rows {a.rows}, hidden {a.hidden}, out {a.out}")
     print(f"  unfused program, torch bf16/fp32 as written: rel err {rel_error(prog, prog):.3e}")
     for keep in (True, False):

@@ -10,6 +10,7 @@ from superopt.ir import digest
 from superopt.lax import Program
 from superopt.search import SearchBudget, superoptimize
 from superopt.verify.precision import precision_violations
+from tests.fixtures.precision import hf_rmsnorm_matmul_bf16
 
 SMALL = SearchBudget(max_seconds=120, max_states=40_000, grid_dims=1, workers=1)
 
@@ -73,17 +74,6 @@ def test_norm_forms_fuse_into_one_verified_kernel(kind):
     assert r.stats.verified >= 1 and "equivalent" in r.stats.verify_notes[0]
 
 
-def _hf_rmsnorm_bf16(rows=3, hidden=48, out=40):
-    p = Program("hf_rms_bf16")
-    x = p.input("x", (rows, hidden), "bfloat16")
-    g = p.input("g", (hidden,), "bfloat16")
-    w = p.input("w", (hidden, out), "bfloat16")
-    h = p.cast(x, "float32")
-    h = p.mul(h, p.rsqrt(p.add(p.mean(p.square(h), -1, keepdim=True), p.const(1e-6, "float32"))))
-    p.output(p.matmul(p.mul(g, p.cast(h, "bfloat16")), w))
-    return p.build()
-
-
 def _norm_dtypes(graph) -> set[str]:
     """dtypes of the squares, their sums and the rsqrt in the graph's kernels (not the matmul's sums)."""
     out = set()
@@ -100,7 +90,7 @@ def _norm_dtypes(graph) -> set[str]:
 
 
 def test_fp32_upcast_stays_fp32():
-    prog = _hf_rmsnorm_bf16()
+    prog = hf_rmsnorm_matmul_bf16()
     kept = superoptimize(prog, replace(SMALL, max_states=300_000))
     assert min(g.num_kernels for g, _ in kept.ranked) == 1 and kept.stats.pruned.get("precision", 0) > 0
     assert _norm_dtypes(kept.best) == {"float32"}
@@ -118,7 +108,7 @@ def test_fp32_upcast_stays_fp32():
 
 
 def test_the_dtype_check_compares_op_kinds_not_values():
-    wide, narrow = _hf_rmsnorm_bf16(), _bf16_rmsnorm()
+    wide, narrow = hf_rmsnorm_matmul_bf16(), _bf16_rmsnorm()
     got = precision_violations(wide, narrow)
     # sums are one kind with the bf16 matmul, so only the rounding ops are told apart
     assert {line.split(" in ")[0] for line in got} == {"square", "rsqrt", "div"}, got
