@@ -185,10 +185,13 @@ def bench_row(label, name, kw, dtype, found, search_s, selector, copy_bw, compil
     xs = make_inputs(fx, dtype, name)
     ref = torch_program(fx.program)(*[x.double() for x in xs])
     sets = rotated_sets(xs)
+    t0 = time.time()
     row = dict(label=label, dtype=dtype, search_s=search_s,
                searched=best_of(label, "search", [from_text(t) for t in found], xs, ref, sets, selector, dtype))
+    t1 = time.time()
     if not searched_only:
         row["hand"] = best_of(label, "fixture", hand_written(name, kw, dtype)[1], xs, ref, sets, selector, dtype)
+    print(f"  {label}: searched set profiled in {t1 - t0:.0f} s, hand-written set in {time.time() - t1:.0f} s", flush=True)
     ours = [r for r in (row["searched"], row.get("hand")) if r and "us" in r]
     if not ours:
         return dict(label=label, error=row["searched"].get("error", "no candidate"))
@@ -293,6 +296,7 @@ def main() -> None:
             lines.append(f"| {label} | not run: past the {args.deadline_s:.0f} s deadline |")
             print(lines[-1], flush=True)
             continue
+        t_row = time.time()
         try:
             r = bench_row(label, name, kw, dt, found, search_s, selector, bw, args.compile_mode,
                           time.time() - t0 < args.compile_budget_s, args.searched_only)
@@ -300,6 +304,7 @@ def main() -> None:
             r = dict(label=label, error=f"{type(e).__name__}: {e}")
         lines.append(fmt(r))
         print(lines[-1], flush=True)
+        print(f"row {label} ({dt}) took {time.time() - t_row:.0f} s", flush=True)
         if args.out:
             with open(args.out, "w") as f:
                 f.write("\n".join(lines) + "\n")

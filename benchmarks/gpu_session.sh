@@ -5,7 +5,7 @@
 # blocks | research | unship | warm. Every step's limit is cut to what is left before DEADLINE (default 560 s: a device command may run 600 s,
 # and the tars at the end need a few seconds); a step with under 20 s left is skipped.
 # (environment: MIRAGE_SERVE_PDL, MIRAGE_SERVE_PAIRED_LAUNCH, MIRAGE_SERVE_FUSED_RESIDUAL, NEW_TOKENS, LLAMA_BATCH, BASELINES; overhead: OVERHEAD (MODEL:BATCH ...); unship: UNSHIP (MODEL:LABELS ..., shipped entries to delete in this copy, so later steps search them); warm: WARM_MODELS, WARM_BATCH; it leaves $OUT/shipped.tar,
-# entries in kernels_cache/ form to untar into the repo's kernels_cache/; blocks: BLOCKS_LIMIT (s, default 400), BLOCKS_SUITE (llama, paper, all), BLOCKS_ONLY (row label substrings), BLOCKS_DTYPES (the paper suite's)). The kernel cache is $MIRAGE_SERVE_CACHE_DIR
+# entries in kernels_cache/ form to untar into the repo's kernels_cache/; blocks: BLOCKS_LIMIT (s, default 400), BLOCKS_SUITE (llama, paper, all), BLOCKS_ONLY (row label substrings), BLOCKS_DTYPES (the paper suite's), BLOCKS_WORKERS (build processes, default 12)). The kernel cache is $MIRAGE_SERVE_CACHE_DIR
 # (default /tmp/ms_cache) while running and is tarred to $OUT/cache.tar at the end,
 # so searched μGraphs found on the GPU can be brought back (for kernels_cache/); a cache.tar in the
 # working directory is restored first. To run exactly a commit while others edit the tree, archive it
@@ -112,7 +112,7 @@ while [ $# -gt 0 ]; do
     blocks) limit=${BLOCKS_LIMIT:-400}  # issue 4's table; rows not started by the deadline say so
             step blocks "$limit" env PYTHONPATH="$PWD" python benchmarks/bench_blocks.py --suite "${BLOCKS_SUITE:-llama}" \
               --paper-dtypes "${BLOCKS_DTYPES:-bfloat16,float16}" --deadline-s $((limit - 45)) --only "${BLOCKS_ONLY:-}" \
-              --compile-budget-s $((limit - 45)) --out "$OUT/blocks.md" ;;  # the baselines compile ahead: time them all
+              --compile-budget-s $((limit - 45)) --workers "${BLOCKS_WORKERS:-12}" --out "$OUT/blocks.md" ;;  # the baselines compile ahead: time them all
     *) echo "unknown step $1" ;;
   esac
   shift
