@@ -300,6 +300,17 @@ def _best(result):
     return result.best if getattr(result, "ranked", True) else None
 
 
+def prefetch(program: KernelGraph, entry) -> None:
+    """Start verifying a cache entry's μGraph against ``program`` in the background
+    (``verify_parallel.prefetch``); ``_hit``'s ``verify`` then collects the result instead of
+    running the check. Nothing is believed or stored here."""
+    try:
+        graph = from_text(entry.ugraph_text)
+    except ValueError:
+        return   # _hit rejects it
+    verify_parallel.prefetch(program, graph)
+
+
 def verify(program: KernelGraph, ugraph: KernelGraph) -> Verification:
     """Finite-field equivalence of ``ugraph`` to ``program`` (trivial when they are one graph)."""
     t0 = time.perf_counter()
