@@ -455,7 +455,9 @@ class Preparer:
             except Exception as e2:
                 raise SiteError(f"build failed ({self.backend}): {type(e2).__name__}: {e2}") from None
         self.report.compiles += executor.compiled
-        if choice.source != "fallback":  # the entry's μGraph built: its source and binaries join the entry
+        # the entry's μGraph built: its binaries join the entry, unless they came from it (a warm hit:
+        # store_build would only read the entry again, cubins and hashes, to find it already built)
+        if choice.source != "fallback" and not (stored and stored.binaries):
             store_build(self.cache, key, executor.binaries)
         return choice, ver, executor
 
