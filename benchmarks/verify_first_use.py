@@ -4,7 +4,8 @@
     PYTHONPATH=$PWD python benchmarks/verify_first_use.py Llama-3.1-8B --one-by-one --trials 8
 
 Builds one layer's site programs from the registry config (no weights, ``site_programs``), looks up
-each in the shipped ``kernels_cache/`` and verifies the μGraph against it at the real shape with
+each in the shipped ``kernels_cache/``, widens it to the program's precision as patch() does
+(``superopt.verify.upcast``) and verifies it against the program at the real shape with
 ``verify_parallel``: by default every check is started first (``prefetch``, as patch() does) and
 collected after; ``--one-by-one`` waits for each before starting the next (patch() before this
 change); ``--trials 8`` forces 8 trials (the old fixed count) instead of ``trials_for(ε)``. Prints
@@ -27,6 +28,7 @@ def main(argv=None) -> None:
     from mirage_serve.cache import CacheKey, KernelCache, shipped_cache_dir, versions_now
     from mirage_serve.site_programs import layer_programs
     from superopt.ir import digest, from_text
+    from superopt.verify.upcast import upcast
 
     if a.trials:
         verify_parallel.MIN_TRIALS = verify_parallel.TRIALS = a.trials
@@ -42,7 +44,7 @@ def main(argv=None) -> None:
         if e is None:
             print(f"{label} b{m}: not in the shipped cache")
         else:
-            pairs.append((label, m, g, from_text(e.ugraph_text)))
+            pairs.append((label, m, g, upcast(g, from_text(e.ugraph_text))[0]))   # as patch() verifies it
     print(f"extract + look-up: {time.perf_counter() - t0:.1f} s, {len(pairs)} shipped μGraphs")
     t0 = time.perf_counter()
     if not a.one_by_one:
