@@ -94,8 +94,10 @@ def _hit(program: KernelGraph, entry, cache, key, pick, t0: float) -> "Choice | 
 
     A signed entry (this user's own writing, ``CacheEntry.signed``) is believed as stored: verdict,
     launch, binaries. Any other (shipped, imported, written by someone else) is data: its μGraph is
-    verified against ``program`` now, whatever verdict it claims; its launch choice is kept only
-    while the code generator renders the same source for it (``render_sha256``), else it is
+    verified against ``program`` now, whatever verdict it claims, after the dtype rule (ops it
+    computes narrower than the program are widened by ``superopt.verify.upcast``, else it is
+    rejected); its launch choice is kept only while the code generator renders the same source
+    for it (``render_sha256``), else it is
     profiled again where ``pick`` is given (the GPU), or left to the renderer's default. What
     passes is stored signed, so the next patch believes it without verifying."""
     note = f"cache entry {key.dirname()}"
@@ -111,8 +113,11 @@ def _hit(program: KernelGraph, entry, cache, key, pick, t0: float) -> "Choice | 
     meta = {k: v for k, v in entry.meta.items() if k not in ("verified", "verdict")}
     ver = None
     current = launch is None or key.backend != "triton" or meta.get("render_sha256") == render_digest(graph, launch)
-    graph, widened = upcast(program, graph)
-    narrow = precision_violations(program, graph)
+    try:
+        graph, widened = upcast(program, graph)
+        narrow = precision_violations(program, graph)
+    except Exception as e:   # a malformed block graph: nothing in it is used
+        return _reject(cache, key, entry, f"its μGraph cannot be read ({type(e).__name__}: {e})")
     if narrow:   # what a fresh search would prune ("precision") never runs from a cache either
         return _reject(cache, key, entry, f"it computes narrower than the program: {'; '.join(narrow)}")
     if widened:
@@ -321,10 +326,11 @@ def prefetch(program: KernelGraph, entry) -> None:
     running the check. Nothing is believed or stored here."""
     try:
         graph, _ = upcast(program, from_text(entry.ugraph_text))   # what _hit will verify
-    except ValueError:
+        if precision_violations(program, graph):
+            return
+    except Exception:
         return   # _hit rejects it
-    if not precision_violations(program, graph):
-        verify_parallel.prefetch(program, graph)
+    verify_parallel.prefetch(program, graph)
 
 
 def verify(program: KernelGraph, ugraph: KernelGraph) -> Verification:

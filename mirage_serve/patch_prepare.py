@@ -162,6 +162,7 @@ class Preparer:
         self._selector = None  # superopt.runtime.select.Selector, opened on the first GPU profile
         self._pairings: dict = {}  # device -> Pairing (patch_pairing)
         self._prefetched: set = set()  # (site name, signature) whose cache entries prefetch() looked up
+        self._prefetch_seconds = 0.0   # prefetch's extraction and look-ups, reported by the next site prepared
 
     def _backend_build(self, *args, **kwargs) -> backends.Executor:
         """``backends.build`` with this call's options (dependent launch or not)."""
@@ -281,7 +282,8 @@ class Preparer:
         buffers it reuses on every call, and both parts' outputs are alive at once."""
         t0 = time.perf_counter()
         ex = self._program(wrapper, name, sig, dim, m, device)
-        _add_time(sr, "extract", time.perf_counter() - t0)
+        _add_time(sr, "extract", time.perf_counter() - t0 + self._prefetch_seconds)
+        self._prefetch_seconds = 0.0
         program = ex.graph
         dg = digest(program)
         sr.program = dg
@@ -347,22 +349,27 @@ class Preparer:
         fails again, and is reported, in ``prepare``."""
         if self.cache is None:
             return
+        t0 = time.perf_counter()
         try:
-            wrapper = site_module(layer, site)
-            sig = signature(wrapper)
-            if (site.name, sig) in self._prefetched or unsupported_layers(wrapper):
-                return
-            self._prefetched.add((site.name, sig))
-            dim, device = _dim(wrapper.head), next(wrapper.parameters()).device
-            for name, part, _ in site_parts(site.name, wrapper):
-                for m in sorted(self.buckets, reverse=True):
-                    program = self._program(part, name, sig, dim, m, device).graph
-                    key = self._cache_key(digest(program), name, m, device)
-                    entry = self.cache.get(key, count=False)
-                    if entry is not None and not entry.signed:
-                        optimize.prefetch(program, entry)
-        except Exception:
+            self._prefetch(layer, site)
+        except Exception:   # a hint only: prepare() meets the same failure and reports it
+            pass
+        self._prefetch_seconds += time.perf_counter() - t0
+
+    def _prefetch(self, layer: torch.nn.Module, site: NormSite | ProjSite) -> None:
+        wrapper = site_module(layer, site)
+        sig = signature(wrapper)
+        if (site.name, sig) in self._prefetched or unsupported_layers(wrapper):
             return
+        self._prefetched.add((site.name, sig))
+        dim, device = _dim(wrapper.head), next(wrapper.parameters()).device
+        for name, part, _ in site_parts(site.name, wrapper):
+            for m in sorted(self.buckets, reverse=True):
+                program = self._program(part, name, sig, dim, m, device).graph
+                key = self._cache_key(digest(program), name, m, device)
+                entry = self.cache.get(key, count=False)
+                if entry is not None and not entry.signed:
+                    optimize.prefetch(program, entry)
 
     def _cache_key(self, dg: str, site_name: str, m: int, device):
         from .cache import CacheKey, versions_now

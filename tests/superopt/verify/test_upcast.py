@@ -81,3 +81,43 @@ def test_narrow_library_ops_are_left_for_the_check():
     assert check_equivalent(program, narrow).equivalent
     fixed, changed = upcast(program, narrow)
     assert changed == [] and fixed is narrow and precision_violations(program, fixed)
+
+
+# Run in its own process: TRITON_INTERPRET must be set before triton is imported.
+_INTERP = """
+import os, json
+os.environ["TRITON_INTERPRET"] = "1"
+import numpy as np, torch
+from superopt.interp import NumpyDomain, evaluate
+from superopt.ir import from_text
+from superopt.runtime import compile_graph
+from superopt.verify.upcast import upcast
+from tests.superopt.verify.test_upcast import PROGRAM, SHIPPED
+program = from_text(PROGRAM)
+fixed, _ = upcast(program, from_text(SHIPPED))
+rng = np.random.default_rng(5)
+errs = []
+for scale in (1.0, 30.0):   # large activations: where a bf16 sum of squares would lose most
+    xs = [torch.from_numpy(rng.standard_normal(v.type.shape) * (scale if v.name == "x0" else 1.0))
+          .to(torch.bfloat16) for v in program.inputs]
+    ref = evaluate(program, [x.double().numpy() for x in xs], NumpyDomain())[0]
+    out = compile_graph(fixed, device="cpu")(*xs)[0].double().numpy()
+    errs.append(float(np.linalg.norm(out - ref) / np.linalg.norm(ref)))
+print(json.dumps(errs))
+"""
+
+
+def test_the_widened_kernel_runs_in_the_triton_interpreter_within_bf16_tolerance():
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(root))
+    proc = subprocess.run([sys.executable, "-c", _INTERP], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    errs = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(errs) == 2 and all(e <= 1e-2 for e in errs), errs   # docs/conventions.md: bf16 1e-2
