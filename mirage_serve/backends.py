@@ -79,6 +79,10 @@ def build(graph: KernelGraph, backend: str, device: torch.device, launch: dict |
     # graph serves the same site of every layer. No copy: a decoder layer consumes a site's outputs
     # (projections into RoPE / the KV cache / the residual add) before the next layer calls the
     # site again, and a copy per output would add a launch per output per layer to every step.
+    # Nothing compiled from given binaries: Triton loaded exactly those (matched by its hash of the
+    # source rendered here), so they are this build's; reading every cubin back from Triton's cache
+    # (``binaries()``) would cost a warm patch a file read per kernel for nothing.
+    built = binaries if binaries and not compiled.compiles else compiled.binaries()
     return Executor(compiled, backend, False, compiled.compiles, time.perf_counter() - t0,
-                    compiled.source, compiled.binaries())
+                    compiled.source, built)
 

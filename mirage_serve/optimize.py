@@ -13,6 +13,8 @@ from dataclasses import dataclass, replace
 
 from superopt.codegen.launch import read_launches, stored_launches
 from superopt.ir import KernelGraph, digest, from_text, to_text
+from superopt.verify.precision import precision_violations
+from superopt.verify.upcast import upcast
 
 from . import verify_parallel
 from .cache import CacheEntry, CacheWarning
@@ -92,8 +94,10 @@ def _hit(program: KernelGraph, entry, cache, key, pick, t0: float) -> "Choice | 
 
     A signed entry (this user's own writing, ``CacheEntry.signed``) is believed as stored: verdict,
     launch, binaries. Any other (shipped, imported, written by someone else) is data: its μGraph is
-    verified against ``program`` now, whatever verdict it claims; its launch choice is kept only
-    while the code generator renders the same source for it (``render_sha256``), else it is
+    verified against ``program`` now, whatever verdict it claims, after the dtype rule (ops it
+    computes narrower than the program are widened by ``superopt.verify.upcast``, else it is
+    rejected); its launch choice is kept only while the code generator renders the same source
+    for it (``render_sha256``), else it is
     profiled again where ``pick`` is given (the GPU), or left to the renderer's default. What
     passes is stored signed, so the next patch believes it without verifying."""
     note = f"cache entry {key.dirname()}"
@@ -108,7 +112,22 @@ def _hit(program: KernelGraph, entry, cache, key, pick, t0: float) -> "Choice | 
         return Choice(graph, "cache", note, time.perf_counter() - t0, None, launch, profile, ver, entry)
     meta = {k: v for k, v in entry.meta.items() if k not in ("verified", "verdict")}
     ver = None
-    if launch is not None and key.backend == "triton" and meta.get("render_sha256") != render_digest(graph, launch):
+    current = launch is None or key.backend != "triton" or meta.get("render_sha256") == render_digest(graph, launch)
+    try:
+        graph, widened = upcast(program, graph)
+        narrow = precision_violations(program, graph)
+    except Exception as e:   # a malformed block graph: nothing in it is used
+        return _reject(cache, key, entry, f"its μGraph cannot be read ({type(e).__name__}: {e})")
+    if narrow:   # what a fresh search would prune ("precision") never runs from a cache either
+        return _reject(cache, key, entry, f"it computes narrower than the program: {'; '.join(narrow)}")
+    if widened:
+        # The precision rule, applied as the search applies it: the entry's narrow arithmetic is
+        # computed at the program's width (superopt.verify.upcast). Same kernels and tiling, so a
+        # launch profiled for the entry's own rendering stays; the stored digest becomes this one's.
+        note += f"; {len(widened)} op(s) widened to the program's precision"
+        if current and launch is not None and key.backend == "triton":
+            meta["render_sha256"] = render_digest(graph, launch)
+    if not current:
         # profiled on code the generator no longer renders: reuse the μGraph, time its launches again
         launch, profile = None, ""
         for stale in ("launch", "render_sha256", "median_us", "profile", "timings"):
@@ -126,7 +145,8 @@ def _hit(program: KernelGraph, entry, cache, key, pick, t0: float) -> "Choice | 
     if not ver.ok:
         return _reject(cache, key, entry, f"it failed verification against the program: {ver.verdict}")
     meta.update(verified=True, verdict=ver.verdict)
-    cache.put(key, CacheEntry(entry.ugraph_text, {}, {}, meta), replace_existing=entry.origin == "user")
+    cache.put(key, CacheEntry(to_text(graph) if widened else entry.ugraph_text, {}, {}, meta),
+              replace_existing=entry.origin == "user")
     return Choice(graph, "cache", note + "; verified now", time.perf_counter() - t0, None, launch, profile, ver,
                   entry)
 
@@ -298,6 +318,19 @@ def _stamp(cache, key, ver: Verification) -> None:
 def _best(result):
     """The winner of a SearchResult, or None when it ranked nothing."""
     return result.best if getattr(result, "ranked", True) else None
+
+
+def prefetch(program: KernelGraph, entry) -> None:
+    """Start verifying a cache entry's μGraph against ``program`` in the background
+    (``verify_parallel.prefetch``); ``_hit``'s ``verify`` then collects the result instead of
+    running the check. Nothing is believed or stored here."""
+    try:
+        graph, _ = upcast(program, from_text(entry.ugraph_text))   # what _hit will verify
+        if precision_violations(program, graph):
+            return
+    except Exception:
+        return   # _hit rejects it
+    verify_parallel.prefetch(program, graph)
 
 
 def verify(program: KernelGraph, ugraph: KernelGraph) -> Verification:

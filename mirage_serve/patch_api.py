@@ -178,6 +178,11 @@ def patch(model: torch.nn.Module, *, backend: str = "auto", cache_dir=None, sear
                     shard_tag=shard.tag if shard else "")
     plans = []
     try:
+        # every unsigned cache entry's verification starts now, all programs at once (Preparer.prefetch)
+        for i, layer in enumerate(layers if shard is None else ()):
+            for site in family.sites:
+                prep.prefetch(layer, replace(site, residual=True)
+                              if i in fused and site.name in family.residual_sites else site)
         for i, layer in enumerate(layers):
             for site in family.sites:
                 if i in fused and site.name in family.residual_sites:

@@ -161,6 +161,8 @@ class Preparer:
         self._rng = torch.Generator().manual_seed(0)
         self._selector = None  # superopt.runtime.select.Selector, opened on the first GPU profile
         self._pairings: dict = {}  # device -> Pairing (patch_pairing)
+        self._prefetched: set = set()  # (site name, signature) whose cache entries prefetch() looked up
+        self._prefetch_seconds = 0.0   # prefetch's extraction and look-ups, reported by the next site prepared
 
     def _backend_build(self, *args, **kwargs) -> backends.Executor:
         """``backends.build`` with this call's options (dependent launch or not)."""
@@ -168,6 +170,8 @@ class Preparer:
 
     def close(self) -> None:
         """Stop the profiler's build workers (patch() calls this when it is done, success or not)."""
+        from . import verify_parallel
+        verify_parallel.forget()
         if self._selector is not None:
             self._selector.close()
             self._selector = None
@@ -277,16 +281,9 @@ class Preparer:
         same program (k and v); it gets an executor of its own, as an executor's outputs are
         buffers it reuses on every call, and both parts' outputs are alive at once."""
         t0 = time.perf_counter()
-        key = (name, sig, m)
-        ex = self._extracted.get(key) or self._at_rows(name, sig, m)
-        if ex is None:
-            ex = self._trace(wrapper, name, dim, m, device)
-        if key not in self._extracted:
-            for o in ex.graph.output_types:
-                if len(o.shape) != 2 or o.shape[0] != m:
-                    raise SiteError(f"extracted output {list(o.shape)} is not row-wise [{m}, N]")
-            self._extracted[key] = ex
-        _add_time(sr, "extract", time.perf_counter() - t0)
+        ex = self._program(wrapper, name, sig, dim, m, device)
+        _add_time(sr, "extract", time.perf_counter() - t0 + self._prefetch_seconds)
+        self._prefetch_seconds = 0.0
         program = ex.graph
         dg = digest(program)
         sr.program = dg
@@ -329,6 +326,56 @@ class Preparer:
             feeds.append(None if src[0] == "arg" else
                          (wrapper.get_parameter(src[1]) if src[0] == "parameter" else wrapper.get_buffer(src[1])))
         return BucketKernel(executor, tuple(feeds), m, acts=tuple(acts))
+
+    def _program(self, wrapper, name: str, sig, dim: int, m: int, device) -> Extracted:
+        """The site part's program at ``m`` rows, extracted once per (part, signature, rows)."""
+        key = (name, sig, m)
+        ex = self._extracted.get(key) or self._at_rows(name, sig, m)
+        if ex is None:
+            ex = self._trace(wrapper, name, dim, m, device)
+        if key not in self._extracted:
+            for o in ex.graph.output_types:
+                if len(o.shape) != 2 or o.shape[0] != m:
+                    raise SiteError(f"extracted output {list(o.shape)} is not row-wise [{m}, N]")
+            self._extracted[key] = ex
+        return ex
+
+    def prefetch(self, layer: torch.nn.Module, site: NormSite | ProjSite) -> None:
+        """Start verifying, in the background, every cache entry this site will hit that this user
+        did not sign (shipped, imported): ``optimize.prefetch``. patch() calls it for every site
+        before preparing any, so the verifications of all programs share the CPU cores and overlap
+        the extraction and the builds, instead of running one program after another; ``prepare``
+        then waits for each result where it used to verify. Only a hint: anything that fails here
+        fails again, and is reported, in ``prepare``."""
+        if self.cache is None:
+            return
+        t0 = time.perf_counter()
+        try:
+            self._prefetch(layer, site)
+        except Exception:   # a hint only: prepare() meets the same failure and reports it
+            pass
+        self._prefetch_seconds += time.perf_counter() - t0
+
+    def _prefetch(self, layer: torch.nn.Module, site: NormSite | ProjSite) -> None:
+        wrapper = site_module(layer, site)
+        sig = signature(wrapper)
+        if (site.name, sig) in self._prefetched or unsupported_layers(wrapper):
+            return
+        self._prefetched.add((site.name, sig))
+        dim, device = _dim(wrapper.head), next(wrapper.parameters()).device
+        for name, part, _ in site_parts(site.name, wrapper):
+            for m in sorted(self.buckets, reverse=True):
+                program = self._program(part, name, sig, dim, m, device).graph
+                key = self._cache_key(digest(program), name, m, device)
+                entry = self.cache.get(key, count=False)
+                if entry is not None and not entry.signed:
+                    optimize.prefetch(program, entry)
+
+    def _cache_key(self, dg: str, site_name: str, m: int, device):
+        from .cache import CacheKey, versions_now
+        arch = backends.arch_of(device)
+        return CacheKey(dg, f"b{m}{self.shard_tag}", short_dtype(self.dtype), arch.replace("_", ""),
+                        self.backend, versions_now(), f"{site_name}-m{m}{self.shard_tag}")
 
     def _trace(self, wrapper, name: str, dim: int, m: int, device) -> Extracted:
         """The site's program at ``m`` rows: from the program memo of the cache (a warm patch
@@ -380,11 +427,7 @@ class Preparer:
             self.report.programs += 1
             self.report.compiles += executor.compiled
             return (optimize.Choice(program, "fallback", "", 0.0), optimize.verify(program, program), executor)
-        key = None
-        if self.cache is not None:
-            from .cache import CacheKey, versions_now
-            key = CacheKey(dg, f"b{m}{self.shard_tag}", short_dtype(self.dtype), arch.replace("_", ""),
-                           self.backend, versions_now(), f"{site_name}-m{m}{self.shard_tag}")
+        key = self._cache_key(dg, site_name, m, device) if self.cache is not None else None
         # On CPU the search still targets sm_90: the torch backend runs any μGraph, and searching
         # for the GPU's structures is what exercises the whole path without a GPU.
         search_arch = arch if device.type == "cuda" else "sm_90"
@@ -419,7 +462,9 @@ class Preparer:
             except Exception as e2:
                 raise SiteError(f"build failed ({self.backend}): {type(e2).__name__}: {e2}") from None
         self.report.compiles += executor.compiled
-        if choice.source != "fallback":  # the entry's μGraph built: its source and binaries join the entry
+        # the entry's μGraph built: its binaries join the entry, unless they came from it (a warm hit:
+        # store_build would only read the entry again, cubins and hashes, to find it already built)
+        if choice.source != "fallback" and not (stored and stored.binaries):
             store_build(self.cache, key, executor.binaries)
         return choice, ver, executor
 

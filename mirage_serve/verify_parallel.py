@@ -1,12 +1,26 @@
-"""Equivalence checks of large μGraphs with their independent trials spread over worker processes.
+"""Equivalence checks of large μGraphs, their independent trials spread over one pool of worker processes.
 
 A μGraph from a cache that this user did not sign (shipped, imported) is verified against the
 site's program on first use (docs/architecture.md, "Cache trust"), at the program's own shape: for
 Llama-3.1-8B's MLP that is ~2 s of one CPU core per finite-field trial (weights of 4096 x 14336),
-and ``check_equivalent`` runs 8 of them and a float64 check in a row. The trials are independent
-by construction (each draws its inputs and uninterpreted-function keys from its own seed), so
-running trial ``i`` as ``check_equivalent(trials=1, seed=i)`` in its own process gives the same
-test and the same bound, ε^8, in the time of one trial. The float64 check runs as a ninth task.
+most of it drawing the random inputs. The trials are independent by construction (each draws its
+inputs and uninterpreted-function keys from its own seed), so running trial ``i`` as
+``check_equivalent(trials=1, seed=i)`` in its own process gives the same test and the same bound,
+ε^k for k trials, in the time of one trial. The float64 check runs as a task of its own.
+
+How many trials. ``trials_for(ε)``: the fewest (at least ``MIN_TRIALS``, at most ``TRIALS``, the
+search's 8) that bring the bound ε^k under ``TARGET_BOUND`` = 1e-18, the probability that a
+non-equivalent μGraph passes. ε comes from the degree analysis (``superopt.verify.degree``) before
+any trial runs. Llama-3.1-8B's sites have ε between 2e-9 and 4e-7, so 3 trials (bounds 7e-27 to
+6e-20) instead of 8 (1e-70 to 7e-52): both are far below any failure rate of the hardware that
+runs the kernel. Attention-like graphs with ε ≈ 1e-3 get 6 trials; a graph whose ε is near 1 (no
+guarantee at that shape) still gets 8, and the Verdict prints the bound whatever it is.
+
+One pool for the whole process: ``prefetch(program, candidate)`` submits a check without waiting,
+so patch() can start every cached μGraph's verification at once (``patch_prepare``) and collect
+each result with ``check`` when the site needs it; the trials of all programs then share the cores
+instead of running program after program. The pool has one worker per core but one (the parent
+keeps building kernels meanwhile).
 
 Small programs (under ``MIN_ELEMENTS`` input elements), or a machine with one core or without
 ``fork``, verify in this process: starting the pool costs about a second. Workers are forked, once
@@ -19,6 +33,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import math
 import multiprocessing
 import os
 import time
@@ -26,13 +41,28 @@ import warnings
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
-from superopt.ir import KernelGraph
+from superopt.ir import KernelGraph, digest
 from superopt.verify import check_equivalent
+from superopt.verify.degree import trial_bound
+from superopt.verify.equivalence import check_inputs
+from superopt.verify.fields import default_field
 
-TRIALS = 8               # check_equivalent's default: the bound quoted in its Verdict
+TRIALS = 8               # the most trials a check runs (check_equivalent's default)
+MIN_TRIALS = 2           # never fewer: one trial's bound alone is not the quoted guarantee
+TARGET_BOUND = 1e-18     # Pr[a non-equivalent μGraph passes] every check reaches where ε allows
 MIN_ELEMENTS = 4_000_000  # input elements of the program below which one process is quicker
 
 _pool: ProcessPoolExecutor | None = None
+_pending: dict[tuple[str, str], "_Pending"] = {}   # prefetched checks, by (program, candidate) digest
+
+
+def trials_for(eps: float) -> int:
+    """The fewest trials k in [MIN_TRIALS, TRIALS] with eps**k <= TARGET_BOUND (TRIALS if none)."""
+    if eps <= 0.0:
+        return MIN_TRIALS
+    if eps >= 1.0:
+        return TRIALS
+    return max(MIN_TRIALS, min(TRIALS, math.ceil(math.log(TARGET_BOUND) / math.log(eps) - 1e-9)))
 
 
 def _workers() -> int:
@@ -45,7 +75,7 @@ def _workers() -> int:
 def _get_pool() -> ProcessPoolExecutor:
     global _pool
     if _pool is None:
-        _pool = ProcessPoolExecutor(min(TRIALS + 1, _workers()), mp_context=multiprocessing.get_context("fork"))
+        _pool = ProcessPoolExecutor(max(2, _workers() - 1), mp_context=multiprocessing.get_context("fork"))
         atexit.register(_pool.shutdown, wait=False, cancel_futures=True)
     return _pool
 
@@ -55,37 +85,97 @@ def _drop_pool() -> None:
     if _pool is not None:
         _pool.shutdown(wait=False, cancel_futures=True)
         _pool = None
+    _pending.clear()
 
 
 def _task(program: KernelGraph, candidate: KernelGraph, seed: int, trials: int, float_check: bool):
     return check_equivalent(program, candidate, trials=trials, seed=seed, float_check=float_check)
 
 
-def check(program: KernelGraph, candidate: KernelGraph, min_elements: int = MIN_ELEMENTS):
-    """``check_equivalent(program, candidate)``'s Verdict: 8 trials and the float64 check, run in
-    parallel processes when the program is large and the machine has the cores."""
-    small = sum(v.type.numel for v in program.inputs) < min_elements
-    if small or _workers() < 2 or "fork" not in multiprocessing.get_all_start_methods():
-        return check_equivalent(program, candidate, trials=TRIALS)
-    t0 = time.perf_counter()
-    try:
+def _parallel(program: KernelGraph, min_elements: int | None) -> bool:
+    least = MIN_ELEMENTS if min_elements is None else min_elements
+    large = sum(v.type.numel for v in program.inputs) >= least
+    return large and _workers() >= 2 and "fork" in multiprocessing.get_all_start_methods()
+
+
+class _Pending:
+    """A check submitted to the pool: ``trials`` field trials (task i: seed i) and the float64 check."""
+
+    def __init__(self, program: KernelGraph, candidate: KernelGraph):
+        self.program, self.candidate, self.t0 = program, candidate, time.perf_counter()
+        self.trials = trials_for(_eps(program, candidate))
         pool = _get_pool()
-        # task i < TRIALS: trial i alone (seed i); the last: the float64 check alone (no trial)
-        futures = [pool.submit(_task, program, candidate, i, 1, False) for i in range(TRIALS)]
-        futures.append(pool.submit(_task, program, candidate, 0, 0, True))
-        verdicts = [f.result() for f in futures]
-    except (BrokenProcessPool, OSError) as e:   # a worker killed (out of memory), no processes left
+        self.futures = [pool.submit(_task, program, candidate, i, 1, False) for i in range(self.trials)]
+        self.futures.append(pool.submit(_task, program, candidate, 0, 0, True))
+
+    def result(self):
+        try:
+            verdicts = [f.result() for f in self.futures]
+        except (BrokenProcessPool, OSError) as e:   # a worker killed (out of memory), no processes left
+            _drop_pool()
+            warnings.warn(f"mirage_serve: verification workers failed ({type(e).__name__}: {e}); verifying "
+                          "in this process", RuntimeWarning, stacklevel=3)
+            return check_equivalent(self.program, self.candidate, trials=self.trials)
+        k = self.trials
+        trials, flt = verdicts[:k], verdicts[k]
+        for i, v in enumerate(trials):
+            if not v.equivalent:
+                return dataclasses.replace(v, reason=f"{v.reason} (independent trial {i} of {k})",
+                                           seconds=time.perf_counter() - self.t0)
+        if not flt.equivalent:
+            return dataclasses.replace(flt, trials_run=k, seconds=time.perf_counter() - self.t0)
+        eps = trials[0].per_trial_bound
+        return dataclasses.replace(trials[0], trials_run=k, error_bound=eps ** k,
+                                   float_rel_error=flt.float_rel_error, seconds=time.perf_counter() - self.t0)
+
+
+def _eps(program: KernelGraph, candidate: KernelGraph) -> float:
+    """ε of one trial; 1 (the most trials) where the graphs do not even match in outputs, which
+    check_equivalent then reports."""
+    f = default_field()
+    try:
+        return trial_bound(program, candidate, f.p, f.q)
+    except Exception:
+        return 1.0
+
+
+def prefetch(program: KernelGraph, candidate: KernelGraph, min_elements: int | None = None) -> None:
+    """Start ``check(program, candidate)`` in the pool without waiting (nothing for a small program,
+    which ``check`` verifies in this process). Any failure to start it is left for ``check`` to meet."""
+    key = (digest(program), digest(candidate))
+    if key in _pending or candidate == program or not _parallel(program, min_elements):
+        return
+    try:
+        check_inputs(program, candidate)
+        _pending[key] = _Pending(program, candidate)
+    except Exception:   # a malformed candidate, no processes: check() reports it when it is asked
+        return
+
+
+def forget() -> None:
+    """Drop the prefetched checks nobody collected (a site that failed first): their queued tasks
+    are cancelled, running ones finish unread."""
+    for pending in _pending.values():
+        for f in pending.futures:
+            f.cancel()
+    _pending.clear()
+
+
+def check(program: KernelGraph, candidate: KernelGraph, min_elements: int | None = None):
+    """``check_equivalent(program, candidate)``'s Verdict with ``trials_for(ε)`` trials and the
+    float64 check, run in the pool when the program is large and the machine has the cores (taking
+    the prefetched check if one is in flight)."""
+    pending = _pending.pop((digest(program), digest(candidate)), None)
+    if pending is not None:
+        return pending.result()
+    check_inputs(program, candidate)   # as check_equivalent would, before ε or any process
+    if not _parallel(program, min_elements):
+        return check_equivalent(program, candidate, trials=trials_for(_eps(program, candidate)))
+    try:
+        pending = _Pending(program, candidate)
+    except (BrokenProcessPool, OSError) as e:
         _drop_pool()
         warnings.warn(f"mirage_serve: verification workers failed ({type(e).__name__}: {e}); verifying "
                       "in this process", RuntimeWarning, stacklevel=2)
-        return check_equivalent(program, candidate, trials=TRIALS)
-    trials, flt = verdicts[:TRIALS], verdicts[TRIALS]
-    for i, v in enumerate(trials):
-        if not v.equivalent:
-            return dataclasses.replace(v, reason=f"{v.reason} (independent trial {i} of {TRIALS})",
-                                       seconds=time.perf_counter() - t0)
-    if not flt.equivalent:
-        return dataclasses.replace(flt, trials_run=TRIALS, seconds=time.perf_counter() - t0)
-    eps = trials[0].per_trial_bound
-    return dataclasses.replace(trials[0], trials_run=TRIALS, error_bound=eps ** TRIALS,
-                               float_rel_error=flt.float_rel_error, seconds=time.perf_counter() - t0)
+        return check_equivalent(program, candidate, trials=trials_for(_eps(program, candidate)))
+    return pending.result()

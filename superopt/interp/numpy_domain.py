@@ -37,6 +37,9 @@ _UNARY = {
 _BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "max": np.maximum}
 
 
+_SQRT3 = 3 ** 0.5
+
+
 class NumpyDomain:
     """Everything in float64, whatever the declared dtype: casts are exact no-ops."""
 
@@ -82,4 +85,11 @@ class NumpyDomain:
         return np.broadcast_to(x, tuple(shape))
 
     def random_input(self, rng: np.random.Generator, shape, dtype):
-        return rng.standard_normal(shape)
+        """Uniform on [-√3, √3): mean 0 and variance 1, as a standard normal, drawn ~5x faster (the
+        float64 check draws every weight of the program: 117M values for Llama-3.1-8B's MLP). Any
+        continuous distribution serves the check: a nonzero difference of the two graphs' (analytic)
+        functions vanishes only on a set of measure zero."""
+        x = rng.random(shape)
+        x *= 2 * _SQRT3
+        x -= _SQRT3
+        return x

@@ -15,8 +15,10 @@ def test_parallel_trials_give_check_equivalents_verdict_and_reject_a_forgery():
     fx = FIXTURES["rmsnorm_matmul"](dtype="float32", rows=3, hidden=90, out=70)
     alone = check_equivalent(fx.program, fx.ugraph)
     spread = verify_parallel.check(fx.program, fx.ugraph, min_elements=0)
-    assert spread.equivalent and spread.trials_run == alone.trials_run == verify_parallel.TRIALS
-    assert spread.error_bound == alone.error_bound and spread.float_rel_error <= 1e-9
+    k = verify_parallel.trials_for(alone.per_trial_bound)
+    assert spread.equivalent and spread.trials_run == k and alone.trials_run == verify_parallel.TRIALS
+    assert spread.error_bound == alone.per_trial_bound ** k <= verify_parallel.TARGET_BOUND
+    assert spread.float_rel_error <= 1e-9
     forged = from_text(to_text(fx.ugraph).replace("value=1e-06", "value=1.001e-06"))
     assert forged != fx.ugraph
     bad = verify_parallel.check(fx.program, forged, min_elements=0)
@@ -33,4 +35,26 @@ def test_a_broken_pool_falls_back_to_this_process(monkeypatch):
     monkeypatch.setattr(verify_parallel, "_task", _die)
     with pytest.warns(RuntimeWarning, match="verifying in this process"):
         v = verify_parallel.check(fx.program, fx.ugraph, min_elements=0)
-    assert v.equivalent and v.trials_run == verify_parallel.TRIALS and verify_parallel._pool is None
+    assert v.equivalent and v.trials_run == verify_parallel.trials_for(v.per_trial_bound)
+    assert verify_parallel._pool is None
+
+
+def test_trials_reach_the_target_bound():
+    t = verify_parallel.trials_for
+    assert t(4e-7) == 3 and t(1.9e-9) == 3 and t(1e-3) == 6 and t(1e-10) == verify_parallel.MIN_TRIALS
+    assert t(0.5) == t(1.0) == verify_parallel.TRIALS
+    for eps in (1e-12, 1e-9, 3.3e-8, 4e-7, 1e-4, 1e-3):
+        assert eps ** t(eps) <= verify_parallel.TARGET_BOUND < eps ** (t(eps) - 1) or t(eps) == verify_parallel.MIN_TRIALS
+
+
+def test_a_prefetched_check_is_the_same_check_and_rejects_a_forgery():
+    fx = FIXTURES["rmsnorm_matmul"](dtype="float32", rows=3, hidden=90, out=70)
+    forged = from_text(to_text(fx.ugraph).replace("value=1e-06", "value=1.001e-06"))
+    verify_parallel.prefetch(fx.program, fx.ugraph, min_elements=0)
+    verify_parallel.prefetch(fx.program, forged, min_elements=0)
+    assert len(verify_parallel._pending) == 2
+    bad = verify_parallel.check(fx.program, forged)   # taken from the pool, whatever the size rule says
+    good = verify_parallel.check(fx.program, fx.ugraph)
+    assert not verify_parallel._pending
+    assert not bad.equivalent and "independent trial" in bad.reason
+    assert good.equivalent and good.error_bound <= verify_parallel.TARGET_BOUND

@@ -9,10 +9,12 @@ import dataclasses
 import sys
 import types
 
+import pytest
 import torch
 from transformers import LlamaConfig
 
 import mirage_serve
+from mirage_serve.cache import CacheWarning
 from superopt.search import SearchBudget
 
 from .parity import build
@@ -195,3 +197,53 @@ def test_each_program_is_traced_once_for_all_buckets(monkeypatch):
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, ref, rtol=1e-4, atol=1e-5)  # 3 rows: bucket 3
         torch.testing.assert_close(model(ids[:, :1]).logits, ref[:, :1], rtol=1e-4, atol=1e-5)  # bucket 1
+
+
+def test_foreign_entries_are_verified_all_at_once_and_a_forged_one_rejected(monkeypatch, tmp_path):
+    """Entries this user did not sign (another user's secret here, as shipped or imported ones) are
+    verified on first use; patch() starts every such check in the pool before preparing any site
+    (``Preparer.prefetch``), and a μGraph forged with its hashes right is still rejected."""
+    from mirage_serve import optimize, verify_parallel
+    from mirage_serve.cache import KernelCache
+    from mirage_serve.cache.entry import write_entry
+
+    cfg = LlamaConfig(vocab_size=61, hidden_size=30, intermediate_size=41, num_hidden_layers=2,
+                      num_attention_heads=3, num_key_value_heads=1, head_dim=8)
+    model = build(cfg)
+    mirage_serve.patch(model, backend="torch", cache_dir=tmp_path, batch_sizes=(2,))
+    mirage_serve.unpatch(model)
+    monkeypatch.setenv("MIRAGE_SERVE_CACHE_KEY", str(tmp_path.parent / f"{tmp_path.name}-other-key"))
+    cache = KernelCache(tmp_path, shipped_dir=False)   # under a new secret: every entry is foreign
+    forged = 0
+    for info in cache.ls(("user",)):
+        entry = cache.get(info.key, count=False)
+        assert not entry.signed
+        if "value=1e-06" in entry.ugraph_text:   # the norm's eps, off by 0.1%: every hash recomputed
+            bad = dataclasses.replace(entry, ugraph_text=entry.ugraph_text.replace("value=1e-06", "value=1.001e-06"))
+            d = tmp_path / info.key.dirname()
+            for f in d.iterdir():
+                f.unlink()
+            write_entry(d, info.key, bad)
+            forged += 1
+    assert 0 < forged < 6
+
+    events = []
+    real_pending, real_verify = verify_parallel._Pending, optimize.verify
+
+    class Pending(real_pending):
+        def __init__(self, program, candidate):
+            events.append("submitted")
+            super().__init__(program, candidate)
+
+    monkeypatch.setattr(verify_parallel, "_Pending", Pending)
+    monkeypatch.setattr(verify_parallel, "MIN_ELEMENTS", 0)   # every check in the pool, as at model size
+    monkeypatch.setattr(optimize, "verify", lambda p, g: events.append("collected") or real_verify(p, g))
+    with pytest.warns(CacheWarning, match="rejected: it failed verification"):
+        again = mirage_serve.patch(model, backend="torch", cache_dir=tmp_path, batch_sizes=(2,))
+    assert not again.unpatched, str(again)
+    assert events[:6] == ["submitted"] * 6 and "collected" in events   # all six before any site waits
+    assert again.cache_hits == 6 - forged and again.searches == forged
+    assert all(s.verdict.startswith("equivalent") for s in again.sites)
+    bounds = [float(s.verdict.split("error bound ")[1].split(",")[0]) for s in again.sites]
+    assert max(bounds) <= verify_parallel.TARGET_BOUND
+    assert not verify_parallel._pending

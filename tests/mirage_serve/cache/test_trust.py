@@ -361,3 +361,34 @@ def test_archive_does_not_import_the_store():
     assert "store" not in imported
     fns = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
     assert not [f.name for f in fns for n in ast.walk(f) if isinstance(n, (ast.Import, ast.ImportFrom))]
+
+
+# ------------------------------------------------------------------ the precision rule on first use
+
+
+def test_unsigned_entry_computing_narrower_than_the_program_is_widened_or_rejected(tmp_path):
+    """A shipped design that squares and sums an RMSNorm in bf16 (the program: fp32) runs only
+    widened to fp32 (superopt.verify.upcast), and is stored so; one that cannot be widened (the
+    narrow ops outside a kernel) is rejected as the search would prune it."""
+    from superopt.ir import from_text
+    from superopt.verify.precision import precision_violations
+    from tests.superopt.verify.test_upcast import PROGRAM, SHIPPED
+
+    program, shipped = from_text(PROGRAM), from_text(SHIPPED)
+    key = CacheKey(digest(program), "b3", "bf16", "cpu", "torch", (("superopt", "0.1.0"),), "norm-m3")
+    _forge(tmp_path / "shipped", key.for_shipped(), CacheEntry(SHIPPED, {}, {}, {"verified": True}))
+    cache = KernelCache(tmp_path / "user", shipped_dir=tmp_path / "shipped")
+    choice = optimize.choose(program, budget=0, arch="sm_90", cache=cache, key=key)
+    assert choice.source == "cache" and "2 op(s) widened" in choice.note and choice.verification.ok
+    assert choice.graph != shipped and precision_violations(program, choice.graph) == []
+    stored = cache.get(key)
+    assert stored.signed and from_text(stored.ugraph_text) == choice.graph
+
+    narrow = PROGRAM.replace(
+        '%t1 = square(%t0) : float32[3,40]\n%t2 = reduce_sum(%t1) [dim=1, keepdim=1] : float32[3,1]',
+        '%s1 = square(%x0) : bfloat16[3,40]\n%s2 = reduce_sum(%s1) [dim=1, keepdim=1] : bfloat16[3,1]\n'
+        '%t2 = cast(%s2) [dtype="float32"] : float32[3,1]')
+    key2 = CacheKey(digest(program), "b3", "bf16", "cpu", "torch-2", (("superopt", "0.1.0"),), "norm-m3")
+    _forge(tmp_path / "user", key2, CacheEntry(narrow, {}, {}, {"verified": True}))
+    with pytest.warns(CacheWarning, match="computes narrower than the program: square in bfloat16"):
+        assert optimize.choose(program, budget=0, arch="sm_90", cache=cache, key=key2).graph == program

@@ -1,0 +1,123 @@
+"""The upcast rewrite: a μGraph whose kernel squares and sums an RMSNorm in bf16 (as 257 shipped
+entries do) computed at the program's fp32 instead, still equivalent, rendered, and clean for the
+dtype check; what it cannot widen is left for the check to report."""
+from __future__ import annotations
+
+from superopt.codegen.triton import render_triton
+from superopt.ir import check, from_text, to_text
+from superopt.verify import check_equivalent
+from superopt.verify.precision import precision_violations
+from superopt.verify.upcast import upcast
+
+# HF's RMSNorm of a bf16 model (x.float(), fp32 square / mean / rsqrt, cast back, times the weight)
+PROGRAM = """graph norm_m3
+input %head_weight : bfloat16[40]
+input %x0 : bfloat16[3,40]
+%t0 = cast(%x0) [dtype="float32"] : float32[3,40]
+%t1 = square(%t0) : float32[3,40]
+%t2 = reduce_sum(%t1) [dim=1, keepdim=1] : float32[3,1]
+%t3 = const() [dtype="float32", value=40.0] : float32[]
+%t4 = div(%t2, %t3) : float32[3,1]
+%t5 = const() [dtype="float32", value=1e-05] : float32[]
+%t6 = add(%t4, %t5) : float32[3,1]
+%t7 = rsqrt(%t6) : float32[3,1]
+%t8 = mul(%t0, %t7) : float32[3,40]
+%t9 = cast(%t8) [dtype="bfloat16"] : bfloat16[3,40]
+%t10 = mul(%head_weight, %t9) : bfloat16[3,40]
+output %t10
+"""
+
+# the shipped design (Llama-3.1-8B's norm_m1 entry, at 3 rows of 40): the square and sum in bf16
+SHIPPED = """graph norm_m3_fused
+input %head_weight : bfloat16[40]
+input %x0 : bfloat16[3,40]
+%t10 = customized(%head_weight, %x0) : bfloat16[3,40] {
+  grid 3,1,1 threads 128 forloop 1
+  in %i0 = arg0 imap(-1,-1,-1) fmap -1 : bfloat16[40]
+  in %i1 = arg1 imap(0,-1,-1) fmap -1 : bfloat16[1,40]
+  %v0 = const() [dtype="float32", value=40.0] : float32[]
+  %v1 = const() [dtype="float32", value=1e-05] : float32[]
+  %v2 = square(%i1) : bfloat16[1,40]
+  %v3 = reduce_sum(%v2) [dim=1, keepdim=1] : bfloat16[1,1]
+  %v4 = cast(%v3) [dtype="float32"] : float32[1,1]
+  %v5 = mul(%i0, %i1) : bfloat16[1,40]
+  %v6 = cast(%v5) [dtype="float32"] : float32[1,40]
+  %v7 = div(%v4, %v0) : float32[1,1]
+  %v8 = add(%v1, %v7) : float32[1,1]
+  %v9 = rsqrt(%v8) : float32[1,1]
+  %v10 = mul(%v6, %v9) : float32[1,40]
+  %v11 = cast(%v10) [dtype="bfloat16"] : bfloat16[1,40]
+  out %v11 omap(0,-1,-1) reduce none
+  fuse %v7 %v8 %v9
+}
+output %t10
+"""
+
+
+def test_a_bf16_norm_sum_is_widened_and_still_verifies():
+    program, shipped = check(from_text(PROGRAM)), check(from_text(SHIPPED))
+    assert check_equivalent(program, shipped).equivalent   # the value check alone cannot see it
+    assert len(precision_violations(program, shipped)) == 2   # square and sum in bf16
+    fixed, changed = upcast(program, shipped)
+    assert changed == ["square %v2 bfloat16 -> float32", "reduce_sum %v3 bfloat16 -> float32"]
+    assert precision_violations(program, fixed) == []
+    check(fixed)
+    assert from_text(to_text(fixed)) == fixed
+    block = fixed.nodes[0].block
+    assert "%v4" not in to_text(fixed)   # the cast to fp32 the sum now is, gone
+    assert {n.out.name: n.out.type.dtype for n in block.nodes}["v3"] == "float32"
+    assert check_equivalent(program, fixed).equivalent
+    render_triton(fixed)
+    assert upcast(program, fixed) == (fixed, [])   # idempotent: nothing left to widen
+
+
+def test_narrow_library_ops_are_left_for_the_check():
+    program = check(from_text(PROGRAM))
+    narrow = check(from_text(PROGRAM.replace("graph norm_m3", "graph narrow").replace(
+        '%t0 = cast(%x0) [dtype="float32"] : float32[3,40]\n%t1 = square(%t0) : float32[3,40]\n'
+        '%t2 = reduce_sum(%t1) [dim=1, keepdim=1] : float32[3,1]',
+        '%t0 = cast(%x0) [dtype="float32"] : float32[3,40]\n%s1 = square(%x0) : bfloat16[3,40]\n'
+        '%s2 = reduce_sum(%s1) [dim=1, keepdim=1] : bfloat16[3,1]\n%t2 = cast(%s2) [dtype="float32"] : float32[3,1]')))
+    assert check_equivalent(program, narrow).equivalent
+    fixed, changed = upcast(program, narrow)
+    assert changed == [] and fixed is narrow and precision_violations(program, fixed)
+
+
+# Run in its own process: TRITON_INTERPRET must be set before triton is imported.
+_INTERP = """
+import os, json
+os.environ["TRITON_INTERPRET"] = "1"
+import numpy as np, torch
+from superopt.interp import NumpyDomain, evaluate
+from superopt.ir import from_text
+from superopt.runtime import compile_graph
+from superopt.verify.upcast import upcast
+from tests.superopt.verify.test_upcast import PROGRAM, SHIPPED
+program = from_text(PROGRAM)
+fixed, _ = upcast(program, from_text(SHIPPED))
+rng = np.random.default_rng(5)
+errs = []
+for scale in (1.0, 30.0):   # large activations: where a bf16 sum of squares would lose most
+    xs = [torch.from_numpy(rng.standard_normal(v.type.shape) * (scale if v.name == "x0" else 1.0))
+          .to(torch.bfloat16) for v in program.inputs]
+    ref = evaluate(program, [x.double().numpy() for x in xs], NumpyDomain())[0]
+    out = compile_graph(fixed, device="cpu")(*xs)[0].double().numpy()
+    errs.append(float(np.linalg.norm(out - ref) / np.linalg.norm(ref)))
+print(json.dumps(errs))
+"""
+
+
+def test_the_widened_kernel_runs_in_the_triton_interpreter_within_bf16_tolerance():
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(root))
+    proc = subprocess.run([sys.executable, "-c", _INTERP], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    errs = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(errs) == 2 and all(e <= 1e-2 for e in errs), errs   # docs/conventions.md: bf16 1e-2
