@@ -320,17 +320,25 @@ def _best(result):
     return result.best if getattr(result, "ranked", True) else None
 
 
-def prefetch(program: KernelGraph, entry) -> None:
+def prefetch(program: KernelGraph, entry, key=None, pdl: bool = False, target=None) -> None:
     """Start verifying a cache entry's μGraph against ``program`` in the background
     (``verify_parallel.prefetch``); ``_hit``'s ``verify`` then collects the result instead of
-    running the check. Nothing is believed or stored here."""
+    running the check. With a ``target`` (the GPU's ``GPUTarget``) and a launch ``_hit`` will keep,
+    the kernels are compiled first in the same workers (``pdl``: dependent launch as the build
+    resolves it), so the build after a passed check compiles nothing. Nothing is believed, run or
+    stored here."""
     try:
-        graph, _ = upcast(program, from_text(entry.ugraph_text))   # what _hit will verify
+        stored = from_text(entry.ugraph_text)
+        graph, _ = upcast(program, stored)   # what _hit will verify
         if precision_violations(program, graph):
             return
+        launch = _stored_launch(entry.meta.get("launch"))
+        kept = (launch is not None and key is not None and key.backend == "triton"
+                and entry.meta.get("render_sha256") == render_digest(stored, launch))   # as _hit decides
     except Exception:
         return   # _hit rejects it
-    verify_parallel.prefetch(program, graph)
+    job = (to_text(graph), launch, pdl, target) if kept and target is not None else None
+    verify_parallel.prefetch(program, graph, compile_job=job)
 
 
 def verify(program: KernelGraph, ugraph: KernelGraph) -> Verification:

@@ -163,6 +163,7 @@ class Preparer:
         self._pairings: dict = {}  # device -> Pairing (patch_pairing)
         self._prefetched: set = set()  # (site name, signature) whose cache entries prefetch() looked up
         self._prefetch_seconds = 0.0   # prefetch's extraction and look-ups, reported by the next site prepared
+        self._checked: dict[tuple, tuple] = {}  # (bucket, executor ids) a self-check ran -> the executors
 
     def _backend_build(self, *args, **kwargs) -> backends.Executor:
         """``backends.build`` with this call's options (dependent launch or not)."""
@@ -369,7 +370,18 @@ class Preparer:
                 key = self._cache_key(digest(program), name, m, device)
                 entry = self.cache.get(key, count=False)
                 if entry is not None and not entry.signed:
-                    optimize.prefetch(program, entry)
+                    optimize.prefetch(program, entry, key, *self._compile_target(device))
+
+    def _compile_target(self, device) -> tuple[bool, object]:
+        """(dependent launch as the build resolves it, the GPU's Triton target) for compiling a
+        cache entry's kernels while it is verified; no target where nothing is compiled for a GPU."""
+        if self.backend != "triton" or torch.device(device).type != "cuda":
+            return False, None
+        from triton.runtime import driver
+        from superopt.runtime.grid_dependency import applies
+
+        with torch.cuda.device(device):
+            return applies(device, self.options.pdl), driver.active.get_current_target()
 
     def _cache_key(self, dg: str, site_name: str, m: int, device):
         from .cache import CacheKey, versions_now
@@ -468,15 +480,30 @@ class Preparer:
             store_build(self.cache, key, executor.binaries)
         return choice, ver, executor
 
+    def _unchecked_buckets(self, runtime) -> list[int]:
+        """The buckets whose kernels no earlier site's self-check ran, or the smallest bucket alone
+        where an earlier site (another layer) checked them all: each design's arithmetic is then
+        known good, and one bucket shows that this layer's weights are the ones bound."""
+        parts = [p for p, _ in runtime.parts] if isinstance(runtime, PartsRuntime) else [runtime]
+        fresh = []
+        for m in runtime.kernels:
+            executors = tuple(p.kernels[m].executor for p in parts)
+            key = (m, tuple(map(id, executors)))
+            if key not in self._checked:
+                self._checked[key] = executors   # held, so an id is never reused while it is a key
+                fresh.append(m)
+        return fresh or [min(runtime.kernels)]
+
     def _self_check(self, wrapper, runtime: SiteRuntime, sr: SiteReport) -> None:
-        """The kernel against the original modules in float64, on random inputs, at every bucket."""
+        """The kernel against the original modules in float64, on random inputs: at every bucket
+        where its kernels are new to this patch, else at the smallest (``_unchecked_buckets``)."""
         t0 = time.perf_counter()
         ref_mod = copy.deepcopy(wrapper).to(torch.float64)
         tol = tolerance(self.dtype, self.backend != "torch")
         if tol is None:
             raise SiteError(f"no tolerance for dtype {self.dtype}")
         worst, like_input = 0.0, True
-        for m in runtime.kernels:
+        for m in self._unchecked_buckets(runtime):
             acts = self._example(wrapper, m, "cpu")
             with torch.no_grad():
                 got = runtime.run(*[a.to(runtime.device) for a in acts])

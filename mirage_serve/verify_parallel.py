@@ -98,17 +98,35 @@ def _parallel(program: KernelGraph, min_elements: int | None) -> bool:
     return large and _workers() >= 2 and "fork" in multiprocessing.get_all_start_methods()
 
 
-class _Pending:
-    """A check submitted to the pool: ``trials`` field trials (task i: seed i) and the float64 check."""
+def _compile(text: str, launch, pdl: bool, target) -> int | str:
+    """Worker: ``superopt.runtime.precompile`` (compiles, launches nothing); an error is only
+    returned, since the build in the parent compiles whatever is not in Triton's cache."""
+    try:
+        from superopt.runtime.precompile import precompile
+        return precompile(text, launch, pdl, target)
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
 
-    def __init__(self, program: KernelGraph, candidate: KernelGraph):
+
+class _Pending:
+    """A check submitted to the pool: ``trials`` field trials (task i: seed i) and the float64 check;
+    with ``compile_job`` (``_compile``'s arguments), the candidate's kernels compiled first, so the
+    build after a passed check loads them from Triton's cache."""
+
+    def __init__(self, program: KernelGraph, candidate: KernelGraph, compile_job: tuple | None = None):
         self.program, self.candidate, self.t0 = program, candidate, time.perf_counter()
         self.trials = trials_for(_eps(program, candidate))
         pool = _get_pool()
+        self.compiling = pool.submit(_compile, *compile_job) if compile_job else None
         self.futures = [pool.submit(_task, program, candidate, i, 1, False) for i in range(self.trials)]
         self.futures.append(pool.submit(_task, program, candidate, 0, 0, True))
 
     def result(self):
+        if self.compiling is not None:   # done before the build that wants its binaries
+            try:
+                self.compiling.result()
+            except Exception:   # the build compiles instead
+                pass
         try:
             verdicts = [f.result() for f in self.futures]
         except (BrokenProcessPool, OSError) as e:   # a worker killed (out of memory), no processes left
@@ -139,15 +157,18 @@ def _eps(program: KernelGraph, candidate: KernelGraph) -> float:
         return 1.0
 
 
-def prefetch(program: KernelGraph, candidate: KernelGraph, min_elements: int | None = None) -> None:
+def prefetch(program: KernelGraph, candidate: KernelGraph, min_elements: int | None = None,
+             compile_job: tuple | None = None) -> None:
     """Start ``check(program, candidate)`` in the pool without waiting (nothing for a small program,
-    which ``check`` verifies in this process). Any failure to start it is left for ``check`` to meet."""
+    which ``check`` verifies in this process), after ``compile_job`` (``(μGraph text, launch, pdl,
+    GPUTarget)``: the candidate's kernels compiled into Triton's cache, nothing run; ``check`` waits
+    for it too). Any failure to start it is left for ``check`` to meet."""
     key = (digest(program), digest(candidate))
     if key in _pending or candidate == program or not _parallel(program, min_elements):
         return
     try:
         check_inputs(program, candidate)
-        _pending[key] = _Pending(program, candidate)
+        _pending[key] = _Pending(program, candidate, compile_job)
     except Exception:   # a malformed candidate, no processes: check() reports it when it is asked
         return
 

@@ -231,9 +231,9 @@ def test_foreign_entries_are_verified_all_at_once_and_a_forged_one_rejected(monk
     real_pending, real_verify = verify_parallel._Pending, optimize.verify
 
     class Pending(real_pending):
-        def __init__(self, program, candidate):
+        def __init__(self, program, candidate, compile_job=None):
             events.append("submitted")
-            super().__init__(program, candidate)
+            super().__init__(program, candidate, compile_job)
 
     monkeypatch.setattr(verify_parallel, "_Pending", Pending)
     monkeypatch.setattr(verify_parallel, "MIN_ELEMENTS", 0)   # every check in the pool, as at model size
