@@ -81,7 +81,7 @@ class PatchReport:
         rows, every prefill among them, runs the model as it was: a user must not read the table
         as "the whole generate() is fused"."""
         top = max(self.batch_sizes) if self.batch_sizes else 0
-        return (f"not patched: forward calls with more than {top} rows (batch × tokens: prefill, "
+        return (f"not patched: forward calls with more than {top} row{'s' * (top != 1)} (batch × tokens: prefill, "
                 f"or a decode batch above the largest bucket) run the original modules")
 
     def counts(self) -> str:

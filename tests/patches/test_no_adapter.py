@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import transformers
 from torch import nn
 from transformers import AutoConfig
 
@@ -71,7 +72,11 @@ def _config(model_type: str):
     config class's defaults."""
     entries = [e for e in registry.entries() if e.model_type == model_type]
     if not entries:
-        return AutoConfig.for_model(model_type, **SMALL, **EXTRA.get(model_type, {}))
+        try:
+            return AutoConfig.for_model(model_type, **SMALL, **EXTRA.get(model_type, {}))
+        except ValueError as e:  # "Unrecognized model identifier": an older transformers
+            pytest.skip(f"transformers {transformers.__version__} has no config class for {model_type!r} ({e})"
+                        .splitlines()[0][:160])
     small = min(entries, key=lambda e: registry.param_count(e.config))
     hd = SMALL["hidden_size"] // SMALL["num_attention_heads"]
     facts = _override(dict(small.config), 2, dict(SMALL, head_dim=hd))
