@@ -47,9 +47,10 @@ QKV = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
 LLAMA_LIKE = {("norm", "input_layernorm"): QKV, ("norm", "post_attention_layernorm"): ("mlp",),
               ("proj", "self_attn.o_proj"): None, ("proj", "mlp.down_proj"): None}
 EXPECTED = {
-    # post-norm layers: no norm feeds a projection, so every projection is a site alone
-    "olmo2": {("proj", p): None for p in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
-                                           "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")},
+    # post-norm layers: no norm feeds a projection, so each attention projection is a site alone and
+    # the MLP (on the residual stream) a block site up to down_proj
+    "olmo2": {**{("proj", p): None for p in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                              "self_attn.o_proj", "mlp.down_proj")}, ("block", "mlp"): "down_proj"},
     "granite": LLAMA_LIKE, "smollm3": LLAMA_LIKE, "glm4": LLAMA_LIKE, "stablelm": LLAMA_LIKE,
     "starcoder2": {("norm", "input_layernorm"): QKV, ("norm", "post_attention_layernorm"): ("mlp",),
                    ("proj", "self_attn.o_proj"): None, ("proj", "mlp.c_proj"): None},
@@ -87,7 +88,7 @@ def _config(model_type: str):
 
 def _shape(site) -> tuple:
     if isinstance(site, ProjSite):
-        return ("proj", site.proj), None
+        return ("block", site.proj) if site.tail else ("proj", site.proj), site.tail
     return ("norm", site.norm), tuple(c.path for c in site.consumers)
 
 
