@@ -3,8 +3,8 @@
 Two sets of families, each built from a tiny config (2 layers, hidden 96, vocab 97, fp32, random
 weights):
 
-* the nine below that have no adapter in patches/, with the features that make them not Llama
-  switched on as their published checkpoints have them (parallel attention + MLP, partial rotary,
+* the ten below that have no adapter in patches/ (issue 28's nine, and OLMo-1 for clip_qkv), with
+  the features that make them not Llama switched on as their published checkpoints have them (parallel attention + MLP, partial rotary,
   qkv bias, LayerNorm, fused qkv, post-norms, embedding / residual / logit multipliers, logit_scale);
 * every model_type of the registry (models/), from the facts of its smallest entry, with its
   adapter hidden: the traced sites must be the ones the adapter declares by name (and the adapter
@@ -39,6 +39,7 @@ SMALL = dict(vocab_size=97, hidden_size=96, intermediate_size=136, num_hidden_la
 # What the published checkpoints switch on that the config class's defaults leave off.
 EXTRA = {
     "stablelm": dict(use_qkv_bias=True),                 # StableLM-2-1.6B: qkv bias, partial rotary 0.25
+    "olmo": dict(clip_qkv=0.5),  # OLMo-1.7-7B clamps q, k, v to ±8; ±0.5 clamps this tiny model's (std ~0.8)
     "granite": dict(embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.015625,
                     logits_scaling=8.0),                 # Granite-3.x (also in models/Granite-3.1-2B.json)
 }
@@ -51,6 +52,10 @@ EXPECTED = {
     # the MLP (on the residual stream) a block site up to down_proj
     "olmo2": {**{("proj", p): None for p in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
                                               "self_attn.o_proj", "mlp.down_proj")}, ("block", "mlp"): "down_proj"},
+    # OLMo's LayerNorm has no weight, so it is no norm site (it runs in the layer's forward); the
+    # clamp of clip_qkv reads each projection's output, outside the sites
+    "olmo": {**{("proj", p): None for p in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                             "self_attn.o_proj", "mlp.down_proj")}, ("block", "mlp"): "down_proj"},
     "granite": LLAMA_LIKE, "smollm3": LLAMA_LIKE, "glm4": LLAMA_LIKE, "stablelm": LLAMA_LIKE,
     "starcoder2": {("norm", "input_layernorm"): QKV, ("norm", "post_attention_layernorm"): ("mlp",),
                    ("proj", "self_attn.o_proj"): None, ("proj", "mlp.c_proj"): None},
