@@ -219,6 +219,60 @@ def test_layer_that_cannot_be_partitioned_is_left_untouched(toy, reason):
     assert all(torch.equal(model.state_dict()[k], v) for k, v in params.items())
 
 
+class _Mlp(nn.Module):
+    """A gated MLP; ``scale`` != 1 multiplies after down: its output is then not down's output."""
+
+    def __init__(self, d, scale=1.0):
+        super().__init__()
+        self.gate, self.up, self.down = nn.Linear(d, 40), nn.Linear(d, 40), nn.Linear(40, d)
+        self.scale = scale
+
+    def forward(self, x):
+        y = self.down(torch.nn.functional.silu(self.gate(x)) * self.up(x))
+        return y if self.scale == 1.0 else y * self.scale
+
+
+class _PostNormLayer(nn.Module):
+    """OLMo-2's shape: ``x + norm(mlp(x))``, the MLP on the residual stream, no norm before it."""
+
+    def __init__(self, d, scale):
+        super().__init__()
+        self.mlp, self.norm = _Mlp(d, scale), _Norm(d)
+
+    def forward(self, x):
+        return x + self.norm(self.mlp(x))
+
+
+@pytest.mark.parametrize("scale, sites", [
+    (1.0, {("block", "mlp"): "down", ("proj", "mlp.down"): None}),
+    # the block's output is not its last projection's: each projection is a site alone
+    (0.5, {("proj", "mlp.gate"): None, ("proj", "mlp.up"): None, ("proj", "mlp.down"): None}),
+])
+def test_block_on_the_residual_stream_is_one_site_up_to_its_tail(scale, sites, monkeypatch):
+    model = _Toy()
+    for i in range(2):
+        model.layers[i] = _PostNormLayer(24, scale)
+    model.eval()
+    family, why = family_from_trace(model, "toy")
+    assert family is not None, why
+    assert dict(_shape(s) for s in family.sites) == sites
+    ids = torch.tensor([[3], [7], [1]])  # [3, 1]: decode-sized, through the site kernels
+    with torch.no_grad():
+        before = model(ids)
+    report = mirage_serve.patch(model, backend="torch", search_budget=0, batch_sizes=(4,))
+    assert report.supported and not report.unpatched and len(report.sites) == 2 * len(sites), str(report)
+    calls = []
+    run = patch_prepare.SiteRuntime.run
+    monkeypatch.setattr(patch_prepare.SiteRuntime, "run", lambda self, x, *r: calls.append(1) or run(self, x, *r))
+    with torch.no_grad():
+        got = model(ids)
+    assert len(calls) == len(report.sites)
+    torch.testing.assert_close(got, before, rtol=1e-5, atol=1e-6)
+    assert mirage_serve.unpatch(model)
+    with torch.no_grad():
+        assert torch.equal(model(ids), before)
+
+
 def _untraceable(layer_class: type) -> type:
     """``layer_class`` whose forward refuses to run under a tracer (as a layer calling into code
     that a TorchFunctionMode cannot see through would); it runs as before everywhere else."""
