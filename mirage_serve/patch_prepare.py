@@ -127,6 +127,9 @@ class PartsRuntime:
 def _dim(head: torch.nn.Module) -> int:
     if isinstance(head, torch.nn.Linear):
         return head.in_features
+    first = next((m for m in head.modules() if isinstance(m, torch.nn.Linear)), None)
+    if first is not None:  # a block (a ProjSite up to its tail): its input feeds its first projection
+        return first.in_features
     w = getattr(head, "weight", None)
     if not isinstance(w, torch.Tensor) or w.dim() != 1:
         raise SiteError(f"cannot tell the input size of {type(head).__qualname__} (no 1-D weight)")

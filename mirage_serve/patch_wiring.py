@@ -78,13 +78,14 @@ def restore(records: list[Record]) -> None:
             r.module.forward = r.previous
 
 
-def _proj_forward(module, runtime: SiteRuntime):
+def _proj_forward(module, runtime: SiteRuntime, tail=None):
     original = module.forward
 
     def forward(x, *args, **kwargs):
         if args or kwargs or not runtime.eligible(module, x):
             return original(x, *args, **kwargs)
-        return runtime.run(x)[0]
+        y = runtime.run(x)[0]
+        return y if tail is None else tail(y)
     return forward
 
 
@@ -129,7 +130,8 @@ def install(layer: torch.nn.Module, site: NormSite | ProjSite, runtime: SiteRunt
         if site.residual:
             set_forward(proj, proj_forward(proj, runtime, residual_slot), records)
         else:
-            set_forward(proj, _proj_forward(proj, runtime), records)
+            tail = proj.get_submodule(site.tail) if site.tail else None
+            set_forward(proj, _proj_forward(proj, runtime, tail), records)
         return
     handoff = _Handoff()
     norm = layer.get_submodule(site.norm)

@@ -23,6 +23,8 @@ from typing import Any, Mapping
 _FOUR_NORM_FAMILIES = frozenset({"gemma2", "gemma3_text"})
 # Families that RMS-normalise q and k per head (one head_dim weight each).
 _QK_NORM_FAMILIES = frozenset({"qwen3", "gemma3_text"})
+# Families that RMS-normalise q and k across all heads at once (OLMo-2: weights of q_out and kv_out).
+_FULL_QK_NORM_FAMILIES = frozenset({"olmo2"})
 # Families whose q/k/v projections always carry a bias, whatever attention_bias says.
 _QKV_BIAS_FAMILIES = frozenset({"qwen2"})
 
@@ -138,6 +140,8 @@ def layer_params(cfg: Mapping[str, Any]) -> int:
         attn += q_out + 2 * kv_out + h
     if family in _QK_NORM_FAMILIES:
         attn += 2 * hd
+    elif family in _FULL_QK_NORM_FAMILIES:
+        attn += q_out + kv_out
     mlp = 3 * h * inter  # gate, up, down (Phi-3's fused gate_up has the same count)
     if cfg.get("mlp_bias"):
         mlp += 2 * inter + h

@@ -57,6 +57,7 @@ class PatchReport:
             lines.append(self.note)
         if not self.supported:
             return "\n".join(lines)
+        lines.append(self.rows_note())
         rows = [("layer", "site", "patched", "source", "kern", "launch", "check err", "time s",
                  "verdict / reason")]
         for s in self.sites:
@@ -73,6 +74,15 @@ class PatchReport:
         lines += [f"profiled {k}: {p}" for k, p in sorted(profiled.items())]
         lines.append(self.counts())
         return "\n".join(lines)
+
+    def rows_note(self) -> str:
+        """One line: which forward calls the patched sites leave to the original modules. A site's
+        kernels exist only for the decode buckets (patch_prepare.SiteRuntime), so a call with more
+        rows, every prefill among them, runs the model as it was: a user must not read the table
+        as "the whole generate() is fused"."""
+        top = max(self.batch_sizes) if self.batch_sizes else 0
+        return (f"not patched: forward calls with more than {top} row{'s' * (top != 1)} (batch × tokens: prefill, "
+                f"or a decode batch above the largest bucket) run the original modules")
 
     def counts(self) -> str:
         """One line: sites patched, programs, and where they came from (search, cache, compile)."""

@@ -7,7 +7,8 @@ of site cover the decoder layer of every supported family:
   up to its down projection). Traced as ``n = norm(x); (n, c1(n), c2(n), …)`` where a consumer
   with a ``tail`` is traced with that child replaced by the identity (``mlp`` without
   ``down_proj`` is ``act(gate(n)) * up(n)``, however the family writes it).
-* ``ProjSite``: one projection alone (``o_proj``, ``down_proj``).
+* ``ProjSite``: one projection alone (``o_proj``, ``down_proj``), or a block on an input no norm
+  feeds, up to its ``tail`` (OLMo-2's post-norm MLP: ``act(gate(h)) * up(h)``, then ``down_proj``).
 
 The traced wrapper (`SiteModule`) holds the model's own modules (or shallow copies that share their
 parameters), so extraction sees the real parameters and nothing is copied.
@@ -41,6 +42,7 @@ class ProjSite:
     name: str
     proj: str
     residual: bool = False  # traced as ``(x, r) -> proj(x) + r``: the layer's residual add fused in
+    tail: str | None = None  # a block's child applied after the kernel (traced as identity), as Consumer.tail
 
     def paths(self) -> tuple[str, ...]:
         return (self.proj,)
@@ -147,7 +149,8 @@ def _without(module: nn.Module, child: str) -> nn.Module:
 
 def site_module(layer: nn.Module, site: NormSite | ProjSite) -> SiteModule:
     if isinstance(site, ProjSite):
-        return SiteModule(layer.get_submodule(site.proj), [], residual=site.residual)
+        proj = layer.get_submodule(site.proj)
+        return SiteModule(_without(proj, site.tail) if site.tail else proj, [], residual=site.residual)
     cons = [layer.get_submodule(c.path) for c in site.consumers]
     cons = [_without(m, c.tail) if c.tail else m for m, c in zip(cons, site.consumers)]
     return SiteModule(layer.get_submodule(site.norm), cons)

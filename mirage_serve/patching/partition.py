@@ -17,8 +17,10 @@ where, never by module names:
   its consumers: patch_wiring may defer the norm (it returns a placeholder), which is safe only if
   nothing else reads it. Parallel attention + MLP layers (Phi-2, Cohere, GPT-NeoX's parallel
   residual) give one site whose consumers are q/k/v and the MLP;
-* every other projection of the layer (o_proj / dense, down_proj / fc2, and the input projections
-  of layers with no norm before them, OLMo-2's post-norm layers) is a ``ProjSite`` alone.
+* a block called on one tensor that no norm feeds (OLMo-2's post-norm MLP, on the residual stream)
+  is a ``ProjSite`` up to its tail projection, checked as a norm's block consumer is;
+* every other projection of the layer (o_proj / dense, down_proj / fc2, and the attention input
+  projections of layers with no norm before them, OLMo-2's again) is a ``ProjSite`` alone.
 
 Sites are kept where every decoder layer has them (same paths, same kind); the attention core,
 residual adds and norms that feed no projection stay in the original modules and are listed in
@@ -128,11 +130,36 @@ def _layer_sites(i: int, layer: nn.Module, events: list[Event]):
     seen: set[str] = set()
     for e in calls:
         rel = _rel(e.module)
-        if rel in covered or rel in seen or type(layer.get_submodule(rel)) is not nn.Linear:
+        if not rel or rel in covered or rel in seen:
             continue
-        seen.add(rel)
-        sites.append(ProjSite(_name("proj", rel), rel))
+        mod = layer.get_submodule(rel)
+        if type(mod) is nn.Linear:
+            seen.add(rel)
+            sites.append(ProjSite(_name("proj", rel), rel))
+            continue
+        site = _block_site(rel, mod, e, calls, covered | seen)
+        if site is not None:
+            sites.append(site)
+            seen.add(rel)
+            covered.update(f"{rel}.{n}" for n, s in mod.named_modules()
+                           if isinstance(s, nn.Linear) and n != site.tail)
     return sites, notes
+
+
+def _block_site(rel: str, mod: nn.Module, call: Event, calls: list[Event], taken: set[str]) -> ProjSite | None:
+    """A block called on one tensor that no norm site consumes (OLMo-2's post-norm MLP on the
+    residual stream) as one site up to its tail projection, ``act(gate(h)) * up(h)`` in one
+    kernel rather than gate and up apart with the product left to eager torch; or None. The
+    block's projections must all be free (none in another site) and one besides the tail."""
+    if len(call.inputs) != 1:  # attention takes positions and a mask too: its core stays original
+        return None
+    inner = [n for n, s in mod.named_modules() if isinstance(s, nn.Linear)]
+    if any(f"{rel}.{n}" in taken for n in inner):
+        return None
+    tail = _tail(mod, call, calls)
+    if tail is None or len(inner) < 2:
+        return None
+    return ProjSite(_name("block", rel), rel, tail=tail)
 
 
 def _name(kind: str, path: str) -> str:

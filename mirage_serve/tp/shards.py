@@ -191,23 +191,27 @@ class Sharding:
         row-wise projection with a bias), or None."""
         from ..sites import ProjSite
 
-        if isinstance(site, ProjSite):
+        if isinstance(site, ProjSite) and site.tail is None:
             proj = layer.get_submodule(site.proj)
             if self.row_wise(proj) and getattr(proj, "bias", None) is not None:
                 return "row-wise sharded projection with a bias (HF adds it after the all-reduce)"
             return None
-        for c in site.consumers:
-            mod = layer.get_submodule(c.path)
-            tail = mod.get_submodule(c.tail) if c.tail else None
+        # a norm site's consumers, or a block site (a ProjSite up to its tail), up to their tails
+        blocks = ((site.proj, site.tail),) if isinstance(site, ProjSite) else \
+            tuple((c.path, c.tail) for c in site.consumers)
+        for path, tail_name in blocks:
+            mod = layer.get_submodule(path)
+            tail = mod.get_submodule(tail_name) if tail_name else None
             for sub in mod.modules():
                 if sub is not tail and self.row_wise(sub) and not (tail is not None and _within(sub, tail)):
-                    return f"row-wise sharded weight inside the fused site at {c.path}"
+                    return f"row-wise sharded weight inside the fused site at {path}"
         return None
 
     def wrap(self, layer: nn.Module, site, runtime):
         from ..sites import ProjSite
 
-        if self.group is not None and isinstance(site, ProjSite) and self.row_wise(layer.get_submodule(site.proj)):
+        if (self.group is not None and isinstance(site, ProjSite) and site.tail is None
+                and self.row_wise(layer.get_submodule(site.proj))):
             return Reduced(runtime, self.group, self.rank)
         return runtime
 

@@ -7,12 +7,13 @@ from mirage_serve import registry
 
 EXPECTED = ["Llama-3.1-8B", "Llama-3.1-70B", "Llama-3.2-1B", "Llama-3.2-3B", "Qwen2.5-0.5B", "Qwen2.5-1.5B", "Qwen2.5-7B",
             "Qwen3-0.6B", "Qwen3-8B", "Mistral-7B-v0.3", "Gemma-2-2B", "Gemma-3-1B", "Phi-3-mini",
-            "SmolLM2-135M", "SmolLM2-1.7B"]
+            "SmolLM2-135M", "SmolLM2-1.7B", "OLMo-2-1B", "Granite-3.1-2B"]
 
 # Published parameter counts (model cards), in millions; the formula must land within 0.5 %.
 PUBLISHED_M = {"Llama-3.1-8B": 8030, "Llama-3.1-70B": 70554, "Llama-3.2-1B": 1236, "Llama-3.2-3B": 3213, "Qwen2.5-0.5B": 494,
                "Qwen2.5-1.5B": 1544, "Qwen2.5-7B": 7616, "Qwen3-8B": 8191, "Mistral-7B-v0.3": 7248,
-               "Gemma-2-2B": 2614, "Phi-3-mini": 3821, "SmolLM2-135M": 134.5, "SmolLM2-1.7B": 1711}
+               "Gemma-2-2B": 2614, "Phi-3-mini": 3821, "SmolLM2-135M": 134.5, "SmolLM2-1.7B": 1711,
+               "OLMo-2-1B": 1485, "Granite-3.1-2B": 2534}
 
 
 def test_every_checkpoint_is_registered_with_its_facts():
@@ -33,6 +34,10 @@ def test_family_specific_facts():
     assert registry.get("Gemma-3-1B").config["sliding_window"] == 512
     assert registry.get("Qwen2.5-0.5B").config["attention_bias"] is True
     assert registry.get("Qwen3-8B").config["attention_bias"] is False
+    gr = registry.get("Granite-3.1-2B").config  # the multipliers that make Granite not Llama
+    assert (gr["embedding_multiplier"], gr["residual_multiplier"], gr["attention_multiplier"],
+            gr["logits_scaling"]) == (12.0, 0.22, 0.015625, 8.0)
+    assert registry.get("OLMo-2-1B").config["model_type"] == "olmo2"  # post-norms, full-width q/k norms
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED_M))
