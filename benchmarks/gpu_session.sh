@@ -44,17 +44,21 @@ while [ $# -gt 0 ]; do
                 for i in 1 2; do step "warm_patch_$i" 120 python benchmarks/warm_patch.py Llama-3.1-8B --batch 1,8; done ;;
     trust-patch)  # issue 32: a fresh process over the shipped cache alone (empty user cache, a new secret, empty
                   # Triton cache: every shipped μGraph verified, launches re-profiled where the renderer changed),
-                  # then again over the user cache that run signed (0 searches, 0 compiles), each its own Triton cache
+                  # then again over the user cache that run signed (0 searches, 0 compiles): with an empty Triton
+                  # cache of its own (strict: the signed binaries alone) and with the first run's (a user's rerun)
       d=$(mktemp -d /tmp/ms_trust.XXXX)
       MIRAGE_SERVE_CACHE_DIR=$d/user MIRAGE_SERVE_CACHE_KEY=$d/key/cache-key TRITON_CACHE_DIR=$d/triton1 \
         step trust_patch_shipped 240 python benchmarks/warm_patch.py Llama-3.1-8B --batch 1,8
       MIRAGE_SERVE_CACHE_DIR=$d/user MIRAGE_SERVE_CACHE_KEY=$d/key/cache-key TRITON_CACHE_DIR=$d/triton2 \
         step trust_patch_warm 120 python benchmarks/warm_patch.py Llama-3.1-8B --batch 1,8
+      MIRAGE_SERVE_CACHE_DIR=$d/user MIRAGE_SERVE_CACHE_KEY=$d/key/cache-key TRITON_CACHE_DIR=$d/triton1 \
+        step trust_patch_rerun 120 python benchmarks/warm_patch.py Llama-3.1-8B --batch 1,8
       MIRAGE_SERVE_CACHE_DIR=$d/user MIRAGE_SERVE_CACHE_KEY=$d/key/cache-key \
         step trust_cache_verify 60 mirage-serve cache verify
-      # the first-use verification alone on this host's CPUs: as patch() runs it, and as it ran before
+      # the first-use verification alone on this host's CPUs, as patch() runs it (TRUST_OLD=1: also as it ran before)
       step trust_verify_cpu 90 python benchmarks/verify_first_use.py Llama-3.1-8B
-      step trust_verify_cpu_old 150 python benchmarks/verify_first_use.py Llama-3.1-8B --one-by-one --trials 8 ;;
+      [ "${TRUST_OLD:-0}" = 1 ] && step trust_verify_cpu_old 150 python benchmarks/verify_first_use.py Llama-3.1-8B \
+        --one-by-one --trials 8 ;;
     cold) step cold_llama_b1 300 python benchmarks/warm_patch.py Llama-3.1-8B --batch 1 --cold ;;  # issue 7: cold cost per site
     overhead) for mb in ${OVERHEAD:-Qwen2.5-0.5B:1 Qwen2.5-0.5B:8 Llama-3.1-8B:1}; do  # host µs per site, kernels alone
                 step "overhead_${mb%%:*}_b${mb##*:}" 150 python benchmarks/site_overhead.py "${mb%%:*}" --layers 4 \
