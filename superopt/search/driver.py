@@ -190,7 +190,6 @@ def _with_fallback(program: KernelGraph, found: list, arch: str, params=None) ->
 
 ALTERNATIVES = 5  # extents of a design kept besides its cost-best, by cost, for the profiler
 WIDE_COUNTS = 4  # then block counts of the few-waves band, at two loop lengths each (``_diverse``)
-GRIDS_PER_COUNT = 3  # and each such count on up to this many grids (a split kernel's heads × splits)
 
 
 def _kernel_options(k, types, index, budget, arch, stats) -> list:
@@ -239,9 +238,9 @@ def _diverse(opts: list, sms: int = 132) -> list:
     out, seen = [], set()
 
     def keep(o) -> None:
-        b = o[0].block
-        if (b.num_blocks, b.forloop) not in seen and (b.grid, b.forloop) not in seen:
-            seen.update({(b.num_blocks, b.forloop), (b.grid, b.forloop)})
+        shape = (o[0].block.num_blocks, o[0].block.forloop)
+        if shape not in seen:
+            seen.add(shape)
             out.append(o)
     for o in [o for o in opts if o[3]] or opts:
         if len(out) > ALTERNATIVES:
@@ -256,16 +255,6 @@ def _diverse(opts: list, sms: int = 132) -> list:
         second = [o for o in group if 2 * o[0].block.forloop == f0] or [o for o in group if o[0].block.forloop != f0]
         for o in [group[0]] + second[:1]:
             keep(o)
-        # the same block count on other grids: a split kernel's blocks are (heads a block) × (KV
-        # splits), and 256 blocks of one kv head and 32 splits each (the hand-written decode
-        # attention at 32k, one row) is another design than 2 heads × 64 splits; each grid at its
-        # cheapest loop (``seen`` then holds it by grid only)
-        grids = list(dict.fromkeys(o[0].block.grid for o in group))[1:GRIDS_PER_COUNT]
-        for o in [next(o for o in group if o[0].block.grid == gr) for gr in grids]:
-            b = o[0].block
-            if (b.grid, b.forloop) not in seen:
-                seen.add((b.grid, b.forloop))
-                out.append(o)
     return out
 
 
