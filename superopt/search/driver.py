@@ -237,10 +237,11 @@ def _diverse(opts: list, sms: int = 132) -> list:
     on the H100); only the GPU profiler tells those apart."""
     out, seen = [], set()
 
-    def keep(o) -> None:
-        shape = (o[0].block.num_blocks, o[0].block.forloop)
+    def keep(o, by_grid: bool = False) -> None:
+        b = o[0].block
+        shape = (b.grid if by_grid else b.num_blocks, b.forloop)
         if shape not in seen:
-            seen.add(shape)
+            seen.update({shape, (b.num_blocks, b.forloop), (b.grid, b.forloop)})
             out.append(o)
     for o in [o for o in opts if o[3]] or opts:
         if len(out) > ALTERNATIVES:
@@ -251,10 +252,15 @@ def _diverse(opts: list, sms: int = 132) -> list:
         if sms / 4 <= o[0].block.num_blocks <= 4 * sms:
             by_count.setdefault(o[0].block.num_blocks, []).append(o)
     for group in list(by_count.values())[:WIDE_COUNTS]:
-        f0 = group[0][0].block.forloop
-        second = [o for o in group if 2 * o[0].block.forloop == f0] or [o for o in group if o[0].block.forloop != f0]
+        f0, g0 = group[0][0].block.forloop, group[0][0].block.grid
+        # the second of a count: the cheapest on another grid where there is one (a split kernel's
+        # blocks are heads × KV splits: 256 blocks of one kv head and 32 splits, the hand-written
+        # decode attention at 32k, one row, is another design than 2 heads × 64 splits at the same
+        # loop, and the cost model puts them within a few %); else half the loop
+        second = ([o for o in group if o[0].block.grid != g0] or
+                  [o for o in group if 2 * o[0].block.forloop == f0] or [o for o in group if o[0].block.forloop != f0])
         for o in [group[0]] + second[:1]:
-            keep(o)
+            keep(o, by_grid=True)
     return out
 
 
