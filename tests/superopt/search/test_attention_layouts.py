@@ -46,6 +46,12 @@ def _layouts(graphs, kv_len: int) -> set[tuple]:
     # Qwen2.5-0.5B, one row: 2 kv heads of 7 q heads each × 128 splits (the winner, 1x2x128);
     # a kv-head axis of 2 was never a grid axis (tiles had to hold two heads)
     (1, 14, 2, 64, 4096, (256, 1, 1, 7, 128)),
+    # and at 8 rows: 8 × 2 × 32 splits (the winner's grid, 8x2x32)
+    (8, 14, 2, 64, 4096, (512, 1, 1, 7, 32)),
+    # Llama-3-8B at 32k: 32 splits of 1024 positions at one row, 8 of 4096 at 8 rows (the winners'
+    # grids, 1x8x32 and 8x8x8); splits were offered only as parts of 64-512 positions (≥ 64 splits)
+    (1, 32, 8, 128, 32768, (256, 1, 1, 4, 32)),
+    (8, 32, 8, 128, 32768, (512, 1, 1, 4, 8)),
 ])
 def test_decode_attention_fixture_is_searched_into_the_hand_written_layout(batch, q_heads, kv_heads, head_dim,
                                                                            kv_len, want):
