@@ -219,7 +219,7 @@ def _kernel_options(k, types, index, budget, arch, stats) -> list:
     return sorted(opts, key=lambda o: o[1])
 
 
-def _diverse(opts: list, sms: int = 132) -> list:
+def _diverse(opts: list, sms: int = 132, split: bool = False) -> list:
     """On the sparse lattice (``instantiate.sparse_extents``), the cheapest option and the
     cheapest of each other (block count, loop length) shape, ``ALTERNATIVES`` of them besides the
     first — the earlier rule, kept on the earlier lattice: on the dense one the cost model is flat
@@ -237,10 +237,11 @@ def _diverse(opts: list, sms: int = 132) -> list:
     on the H100); only the GPU profiler tells those apart."""
     out, seen = [], set()
 
-    def keep(o) -> None:
-        shape = (o[0].block.num_blocks, o[0].block.forloop)
+    def keep(o, by_grid: bool = False) -> None:
+        b = o[0].block
+        shape = (b.grid if by_grid else b.num_blocks, b.forloop)
         if shape not in seen:
-            seen.add(shape)
+            seen.update({shape, (b.num_blocks, b.forloop), (b.grid, b.forloop)})
             out.append(o)
     for o in [o for o in opts if o[3]] or opts:
         if len(out) > ALTERNATIVES:
@@ -251,10 +252,17 @@ def _diverse(opts: list, sms: int = 132) -> list:
         if sms / 4 <= o[0].block.num_blocks <= 4 * sms:
             by_count.setdefault(o[0].block.num_blocks, []).append(o)
     for group in list(by_count.values())[:WIDE_COUNTS]:
-        f0 = group[0][0].block.forloop
-        second = [o for o in group if 2 * o[0].block.forloop == f0] or [o for o in group if o[0].block.forloop != f0]
+        f0, g0 = group[0][0].block.forloop, group[0][0].block.grid
+        # the second of a count: for a ``split`` kernel (the first of a split design) the cheapest
+        # on another grid where there is one (its blocks are heads × KV splits: 256 blocks of one
+        # kv head and 32 splits, the hand-written decode attention at 32k, one row, is another
+        # design than 2 heads × 64 splits at the same loop, and the cost model puts them within a
+        # few %); else half the loop (one-kernel designs: the 8-row GEMV winners were those)
+        other = [o for o in group if o[0].block.grid != g0] if split else []
+        second = (other or [o for o in group if 2 * o[0].block.forloop == f0] or
+                  [o for o in group if o[0].block.forloop != f0])
         for o in [group[0]] + second[:1]:
-            keep(o)
+            keep(o, by_grid=True)
     return out
 
 
@@ -373,7 +381,7 @@ def _rank_and_verify(program, index, designs, budget, arch, seed, stats, top=Non
             options.append(opts)
         else:
             graphs, dropped = [], None
-            for main in _diverse(options[0], SMS.get(arch, 132)):
+            for main in _diverse(options[0], SMS.get(arch, 132), split=len(d) > 1):
                 nodes = [main[0]] + [o[0][0] for o in options[1:]]
                 cost = main[1] + sum(o[0][1] for o in options[1:])
                 try:

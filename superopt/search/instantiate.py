@@ -123,6 +123,21 @@ def _pick(n: int, tiles: tuple[int, ...], limit: int = 12) -> list[int]:
     return sorted({good[round(i * step)] for i in range(limit)})
 
 
+SPLITS = 64  # the most blocks a split kernel cuts one reduction into besides those of ``_pick``
+
+
+def split_counts(n: int, picked: list[int]) -> list[int]:
+    """Extents of the grid axis a split kernel's blocks sum across (flash decoding's KV splits).
+
+    What matters there is the *number* of parts: with the other grid axes it sets the block count,
+    and decode attention is fastest at one to four waves of blocks whatever the context length
+    (the hand-written kernel's rule, ``runtime.retile.split_kv_tilings``). Parts of a preferred
+    size (``picked``, from ``_pick``) give only 64-1024 splits at 32k tokens, so every divisor up to ``SPLITS`` is
+    offered too: 4-8 splits of 4096 tokens (Llama-3-8B 32k at 8 rows, 512 blocks) and 32 of 1024
+    (one row, 256 blocks) were not in the space. A part keeps at least two rows to walk."""
+    return sorted(set(picked) | {e for e in _divisors(n) if 2 <= e <= SPLITS and n // e >= 2})
+
+
 def extent_choices(k: KernelSkeleton, index: ProgramIndex, tiles: tuple[int, ...],
                    threads: tuple[int, ...], loop_tiles: tuple[int, ...] | None = None) -> list[Extents]:
     """Grid extents whose tiles are ``tiles`` sizes, for-loop ranges whose per-iteration slices
@@ -133,7 +148,8 @@ def extent_choices(k: KernelSkeleton, index: ProgramIndex, tiles: tuple[int, ...
         n = index.sizes[idx]
         # grid tiles may be as small as one row (a whole-row kernel such as nTrans needs it)
         grid_tiles = (1, 2, 4, 8) + tuple(tiles)
-        per_axis.append(_pick(n, tuple(t * 2 for t in tiles) if idx == p.loop else grid_tiles))
+        picked = _pick(n, tuple(t * 2 for t in tiles) if idx == p.loop else grid_tiles)
+        per_axis.append(split_counts(n, picked) if idx == p.split else picked)
     combos: list[list[int]] = [[]]
     for opts in per_axis:
         combos = [c + [e] for c in combos for e in opts]

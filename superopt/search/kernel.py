@@ -46,12 +46,17 @@ def nontrivial(pattern: Pattern) -> dict[int, frozenset]:
 
 
 def representative(pattern: Pattern, sizes: dict[int, int]) -> tuple[tuple[int, int, int], int] | None:
-    """Smallest grid / loop extents ≥ 2 that leave tiles of ≥ 2 (None if the shape forbids the pattern)."""
+    """Smallest grid / loop extents ≥ 2 that leave tiles of ≥ 2 (None if the shape forbids the pattern).
+
+    An output index the grid partitions may be cut to tiles of one (extent = its size): the block
+    search never sees it (``skeleton.search_key``), so a tile of one cannot blur it there, and a
+    block per head is how decode attention serves Qwen2.5-0.5B's 2 kv heads (each block with the
+    7 q heads of its kv head, ``benchmarks/results/fixture_gap_attention_cpu_2026-11-26.md``)."""
     grid = [1, 1, 1]
     forloop = 1
     for a, idx in enumerate(pattern.grid):
         s = sizes[idx]
-        need = 4 if idx == pattern.loop else 2
+        need = 4 if idx == pattern.loop else 2 if idx == pattern.split else 1
         g = next((g for g in range(2, s + 1) if s % g == 0 and s // g >= need and
                   (idx != pattern.loop or _div_ge2(s // g))), None)
         if g is None:

@@ -39,7 +39,10 @@ from ..ir import BINARY_OPS, UNARY_OPS, KernelGraph, Node, TensorType, Value, ch
 PUSH_THROUGH = UNARY_OPS | BINARY_OPS | {"matmul", "transpose", "cast"}  # slicing commutes with them
 OUTPUT_VIEWS = frozenset({"slice", "reshape"})
 PREFIX_OPS = frozenset({"gather", "scatter"})
-LOWERED_OPS = frozenset({"slice", "repeat", "gather", "scatter"})
+# what sends a program through ``lower`` first; a reshape only at the program's edges (an input
+# viewed as heads, the output viewed back: the grouped decode attention) — elsewhere it stays and
+# the lowering changes nothing
+LOWERED_OPS = frozenset({"slice", "repeat", "gather", "scatter", "reshape"})
 
 
 @dataclass(frozen=True)

@@ -73,13 +73,14 @@ def test_48_columns_a_block_is_a_grid_extent_of_6144_columns():
 
 
 class _Block:
-    def __init__(self, blocks: int, forloop: int):
+    def __init__(self, blocks: int, forloop: int, grid=None):
         self.num_blocks, self.forloop = blocks, forloop
+        self.grid = grid or (blocks, 1, 1)
 
 
 class _Node:
-    def __init__(self, blocks: int, forloop: int):
-        self.block = _Block(blocks, forloop)
+    def __init__(self, blocks: int, forloop: int, grid=None):
+        self.block = _Block(blocks, forloop, grid)
 
 
 def test_diverse_keeps_the_few_waves_band_however_it_is_costed():
@@ -115,3 +116,17 @@ def test_an_8_row_gated_mlp_is_offered_its_hand_written_tiling():
             found.add((node.block.num_blocks, node.block.forloop,
                        tuple(sorted(tuple(i.value.type.shape) for i in node.block.inputs))))
     assert (64, 16, ((8, 256), (256, 64), (256, 64))) in found, sorted(found)
+
+
+def test_diverse_offers_a_split_kernels_band_count_on_a_second_grid():
+    # a split kernel's 256 blocks as 4 head groups × 64 KV splits (cheapest) or 8 × 32 (the
+    # hand-written decode attention at 32k, one row, a few % dearer at the same loop): the
+    # second grid takes the count's second place, before the loop of half the iterations
+    opts = [(_Node(4096, 1, (8, 512, 1)), 10.0, None, True)]
+    opts += [(_Node(256, 16, (4, 64, 1)), 11.0, None, False), (_Node(256, 16, (8, 32, 1)), 11.3, None, False),
+             (_Node(256, 8, (4, 64, 1)), 11.5, None, False)]
+    kept = [(o[0].block.grid, o[0].block.forloop) for o in _diverse(opts, sms=132, split=True)]
+    assert kept == [((8, 512, 1), 1), ((4, 64, 1), 16), ((8, 32, 1), 16)]
+    # a one-kernel design keeps the half loop there (Qwen2.5-0.5B qkv at 8 rows was won by one)
+    kept = [(o[0].block.grid, o[0].block.forloop) for o in _diverse(opts, sms=132)]
+    assert kept == [((8, 512, 1), 1), ((4, 64, 1), 16), ((4, 64, 1), 8)]
