@@ -52,24 +52,45 @@ def sample(model, ids, steps: int, seed: int, with_logits: bool):
 
 
 def reference(model, ids, tokens, dtype=None):
-    """Logits [B, steps, V] (float32, CPU) of a wide copy of the unpatched ``model`` (``dtype``,
-    default float32) at each step of the sampled continuation ``tokens`` [B, steps] of ``ids``:
-    the sequence teacher-forced in one forward, so every step has the history eager sampled."""
-    import copy
+    """Logits [B, steps, V] (float32, CPU) of the unpatched ``model`` widened to ``dtype`` (default
+    float32) at each step of the sampled continuation ``tokens`` [B, steps] of ``ids``: the sequence
+    teacher-forced in one forward, so every step has the history eager sampled.
 
+    The model is widened in place and narrowed back (bf16 -> float32 -> bf16 is exact): a copy would
+    hold the narrow weights twice beside the wide ones (64 GB at the peak for an 8B model)."""
     import torch
 
     dtype = dtype or torch.float32
-    twin = copy.deepcopy(model).to(dtype)  # the weights eager ran, widened; the model is untouched
     seq = torch.cat([ids, tokens.to(ids.device)], dim=1)
     width, steps = ids.shape[1], tokens.shape[1]
+    narrow = _float_dtypes(model)
     try:
+        model.to(dtype)
         with torch.inference_mode():
-            logits = twin(seq, attention_mask=torch.ones_like(seq)).logits
+            logits = model(seq, attention_mask=torch.ones_like(seq)).logits
         # the logits at position p predict token p + 1: step s is predicted at width - 1 + s
         return logits[:, width - 1:width - 1 + steps].float().cpu()
     finally:
-        del twin
+        _restore(model, narrow)
+
+
+def _float_dtypes(model) -> dict:
+    """(module, parameter or buffer name) -> its dtype, for every floating tensor of ``model``."""
+    return {(m, name): t.dtype for m in model.modules()
+            for name, t in list(m._parameters.items()) + list(m._buffers.items())
+            if t is not None and t.is_floating_point()}
+
+
+def _restore(model, dtypes: dict) -> None:
+    """Every tensor back to the dtype ``_float_dtypes`` recorded (a tied weight is one Parameter:
+    its data is replaced, never the object)."""
+    for (m, name), dt in dtypes.items():
+        if name in m._parameters:
+            p = m._parameters[name]
+            if p.dtype != dt:
+                p.data = p.data.to(dt)
+        elif m._buffers[name].dtype != dt:
+            m._buffers[name] = m._buffers[name].to(dt)
 
 
 def _rel(a, b) -> float:

@@ -97,8 +97,11 @@ def test_reference_is_the_wide_model_teacher_forced_on_eagers_tokens():
     tokens, logits = sample(model, ids, 5, seed=0, with_logits=True)
     ref = reference(model, ids, tokens, dtype=torch.float64)
     assert ref.shape == logits.shape == (2, 5, 97) and ref.dtype == torch.float32
-    state = model.state_dict()
+    state = model.state_dict()  # widened and narrowed back: bit-identical, bf16, still tied
     assert all(state[k].dtype == torch.bfloat16 and torch.equal(state[k], v) for k, v in before.items())
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert all(b.dtype == torch.bfloat16 for n, b in model.named_buffers() if "embed_scale" in n)
+    assert model.model.rotary_emb.inv_freq.dtype == torch.float32
     wide = AutoModelForCausalLM.from_config(cfg, dtype=torch.float64).eval()
     wide.load_state_dict({k: v.double() for k, v in before.items()})
     for name, buf in model.named_buffers():  # the bf16 model's own embedding scale, bf16(sqrt(48)), as HF rounds it
