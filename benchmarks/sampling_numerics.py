@@ -2,7 +2,7 @@
 
     PYTHONPATH=$PWD python benchmarks/sampling_numerics.py own Gemma-2-2B          # HF bf16 vs float32
     PYTHONPATH=$PWD python benchmarks/sampling_numerics.py sites Gemma-2-2B --layers-at 1,13,25
-    PYTHONPATH=$PWD python benchmarks/sampling_numerics.py e2e Gemma-3-1B --steps 8
+    PYTHONPATH=$PWD python benchmarks/sampling_numerics.py e2e Gemma-3-1B --steps 8 [--batch 8]
 
 Every run builds the registry model at its real config (vocabulary cut to ``--vocab``, layers to
 ``--layers`` if given) with the bench's weights (``bench_load.random_init_``: normal(0, 0.02) on
@@ -187,10 +187,10 @@ def main() -> None:
     a.add_argument("--rows", type=int, default=1, help="sites: rows (bucket) of the site programs")
     a.add_argument("--layers-at", default="1", help="sites: which layers, comma-separated")
     a.add_argument("--steps", type=int, default=8, help="e2e: sampled steps")
+    a.add_argument("--batch", type=int, default=1, help="own / e2e: prompts (the decode bucket of e2e)")
     args = a.parse_args()
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     model = build(args.model, args.vocab, args.layers)
-    ids = torch.randint(3, args.vocab, (1, args.prompt), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(3, args.vocab, (args.batch, args.prompt), generator=torch.Generator().manual_seed(1))
     if args.what == "own":
         own(model, ids)
     elif args.what == "sites":
