@@ -56,41 +56,46 @@ def reference(model, ids, tokens, dtype=None):
     float32) at each step of the sampled continuation ``tokens`` [B, steps] of ``ids``: the sequence
     teacher-forced in one forward, so every step has the history eager sampled.
 
-    The model is widened in place and narrowed back (bf16 -> float32 -> bf16 is exact): a copy would
-    hold the narrow weights twice beside the wide ones (64 GB at the peak for an 8B model)."""
+    The model's tensors are widened in place for the forward and then given back their own storage:
+    no copy of the model (a deep copy holds the narrow weights twice beside the wide ones, 64 GB at
+    the peak for an 8B model), and nothing that recorded a weight's address (a CUDA graph of HF's
+    compiled static-cache baseline) sees it move."""
     import torch
 
     dtype = dtype or torch.float32
     seq = torch.cat([ids, tokens.to(ids.device)], dim=1)
     width, steps = ids.shape[1], tokens.shape[1]
-    narrow = _float_dtypes(model)
+    kept = {}
     try:
-        model.to(dtype)
+        _widen(model, dtype, kept)
         with torch.inference_mode():
             logits = model(seq, attention_mask=torch.ones_like(seq)).logits
         # the logits at position p predict token p + 1: step s is predicted at width - 1 + s
         return logits[:, width - 1:width - 1 + steps].float().cpu()
     finally:
-        _restore(model, narrow)
+        for (m, name, is_param), t in kept.items():
+            if is_param:
+                m._parameters[name].data = t
+            else:
+                m._buffers[name] = t
 
 
-def _float_dtypes(model) -> dict:
-    """(module, parameter or buffer name) -> its dtype, for every floating tensor of ``model``."""
-    return {(m, name): t.dtype for m in model.modules()
-            for name, t in list(m._parameters.items()) + list(m._buffers.items())
-            if t is not None and t.is_floating_point()}
-
-
-def _restore(model, dtypes: dict) -> None:
-    """Every tensor back to the dtype ``_float_dtypes`` recorded (a tied weight is one Parameter:
-    its data is replaced, never the object)."""
-    for (m, name), dt in dtypes.items():
-        if name in m._parameters:
-            p = m._parameters[name]
-            if p.dtype != dt:
-                p.data = p.data.to(dt)
-        elif m._buffers[name].dtype != dt:
-            m._buffers[name] = m._buffers[name].to(dt)
+def _widen(model, dtype, kept: dict) -> None:
+    """Every floating parameter and buffer narrower than ``dtype`` widened in place; ``kept`` maps
+    (module, name, is parameter) to the original tensor. A tied weight (one Parameter in two
+    modules) is widened once, through its first module."""
+    seen = set()
+    for m in model.modules():
+        for name, t in list(m._parameters.items()) + list(m._buffers.items()):
+            if t is None or not t.is_floating_point() or t.element_size() >= dtype.itemsize or id(t) in seen:
+                continue
+            seen.add(id(t))
+            is_param = name in m._parameters
+            kept[(m, name, is_param)] = t.data if is_param else t
+            if is_param:
+                t.data = t.data.to(dtype)
+            else:
+                m._buffers[name] = t.to(dtype)
 
 
 def _rel(a, b) -> float:

@@ -93,11 +93,13 @@ def test_reference_is_the_wide_model_teacher_forced_on_eagers_tokens():
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
     random_init_(model, 3)  # the bench's initialisation: (1 + w) norms near 1
     before = {k: v.clone() for k, v in model.state_dict().items()}
+    where = {n: p.data_ptr() for n, p in model.named_parameters()}
     ids = torch.randint(1, 97, (2, 7), generator=torch.Generator().manual_seed(4))
     tokens, logits = sample(model, ids, 5, seed=0, with_logits=True)
     ref = reference(model, ids, tokens, dtype=torch.float64)
     assert ref.shape == logits.shape == (2, 5, 97) and ref.dtype == torch.float32
-    state = model.state_dict()  # widened and narrowed back: bit-identical, bf16, still tied
+    state = model.state_dict()  # widened, then given back its own storage: bit-identical, bf16, still tied
+    assert {n: p.data_ptr() for n, p in model.named_parameters()} == where
     assert all(state[k].dtype == torch.bfloat16 and torch.equal(state[k], v) for k, v in before.items())
     assert model.lm_head.weight is model.model.embed_tokens.weight
     assert all(b.dtype == torch.bfloat16 for n, b in model.named_buffers() if "embed_scale" in n)
