@@ -183,8 +183,8 @@ def _sampling_prompts(lm: LoadedModel, opts: BenchOptions) -> dict:
 
 
 def _sampling_references(lm: LoadedModel, opts: BenchOptions, eager: dict, notes: list) -> dict:
-    """bench_sampling.reference per batch: eager's sampled tokens through a float32 copy of the
-    (still unpatched) model; {} with a note where that copy does not fit beside the model."""
+    """bench_sampling.reference per batch: eager's sampled tokens through the (still unpatched)
+    model widened to float32; {} with a note where the widened model does not fit."""
     import torch
 
     try:
@@ -192,7 +192,7 @@ def _sampling_references(lm: LoadedModel, opts: BenchOptions, eager: dict, notes
                 for b, ids in _sampling_prompts(lm, opts).items()}
     except torch.cuda.OutOfMemoryError:
         torch.cuda.empty_cache()
-        notes.append("sampling: no float32 reference (its copy of the model did not fit); "
+        notes.append("sampling: no float32 reference (the model widened to float32 did not fit); "
                      "the patched logits are compared with eager's alone")
         return {}
 

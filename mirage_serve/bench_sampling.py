@@ -20,8 +20,8 @@ are as exact as bf16 allows: that entry bounds an error against a float64 refere
 26-layer model amplifies each op's rounding. With the bench's random weights HF's own eager bf16
 logits are 1.2e-2 (Phi-3-mini), 1.9e-2 (Gemma-2-2B) and 2.0e-2 (Gemma-3-1B) away from a float32
 run of the same weights (relative Frobenius, CPU; docs/results.md). So the check also takes a
-higher-precision ``reference``: eager's sampled tokens teacher-forced through a float32 copy of the
-unpatched model. Where the two bf16 runs disagree beyond the tolerance, the patched model passes
+higher-precision ``reference``: eager's sampled tokens teacher-forced through the unpatched model
+widened to float32. Where the two bf16 runs disagree beyond the tolerance, the patched model passes
 only if it is as close to that reference as eager is (``ACCURACY_MARGIN``): a kernel that computes
 something else is farther from it, while a second rounding of the same math is not.
 """

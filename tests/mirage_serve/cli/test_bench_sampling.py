@@ -1,4 +1,6 @@
-"""bench_sampling.compare: logits compared while the sampled histories agree; a wrong model fails."""
+"""bench_sampling.compare: logits compared while the sampled histories agree; a wrong model fails;
+against a wide reference, a run as accurate as eager passes where the two bf16 runs disagree.
+bench_sampling.reference: the model widened in place, teacher-forced, then given back bit-identical."""
 from __future__ import annotations
 
 import torch
