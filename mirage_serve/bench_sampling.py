@@ -66,13 +66,16 @@ def reference(model, ids, tokens, dtype=None):
     seq = torch.cat([ids, tokens.to(ids.device)], dim=1)
     width, steps = ids.shape[1], tokens.shape[1]
     kept = {}
+    precision = torch.get_float32_matmul_precision()  # "high" (set by compile baselines) means tf32 matmuls
     try:
         _widen(model, dtype, kept)
+        torch.set_float32_matmul_precision("highest")
         with torch.inference_mode():
             logits = model(seq, attention_mask=torch.ones_like(seq)).logits
         # the logits at position p predict token p + 1: step s is predicted at width - 1 + s
         return logits[:, width - 1:width - 1 + steps].float().cpu()
     finally:
+        torch.set_float32_matmul_precision(precision)
         for (m, name, is_param), t in kept.items():
             if is_param:
                 m._parameters[name].data = t

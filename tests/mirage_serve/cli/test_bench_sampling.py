@@ -98,7 +98,12 @@ def test_reference_is_the_wide_model_teacher_forced_on_eagers_tokens():
     where = {n: p.data_ptr() for n, p in model.named_parameters()}
     ids = torch.randint(1, 97, (2, 7), generator=torch.Generator().manual_seed(4))
     tokens, logits = sample(model, ids, 5, seed=0, with_logits=True)
-    ref = reference(model, ids, tokens, dtype=torch.float64)
+    torch.set_float32_matmul_precision("high")
+    try:
+        ref = reference(model, ids, tokens, dtype=torch.float64)
+        assert torch.get_float32_matmul_precision() == "high"  # the caller's setting given back
+    finally:
+        torch.set_float32_matmul_precision("highest")
     assert ref.shape == logits.shape == (2, 5, 97) and ref.dtype == torch.float32
     state = model.state_dict()  # widened, then given back its own storage: bit-identical, bf16, still tied
     assert {n: p.data_ptr() for n, p in model.named_parameters()} == where
