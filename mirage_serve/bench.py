@@ -162,7 +162,8 @@ def run(lm: LoadedModel, opts: BenchOptions) -> dict[str, Any]:
         measured[name] = _measure(lm, opts, BASELINES[name], prog)
     sampled = {b: bench_sampling.sample(lm.model, ids, _sampling_steps(opts), opts.seed, True)
                for b, ids in _sampling_prompts(lm, opts).items()}
-    result["patch"] = _patch_and_measure(lm, opts, measured, prog, sampled)
+    references = _sampling_references(lm, opts, sampled, result["notes"])
+    result["patch"] = _patch_and_measure(lm, opts, measured, prog, sampled, references)
     result["sampling"] = result["patch"].pop("sampling", {})
     result["rows"] = _rows(opts, measured, result["floor_ms"])
     result["correctness"] = _correctness(opts, measured)
@@ -181,8 +182,25 @@ def _sampling_prompts(lm: LoadedModel, opts: BenchOptions) -> dict:
             for b in opts.batches}
 
 
-def _sampling_check(lm: LoadedModel, opts: BenchOptions, eager: dict) -> dict:
-    """bench_sampling.compare per batch, on the patched model, against eager's samples ``eager``."""
+def _sampling_references(lm: LoadedModel, opts: BenchOptions, eager: dict, notes: list) -> dict:
+    """bench_sampling.reference per batch: eager's sampled tokens through the (still unpatched)
+    model widened to float32; {} with a note where the widened model does not fit."""
+    import torch
+
+    try:
+        return {b: bench_sampling.reference(lm.model, ids, eager[b][0])
+                for b, ids in _sampling_prompts(lm, opts).items()}
+    except torch.cuda.OutOfMemoryError:
+        torch.cuda.empty_cache()
+        notes.append("sampling: no float32 reference (the model widened to float32 did not fit); "
+                     "the patched logits are compared with eager's alone")
+        return {}
+
+
+def _sampling_check(lm: LoadedModel, opts: BenchOptions, eager: dict, references: dict) -> dict:
+    """bench_sampling.compare per batch, on the patched model, against eager's samples ``eager``
+    and the float32 ``references`` of them (bench_sampling.reference; a batch without one is
+    compared with eager alone)."""
     from .patch_prepare import tolerance
 
     param = next(lm.model.parameters())
@@ -192,14 +210,15 @@ def _sampling_check(lm: LoadedModel, opts: BenchOptions, eager: dict) -> dict:
         steps = eager[b][0].shape[1]
         got = bench_sampling.sample(lm.model, ids, steps, opts.seed, True)
         fast, _ = bench_sampling.sample(lm.model, ids, steps, opts.seed, False)
-        out[b] = bench_sampling.compare(eager[b], got, fast, tol)
+        out[b] = bench_sampling.compare(eager[b], got, fast, tol, references.get(b))
     return out
 
 
 def _patch_and_measure(lm: LoadedModel, opts: BenchOptions, measured: dict, prog: Progress,
-                       sampled: dict) -> dict:
+                       sampled: dict, references: dict) -> dict:
     """Patch (timed), measure ours into `measured["ours"]`, check sampling against eager's
-    ``sampled``, unpatch; returns the "patch" record (its "sampling" entry: bench_sampling)."""
+    ``sampled`` and their float32 ``references``, unpatch; returns the "patch" record (its
+    "sampling" entry: bench_sampling)."""
     from .patch_api import patch, unpatch  # torch and transformers: loaded when a bench runs
 
     print(f"patching {lm.name} (backend {opts.backend}, buckets {opts.batches}) ...", file=sys.stderr,
@@ -219,7 +238,7 @@ def _patch_and_measure(lm: LoadedModel, opts: BenchOptions, measured: dict, prog
         measured["ours"] = _measure(lm, opts, "default" if opts.graphs else "static-eager", prog)
         paths = _decode_paths(lm.model)
         attention = _attention_verdicts(lm.model)
-        sampling = _sampling_check(lm, opts, sampled)
+        sampling = _sampling_check(lm, opts, sampled, references)
     finally:
         unpatch(lm.model)
     return {"available": True, "seconds": seconds, "report": str(report), "error": None,

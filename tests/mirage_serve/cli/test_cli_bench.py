@@ -47,6 +47,8 @@ def check_schema(doc: dict, batches: list[int], baselines: list[str], real_patch
         for r in doc["sampling"].values():
             assert r["ok"] and r["worst"]["rel"] <= r["tolerance"] and r["steps_compared"] >= 2, r
             assert r["first_decode_step"]["step"] == 1
+            # both runs against eager's tokens through a float32 copy (a float32 model: eager is its own reference)
+            assert r["agrees"] and r["as_accurate_as_eager"] and r["reference_worst"]["eager_vs_reference"] < 1e-5
 
 
 def test_bench_tiny_json_and_plot(tmp_path, capsys):
