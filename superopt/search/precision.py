@@ -3,14 +3,10 @@
 Casts change no value, so the abstract domain (and the finite-field verifier) cannot tell a sum of
 squares accumulated in float32 — HF's ``x.float()`` inside RMSNorm, the fp32 softmax — from the same
 sum in bfloat16. The block search would happily drop the upcast. ``PrecisionFloor`` keeps what the
-program says about dtypes, as two rules on the normal forms of the program's values:
-
-1. an arithmetic op (anything but ``cast`` / ``const``) whose result has the normal form of a value the
-   program computes arithmetically may not produce it in a dtype narrower than the widest one the
-   program computes it in (``x²`` in float32 in the program: a bfloat16 ``x²`` is pruned);
-2. a narrowing cast is allowed only onto a (normal form, dtype) the program itself holds — its own
-   cast back (``y.to(bf16)`` after the fp32 norm), an input, an output — never onto a partial sum
-   or another intermediate the program keeps wide.
+program says about dtypes, as two rules on the normal forms of the program's values (the rules live
+in ``verify.precision``: a cached μGraph is held to the same ones on first use): an arithmetic op
+may not compute a value narrower than the program computes it (rule 1), and a narrowing cast goes
+only onto a (normal form, dtype) the program itself holds (rule 2).
 
 Operands of one op must share a dtype (``ir.shapes``), so a value derived from wide values stays
 wide unless rule 2 allows a narrowing; partial sums and reorderings the program does not hold are
@@ -18,26 +14,6 @@ thereby computed at least as wide as their operands. Pruned values count as "pre
 """
 from __future__ import annotations
 
-from ..ir import KernelGraph
-from ..ir.ops import DTYPE_BYTES
+from ..verify.precision import PrecisionFloor
 
-
-class PrecisionFloor:
-    def __init__(self, program: KernelGraph, env: dict[str, int]):
-        self.widest: dict[int, int] = {}            # normal form -> widest arithmetic dtype (bytes)
-        self.held: set[tuple[int, str]] = set()     # (normal form, dtype) of every program value
-        for v in program.inputs:
-            self.held.add((env[v.name], v.type.dtype))
-        for n in program.nodes:
-            e, dt = env[n.out.name], n.out.type.dtype
-            self.held.add((e, dt))
-            if n.op not in ("cast", "const"):
-                self.widest[e] = max(self.widest.get(e, 0), DTYPE_BYTES[dt])
-
-    def too_narrow(self, op: str, expr: int, dtype: str, arg_dtypes: list[str]) -> bool:
-        if op == "cast":
-            narrowing = DTYPE_BYTES[dtype] < DTYPE_BYTES[arg_dtypes[0]]
-            return narrowing and (expr, dtype) not in self.held
-        if op == "const":
-            return False
-        return DTYPE_BYTES[dtype] < self.widest.get(expr, 0)
+__all__ = ["PrecisionFloor"]

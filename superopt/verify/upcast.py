@@ -14,7 +14,11 @@ changes, towards the program's. Inside each kernel's block graph, in order:
 - an arithmetic op fed by a widened value is widened with it (operands of one op share a dtype),
   so the widening follows the data flow up to a cast, which then reads the wide value (a cast to
   the wide dtype itself disappears) — as HF's RMSNorm keeps ``x.float()²`` and its sum in float32;
-- a block output whose value was widened is cast back to the dtype the kernel writes.
+- a block output whose value was widened is cast back to the dtype the kernel writes;
+- a constant narrowed to a dtype the program never holds it in (rule 2 of
+  ``precision.PrecisionFloor``: a narrowing cast of it disappears, a narrow declaration is made at
+  the dtype the program holds it in) keeps its value as the program computes it, and the ops it feeds
+  widen with it (the shipped Gemma-2 μGraphs rounded eps and 1/2304 to bfloat16, issue 32).
 
 Kernel-level library ops are left alone (the shipped μGraphs' narrow ops are all inside kernels);
 whatever is still too narrow afterwards is in ``precision_violations`` of the result.
@@ -26,18 +30,19 @@ from dataclasses import replace
 from ..ir import KernelGraph
 from ..ir.graph import BlockGraph, Node, TensorType, Value, make_attrs
 from ..ir.ops import DTYPE_BYTES
-from .precision import CHECKED, _kind, _narrowest
+from .precision import CHECKED, PrecisionFloor, _kind, _narrowest, constant_values, program_floor
 
 _BY_BYTES = {4: "float32", 8: "float64", 2: None}   # the widths a program widens to
 
 
 def upcast(program: KernelGraph, candidate: KernelGraph) -> tuple[KernelGraph, list[str]]:
     want = {k: _BY_BYTES.get(b) for k, b in _narrowest(program).items() if _BY_BYTES.get(b)}
+    floor = program_floor(program)
     changed: list[str] = []
     nodes = []
     for n in candidate.nodes:
         if n.block is not None:
-            block = _block(n.block, want, changed)
+            block = _block(n.block, want, floor, changed)
             n = replace(n, block=block) if block is not n.block else n
         nodes.append(n)
     if not changed:
@@ -45,7 +50,8 @@ def upcast(program: KernelGraph, candidate: KernelGraph) -> tuple[KernelGraph, l
     return replace(candidate, nodes=tuple(nodes)), changed
 
 
-def _block(b: BlockGraph, want: dict[str, str], changed: list[str]) -> BlockGraph:
+def _block(b: BlockGraph, want: dict[str, str], floor: PrecisionFloor, changed: list[str]) -> BlockGraph:
+    consts = constant_values(b.nodes)   # value -> the constant it is, before any rounding
     dtype = {i.value.name: i.value.type.dtype for i in b.inputs}
     alias: dict[str, str] = {}          # a dropped identity cast -> the value it read
     up: dict[tuple[str, str], str] = {}  # (value, dtype) -> the cast node computing it
@@ -74,7 +80,11 @@ def _block(b: BlockGraph, want: dict[str, str], changed: list[str]) -> BlockGrap
         v = n.out
         shapes[v.name] = v.type.shape
         if n.op == "cast":
-            if dtype[args[0]] == n.attr("dtype"):   # reads a value widened to its own target: gone
+            narrowed = v.name in consts and floor.too_narrow("cast", ("const", consts[v.name]), n.attr("dtype"),
+                                                             [dtype[args[0]]])
+            if narrowed:
+                changed.append(f"cast %{v.name} of constant {consts[v.name]:g} to {v.type.dtype} removed")
+            if narrowed or dtype[args[0]] == n.attr("dtype"):   # a widened value or constant stays wide
                 alias[v.name] = args[0]
                 dtype[v.name] = dtype[args[0]]
                 dropped.add(v.name)
@@ -83,8 +93,13 @@ def _block(b: BlockGraph, want: dict[str, str], changed: list[str]) -> BlockGrap
             dtype[v.name] = v.type.dtype
             continue
         if n.op == "const":
+            dt = floor.const_dtype(("const", consts[v.name]), v.type.dtype)
+            if dt != v.type.dtype:
+                changed.append(f"const %{v.name} {consts[v.name]:g} {v.type.dtype} -> {dt}")
+                n = replace(n, attrs=make_attrs(**dict(n.attrs, dtype=dt)),
+                            outs=(Value(v.name, TensorType(v.type.shape, dt)),))
             out.append(n)
-            dtype[v.name] = v.type.dtype
+            dtype[v.name] = dt
             continue
         wide = v.type.dtype
         goal = want.get(_kind(n.op)) if n.op in CHECKED else None
@@ -102,7 +117,7 @@ def _block(b: BlockGraph, want: dict[str, str], changed: list[str]) -> BlockGrap
         out.append(replace(n, args=args, outs=(Value(v.name, TensorType(v.type.shape, wide)),)))
         dtype[v.name] = wide
     outputs = []
-    orig = {n.out.name: n.out.type.dtype for n in b.nodes}
+    orig = {i.value.name: i.value.type.dtype for i in b.inputs} | {n.out.name: n.out.type.dtype for n in b.nodes}
     for o in b.outputs:
         name = alias.get(o.value, o.value)
         if dtype[name] != orig[o.value]:   # the kernel still writes what it wrote
