@@ -22,7 +22,12 @@ formally distinct multiset S of terms (max: associative and commutative, see fie
 and e^t, with e^a·e^b = e^(a+b). Formal equality implies equality over the reals (substitute the
 real functions for the atoms), so the test never passes a candidate that formal algebra cannot
 justify; it can reject a real identity the model does not know (max(a, a) = a, relu = max(x, 0),
-a constant spelled as another float): a false alarm, never a false pass.
+a constant spelled as another float): a false alarm, never a false pass. A constant is the rational
+its dtype holds, not the float it is written as: ``constants.held_constants`` rounds each ``const``
+to its dtype and folds each cast of a constant into the rounded value, so a μGraph that casts eps
+or 1/n to bfloat16 where the program keeps them in float32 differs from the program (issue 32).
+Casts of anything else remain identities: the rounding of data is the dtype check's business
+(``precision``).
 
 Theorem (one trial). Let output o differ formally between P and C. ``degree.py`` bounds, for
 every element of o in each graph: numerator/denominator degrees n, d (atoms have degree 1);
@@ -78,6 +83,7 @@ from ..interp import NumpyDomain, evaluate
 from ..interp.field_domain import FieldDomain
 from ..interp.movement import random_indices
 from ..ir import KernelGraph
+from .constants import held_constants
 from .degree import trial_bound
 from .fields import Field, default_field
 
@@ -134,6 +140,7 @@ def _first_difference(x: np.ndarray, y: np.ndarray) -> tuple[int, ...]:
 
 def float_rel_error(program: KernelGraph, candidate: KernelGraph, seed: int) -> float:
     """max over outputs of ‖C − P‖/‖P‖ on random inputs of mean 0 and variance 1 (``NumpyDomain.random_input``), both graphs in float64."""
+    program, candidate = held_constants(program), held_constants(candidate)
     dom = NumpyDomain()
     rng = np.random.default_rng([seed, 1 << 31])
     inputs = {v.name: dom.random_input(rng, v.type.shape, v.type.dtype) for v in program.inputs
@@ -151,6 +158,7 @@ def float_rel_error(program: KernelGraph, candidate: KernelGraph, seed: int) -> 
 def field_trial(program: KernelGraph, candidate: KernelGraph, field: Field, seed: int,
                 trial: int) -> tuple[int, tuple[int, ...]] | None:
     """One trial: fresh inputs and keys from (seed, trial); the first differing (output, position)."""
+    program, candidate = held_constants(program), held_constants(candidate)
     track_q = _uses_exp(program) or _uses_exp(candidate)
     dom = FieldDomain(field.p, field.q, field.g, seed=(seed << 32) + trial, track_q=track_q)
     rng = np.random.default_rng([seed, trial])

@@ -20,9 +20,9 @@ and mean(x²) came out 0.2% high in every layer (issue 32).
 """
 from __future__ import annotations
 
-from ..interp import NumpyDomain
 from ..ir import KernelGraph
-from ..ir.ops import DTYPE_BYTES, OPAQUE_OPS, Category, op_info
+from ..ir.ops import DTYPE_BYTES, OPAQUE_OPS
+from .constants import constant_values
 
 # A matmul sums too, and its for-loop accumulator is an accum_sum: one kind, or every K-looped
 # projection in the model's dtype would look narrower than an fp32 norm's sum.
@@ -94,24 +94,6 @@ class PrecisionFloor:
         return wide if self.too_narrow("cast", expr, dtype, [wide]) else dtype
 
 
-def constant_values(nodes) -> dict[str, float]:
-    """Value name -> its value, for the values computed from constants alone (a scalar ``const``
-    and elementwise ops and casts of such values), in float64 with casts as identities: the value
-    as written, before any rounding, which is how the program's constants are keyed."""
-    dom, vals = NumpyDomain(), {}
-    for n in nodes:
-        if n.op == "const":
-            vals[n.out.name] = float(n.attr("value"))
-        elif n.args and all(a in vals for a in n.args):
-            if n.op == "cast":
-                vals[n.out.name] = vals[n.args[0]]
-            elif op_info(n.op).category is Category.UNARY:
-                vals[n.out.name] = float(dom.unary(n.op, vals[n.args[0]]))
-            elif op_info(n.op).category is Category.BINARY:
-                vals[n.out.name] = float(dom.binary(n.op, vals[n.args[0]], vals[n.args[1]]))
-    return vals
-
-
 def program_floor(program: KernelGraph) -> PrecisionFloor:
     """``PrecisionFloor`` of a program keyed by constant value: its constants are comparable with a
     candidate's (a μGraph has no normal forms to compare by), every other value is its own key."""
@@ -122,22 +104,21 @@ def program_floor(program: KernelGraph) -> PrecisionFloor:
     return PrecisionFloor(program, env)
 
 
-def constant_violations(program: KernelGraph, candidate: KernelGraph, floor: PrecisionFloor | None = None
-                        ) -> list[str]:
+def constant_violations(program: KernelGraph, candidate: KernelGraph) -> list[str]:
     """One line per constant the candidate narrows (casts down, or declares narrow) to a dtype the
     program never holds it in: rule 2 of ``PrecisionFloor``, on each block graph and the kernel level."""
-    floor = floor or program_floor(program)
+    floor = program_floor(program)
     out: list[str] = []
     scopes = [(candidate.name, candidate.inputs, candidate.nodes)]
-    scopes += [(n.out.name, [i.value for i in n.block.inputs], n.block.nodes)
+    scopes += [(n.outs[0].name, [i.value for i in n.block.inputs], n.block.nodes)
                for n in candidate.nodes if n.block is not None]
     for where, inputs, nodes in scopes:
         consts = constant_values(nodes)
         dtype = {v.name: v.type.dtype for v in inputs} | {o.name: o.type.dtype for n in nodes for o in n.outs}
         for n in nodes:
-            v, dt = n.out.name, n.out.type.dtype
-            if v not in consts or n.op not in ("cast", "const"):
+            if n.op not in ("cast", "const") or n.out.name not in consts:
                 continue
+            v, dt = n.out.name, n.out.type.dtype
             key = ("const", consts[v])
             if (floor.too_narrow("cast", key, dt, [dtype[n.args[0]]]) if n.op == "cast"
                     else floor.const_dtype(key, dt) != dt):

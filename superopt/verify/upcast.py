@@ -30,7 +30,8 @@ from dataclasses import replace
 from ..ir import KernelGraph
 from ..ir.graph import BlockGraph, Node, TensorType, Value, make_attrs
 from ..ir.ops import DTYPE_BYTES
-from .precision import CHECKED, PrecisionFloor, _kind, _narrowest, constant_values, program_floor
+from .constants import constant_values
+from .precision import CHECKED, PrecisionFloor, _kind, _narrowest, program_floor
 
 _BY_BYTES = {4: "float32", 8: "float64", 2: None}   # the widths a program widens to
 

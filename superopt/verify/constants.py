@@ -1,0 +1,95 @@
+"""The constants of a μGraph: which values are computed from constants alone, and the value a
+constant keeps after a cast narrows it.
+
+The finite-field trials and the float64 check evaluate every op exactly and every cast as the
+identity, so on their own they see ``cast(1/2304 : float32) -> bfloat16`` as 1/2304, while a GPU
+multiplies by 1/2304 rounded to bfloat16 (0.2% high: the shipped Gemma-2 μGraphs' mean(x²), issue
+32). A constant is the one value whose rounding is known before any input arrives, so
+``held_constants`` writes it into the graph: each narrowing cast of a constant becomes a ``const``
+of the rounded value. Constants are otherwise the rationals they are written as (the canonical
+rewrites' own constants, e.g. gelu_tanh's 0.044715, are float64 spellings too), and arithmetic
+stays exact, as everywhere in the formal model. No program of the registry's models narrows a
+constant, and the search may narrow one only where the program does (``precision.PrecisionFloor``
+rule 2), so both sides of such a cast round alike.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+
+from ..interp import NumpyDomain
+from ..ir import KernelGraph
+from ..ir.graph import Node, make_attrs
+from ..ir.ops import DTYPE_BYTES, Category, op_info
+
+
+def round_to(value: float, dtype: str) -> float:
+    """``value`` rounded to nearest-even in ``dtype`` (float64 and non-float dtypes: unchanged; out
+    of range: ±inf)."""
+    with np.errstate(over="ignore"):
+        return _round(value, dtype)
+
+
+def _round(value: float, dtype: str) -> float:
+    if dtype == "float32":
+        return float(np.float32(value))
+    if dtype == "float16":
+        return float(np.float16(value))
+    if dtype == "bfloat16":   # float32's top 16 bits, rounded to nearest even on the 16 dropped
+        bits = int(np.array(value, dtype=np.float32).view(np.uint32))
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return float(np.array(bits, dtype=np.uint32).view(np.float32))
+    return value
+
+
+def constant_values(nodes, rounded: bool = False) -> dict[str, float]:
+    """Value name -> its value, for the values computed from constants alone (a scalar ``const``
+    and elementwise ops and casts of such values), in float64. ``rounded``: a narrowing cast rounds
+    to its dtype; else casts are identities — the value as written, which is how ``precision`` keys
+    a program's constants."""
+    dom, vals, width = NumpyDomain(), {}, {}
+    for n in nodes:
+        if len(n.outs) != 1:   # a customized kernel: never a constant
+            continue
+        if n.op == "const":
+            vals[n.out.name] = float(n.attr("value"))
+        elif n.args and all(a in vals for a in n.args):
+            if n.op == "cast":
+                dt, x = n.out.type.dtype, vals[n.args[0]]
+                narrowing = DTYPE_BYTES[dt] < DTYPE_BYTES[width[n.args[0]]]
+                vals[n.out.name] = round_to(x, dt) if rounded and narrowing else x
+            elif op_info(n.op).category is Category.UNARY:
+                vals[n.out.name] = float(dom.unary(n.op, vals[n.args[0]]))
+            elif op_info(n.op).category is Category.BINARY:
+                vals[n.out.name] = float(dom.binary(n.op, vals[n.args[0]], vals[n.args[1]]))
+        if n.out.name in vals:
+            width[n.out.name] = n.out.type.dtype
+    return vals
+
+
+def held_constants(graph: KernelGraph) -> KernelGraph:
+    """``graph`` with each narrowing cast of a constant folded into the rounded constant (module
+    docstring); the same graph where there is none. A value its dtype cannot hold (overflow to ±inf)
+    is left to the cast."""
+    def fold(nodes):
+        vals = constant_values(nodes, rounded=True)
+        out, changed = [], False
+        for n in nodes:
+            v = vals.get(n.outs[0].name) if n.op == "cast" else None
+            if v is not None and math.isfinite(v) and v != vals[n.args[0]]:
+                n = Node("const", (), n.outs, make_attrs(dtype=n.out.type.dtype, value=v))
+                changed = True
+            out.append(n)
+        return tuple(out), changed
+
+    nodes, changed = fold(graph.nodes)
+    blocks = []
+    for n in nodes:
+        if n.block is not None:
+            inner, c = fold(n.block.nodes)
+            if c:
+                n, changed = replace(n, block=replace(n.block, nodes=inner)), True
+        blocks.append(n)
+    return replace(graph, nodes=tuple(blocks)) if changed else graph
