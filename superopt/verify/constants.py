@@ -6,9 +6,11 @@ identity, so on their own they see ``cast(1/2304 : float32) -> bfloat16`` as 1/2
 multiplies by 1/2304 rounded to bfloat16 (0.2% high: the shipped Gemma-2 μGraphs' mean(x²), issue
 32). A constant is the one value whose rounding is known before any input arrives, so
 ``held_constants`` writes it into the graph: each narrowing cast of a constant becomes a ``const``
-of the rounded value. Constants are otherwise the rationals they are written as (the canonical
-rewrites' own constants, e.g. gelu_tanh's 0.044715, are float64 spellings too), and arithmetic
-stays exact, as everywhere in the formal model. No program of the registry's models narrows a
+of the rounded value, and a ``const`` declared in a 16-bit dtype takes its 16-bit value. A float32
+or float64 ``const`` stays the rational it is written as: the canonical rewrites spell their own
+constants (gelu_tanh's 0.044715) in float64, and a float32 spelling of the same constant must not
+differ from them (``tests/superopt/verify/test_identities.py``). Arithmetic stays exact, as
+everywhere in the formal model. No program of the registry's models narrows a
 constant, and the search may narrow one only where the program does (``precision.PrecisionFloor``
 rule 2), so both sides of such a cast round alike.
 """
@@ -46,15 +48,16 @@ def _round(value: float, dtype: str) -> float:
 
 def constant_values(nodes, rounded: bool = False) -> dict[str, float]:
     """Value name -> its value, for the values computed from constants alone (a scalar ``const``
-    and elementwise ops and casts of such values), in float64. ``rounded``: a narrowing cast rounds
-    to its dtype; else casts are identities — the value as written, which is how ``precision`` keys
-    a program's constants."""
+    and elementwise ops and casts of such values), in float64. ``rounded``: a narrowing cast, and a
+    const declared in a 16-bit dtype, round to their dtype; else casts are identities — the value
+    as written, which is how ``precision`` keys a program's constants."""
     dom, vals, width = NumpyDomain(), {}, {}
     for n in nodes:
         if len(n.outs) != 1:   # a customized kernel: never a constant
             continue
         if n.op == "const":
-            vals[n.out.name] = float(n.attr("value"))
+            x, dt = float(n.attr("value")), n.out.type.dtype
+            vals[n.out.name] = round_to(x, dt) if rounded and DTYPE_BYTES[dt] < 4 else x
         elif n.args and all(a in vals for a in n.args):
             if n.op == "cast":
                 dt, x = n.out.type.dtype, vals[n.args[0]]
@@ -70,15 +73,15 @@ def constant_values(nodes, rounded: bool = False) -> dict[str, float]:
 
 
 def held_constants(graph: KernelGraph) -> KernelGraph:
-    """``graph`` with each narrowing cast of a constant folded into the rounded constant (module
-    docstring); the same graph where there is none. A value its dtype cannot hold (overflow to ±inf)
-    is left to the cast."""
+    """``graph`` with each narrowing cast of a constant folded into the rounded constant, and each
+    16-bit const at its 16-bit value (module docstring); the same graph where nothing rounds. A value
+    its dtype cannot hold (overflow to ±inf) is left as written."""
     def fold(nodes):
         vals = constant_values(nodes, rounded=True)
         out, changed = [], False
         for n in nodes:
-            v = vals.get(n.outs[0].name) if n.op == "cast" else None
-            if v is not None and math.isfinite(v) and v != vals[n.args[0]]:
+            v = vals.get(n.outs[0].name) if n.op in ("cast", "const") else None
+            if v is not None and math.isfinite(v) and v != (vals[n.args[0]] if n.args else float(n.attr("value"))):
                 n = Node("const", (), n.outs, make_attrs(dtype=n.out.type.dtype, value=v))
                 changed = True
             out.append(n)

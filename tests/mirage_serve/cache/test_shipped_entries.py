@@ -21,7 +21,7 @@ from superopt.codegen.launch import chained, prefetched, read_launches
 from superopt.codegen.triton import render_triton
 from superopt.ir import check, digest, from_text
 from superopt.verify import check_equivalent
-from superopt.verify.precision import precision_violations
+from superopt.verify.precision import constant_violations, precision_violations
 from superopt.verify.upcast import upcast
 
 SAMPLE_MODELS = ("SmolLM2-135M", "Qwen2.5-0.5B")
@@ -84,3 +84,32 @@ def test_sampled_shipped_entries_verify_against_their_programs(programs):
         v = check_equivalent(program, graph)
         assert v.equivalent, f"{what}: {v}"
         render_triton(graph)
+
+
+@pytest.mark.slow
+def test_shipped_gemma2_entries_that_round_constants_are_widened_on_first_use():
+    """Gemma-2-2B's shipped q/k/v entries (hidden 2304) cast eps and 1/2304 to bf16, which the
+    program keeps in fp32 (issue 32). As shipped they fail the value check, which sees a constant's
+    rounding, and the dtype check names the constants; widened as patch() takes them, they pass."""
+    from mirage_serve.cache import versions_now
+    from mirage_serve.site_programs import layer_programs
+
+    cache = KernelCache(shipped_cache_dir() / ".no-user-layer", read_only=True)
+    seen = set()
+    for label, m, program in layer_programs("Gemma-2-2B", (1,), fused_residual=True):
+        if not label.startswith("attn_in") or label in seen:   # k and v share one program
+            continue
+        key = CacheKey(digest(program), f"b{m}", "bf16", "sm90", "triton", versions_now(), f"{label}-m{m}")
+        entry = cache.get(key)
+        assert entry is not None and entry.origin == "shipped", label
+        shipped = from_text(entry.ugraph_text)
+        assert [v.split(" (")[0] for v in constant_violations(program, shipped)] == [
+            "constant 1e-06 in bfloat16", "constant 0.000434028 in bfloat16"], label
+        assert not check_equivalent(program, shipped).equivalent, label
+        graph, widened = upcast(program, shipped)
+        assert sum("of constant" in w for w in widened) == 2, widened
+        assert precision_violations(program, graph) == [], label
+        v = check_equivalent(program, graph)
+        assert v.equivalent, f"{label}: {v}"
+        seen.add(label)
+    assert len(seen) == 2   # q's entry and k/v's
