@@ -22,12 +22,13 @@ formally distinct multiset S of terms (max: associative and commutative, see fie
 and e^t, with e^a·e^b = e^(a+b). Formal equality implies equality over the reals (substitute the
 real functions for the atoms), so the test never passes a candidate that formal algebra cannot
 justify; it can reject a real identity the model does not know (max(a, a) = a, relu = max(x, 0),
-a constant spelled as another float): a false alarm, never a false pass. A constant is the rational
-its dtype holds, not the float it is written as: ``constants.held_constants`` rounds each ``const``
-to its dtype and folds each cast of a constant into the rounded value, so a μGraph that casts eps
-or 1/n to bfloat16 where the program keeps them in float32 differs from the program (issue 32).
-Casts of anything else remain identities: the rounding of data is the dtype check's business
-(``precision``).
+a constant spelled as another float): a false alarm, never a false pass. A constant narrowed to 16
+bits holds the rational its dtype holds, not the float it is written as: ``constants.held_constants``
+folds each narrowing cast of a constant into the rounded value and takes a const declared in a
+16-bit dtype at its 16-bit value, so a μGraph that casts eps or 1/n to bfloat16 where the program
+keeps them in float32 differs from the program (issue 32). float32 and float64 consts stay the
+rationals they spell, and casts of anything but constants stay identities: the rounding of data is
+the dtype check's business (``precision``).
 
 Theorem (one trial). Let output o differ formally between P and C. ``degree.py`` bounds, for
 every element of o in each graph: numerator/denominator degrees n, d (atoms have degree 1);

@@ -55,7 +55,7 @@ def precision_violations(program: KernelGraph, candidate: KernelGraph) -> list[s
 
 class PrecisionFloor:
     """What the program says about dtypes, as two rules on the keys of its values (``env``: value
-    name -> key; the search's normal forms, or ``program_keys``' constant values):
+    name -> key: the search's normal forms, or ``program_floor``'s constant values):
 
     1. an arithmetic op (anything but ``cast`` / ``const``) whose result has the key of a value the
        program computes arithmetically may not produce it in a dtype narrower than the widest one
