@@ -234,8 +234,12 @@ def run_pattern(program: KernelGraph, index: ProgramIndex, pattern: Pattern, bud
                     pattern, index, vocab, index.consts, budget, cap, col, precision=PrecisionFloor(program, env))
         found = bs.run(goals, split=pattern.split, guide=(program, env, index.labels))
         if found:
+            # a part that is a program output as it stands (split-K of a bare projection) is left in its
+            # dtype: the codegen adds the parts in a float32 workspace and rounds the total once, and a
+            # combine would only cast it
             k1, wide = widen_partials(bs.skeleton(found, goals, pattern.split),
-                                      [bs.vals[found[g.name]].type.dtype for g in goals])
+                                      [bs.vals[found[g.name]].type.dtype for g in goals],
+                                      [g.expr in targets for g in goals])
             parts = [Source(name, labels, TensorType(tuple(index.sizes[i] if i >= 0 else 1 for i in labels), dt))
                      for (_, _, _, name), labels, dt in zip(k1.outputs, k1.out_labels, wide)]
             for k2 in _combine_kernels(program, index, pattern.split, parts, vocab, budget, cap, col):

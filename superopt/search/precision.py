@@ -40,12 +40,13 @@ def accumulation_dtype(dtype: str) -> str:
     return ACCUMULATION if DTYPE_BYTES[dtype] < DTYPE_BYTES[ACCUMULATION] else dtype
 
 
-def widen_partials(k: KernelSkeleton, dtypes: list[str]) -> tuple[KernelSkeleton, list[str]]:
+def widen_partials(k: KernelSkeleton, dtypes: list[str], final: list[bool]) -> tuple[KernelSkeleton, list[str]]:
     """Split kernel ``k`` (outputs summed across blocks, in ``dtypes``) with each narrower output
-    cast to its accumulation dtype before it leaves the block; returns it and the outputs' dtypes."""
+    cast to its accumulation dtype before it leaves the block, except those ``final`` (a program
+    output as it stands: nothing computes on the total); returns it and the outputs' dtypes."""
     nodes, outputs, wide = list(k.nodes), [], []
-    for (ref, omap, reduce, name), dt in zip(k.outputs, dtypes):
-        acc = accumulation_dtype(dt)
+    for (ref, omap, reduce, name), dt, last in zip(k.outputs, dtypes, final):
+        acc = dt if last else accumulation_dtype(dt)
         if acc != dt:
             nodes.append(("cast", (ref,), (("dtype", acc),)))
             ref = len(k.inputs) + len(nodes) - 1
