@@ -19,8 +19,9 @@ thereby computed at least as wide as their operands. Pruned values count as "pre
 A third rule is not about the program's values but about what a design adds: **partial results summed
 across blocks are carried at the accumulation precision** (``accumulation_dtype``: float32 for
 bf16 / fp16). A split kernel's blocks each hold one part of a sum the program computes whole; a
-bf16 tensor of those parts rounds the total (and, where a backend adds the parts in its dtype,
-every add) — error the program never makes, growing with the number of splits.
+bf16 tensor of those parts rounds the total before the combine divides by it (and a backend that
+added the parts in bf16 would round every add, growing with the splits; Triton's workspaces and
+torch's sums add in float32, ``benchmarks/results/split_partials_cpu_2026-11-26.md``).
 ``widen_partials`` makes the split kernel store its parts in that dtype; the combine kernel is then
 searched on the wide parts with the program's output dtypes to cast to (``kernel.run_pattern``), so
 its arithmetic on the sums runs wide and the result is rounded once, as a hand-written

@@ -2,9 +2,11 @@
 
 A split kernel (flash decoding's KV splits, split-K) writes one part of a sum per block; the
 combine kernel finishes it. In a bf16 / fp16 program the search used to store those parts in the
-program's dtype: the total was rounded before the combine divided by it, and a backend that adds
-the parts in that dtype rounds every add (the CPU emulation of issue 34 put 128 splits at 1.6e-2).
-Qwen2.5-0.5B at one row is fastest with 128 KV splits, so these tests use that shape.
+program's dtype: the total was rounded before the combine divided by it. (The backends add the
+parts in float32 either way — Triton's workspaces, torch's sum — so the error does not grow with
+the splits; ``benchmarks/results/split_partials_cpu_2026-11-26.md``.) Qwen2.5-0.5B at one row is
+fastest with 128 KV splits, so these tests use that shape; the before-design is rebuilt by
+``tests.fixtures.precision.narrow_partials`` and must be less accurate on the same inputs.
 """
 from __future__ import annotations
 
