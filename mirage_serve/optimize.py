@@ -112,7 +112,7 @@ def _hit(program: KernelGraph, entry, cache, key, pick, t0: float) -> "Choice | 
         return Choice(graph, "cache", note, time.perf_counter() - t0, None, launch, profile, ver, entry)
     meta = {k: v for k, v in entry.meta.items() if k not in ("verified", "verdict")}
     ver = None
-    current = launch is None or key.backend != "triton" or meta.get("render_sha256") == render_digest(graph, launch)
+    current = _launch_stands(key, meta, graph, launch)
     try:
         graph, widened = upcast(program, graph)
         narrow = precision_violations(program, graph)
@@ -320,6 +320,12 @@ def _best(result):
     return result.best if getattr(result, "ranked", True) else None
 
 
+def _launch_stands(key, meta: dict, graph: KernelGraph, launch) -> bool:
+    """Whether a cache entry's stored launch choice still applies to its μGraph ``graph`` (as
+    stored): none stored, not Triton, or the code generator still renders what it was profiled on."""
+    return launch is None or key.backend != "triton" or meta.get("render_sha256") == render_digest(graph, launch)
+
+
 def prefetch(program: KernelGraph, entry, key=None, pdl: bool = False, target=None) -> None:
     """Start verifying a cache entry's μGraph against ``program`` in the background
     (``verify_parallel.prefetch``); ``_hit``'s ``verify`` then collects the result instead of
@@ -334,7 +340,7 @@ def prefetch(program: KernelGraph, entry, key=None, pdl: bool = False, target=No
             return
         launch = _stored_launch(entry.meta.get("launch"))
         kept = (launch is not None and key is not None and key.backend == "triton"
-                and entry.meta.get("render_sha256") == render_digest(stored, launch))   # as _hit decides
+                and _launch_stands(key, entry.meta, stored, launch))
     except Exception:
         return   # _hit rejects it
     job = (to_text(graph), launch, pdl, target) if kept and target is not None else None

@@ -23,7 +23,7 @@ from ..ir import KernelGraph, TensorType
 from ..ir.ops import BINARY_OPS, UNARY_OPS
 from .block import BlockSearch, Goal, Source
 from .budget import SearchBudget
-from .precision import PrecisionFloor
+from .precision import PrecisionFloor, widen_partials
 from .skeleton import Pattern, retarget
 
 
@@ -234,10 +234,14 @@ def run_pattern(program: KernelGraph, index: ProgramIndex, pattern: Pattern, bud
                     pattern, index, vocab, index.consts, budget, cap, col, precision=PrecisionFloor(program, env))
         found = bs.run(goals, split=pattern.split, guide=(program, env, index.labels))
         if found:
-            k1 = bs.skeleton(found, goals, pattern.split)
-            parts = [Source(name, labels, TensorType(tuple(index.sizes[i] if i >= 0 else 1 for i in labels),
-                                                     program.inputs[0].type.dtype))
-                     for (_, _, _, name), labels in zip(k1.outputs, k1.out_labels)]
+            # a part that is a program output as it stands (split-K of a bare projection) is left in its
+            # dtype: the codegen adds the parts in a float32 workspace and rounds the total once, and a
+            # combine would only cast it
+            k1, wide = widen_partials(bs.skeleton(found, goals, pattern.split),
+                                      [bs.vals[found[g.name]].type.dtype for g in goals],
+                                      [g.expr in targets for g in goals])
+            parts = [Source(name, labels, TensorType(tuple(index.sizes[i] if i >= 0 else 1 for i in labels), dt))
+                     for (_, _, _, name), labels, dt in zip(k1.outputs, k1.out_labels, wide)]
             for k2 in _combine_kernels(program, index, pattern.split, parts, vocab, budget, cap, col):
                 designs.append((k1, k2))
     stats = _collect(col)
@@ -257,6 +261,10 @@ def _combine_kernels(program, index, split, parts, vocab, budget, cap, col) -> l
     names = atom_names(store, t2)
     srcs = _program_sources(program, index, store, t2) + [s for s in parts if s.name in names]
     goals = [Goal(t, index.labels[o], o, program.type_of(o).dtype) for t, o in zip(t2, program.outputs)]
+    # the parts arrive at the accumulation precision (``precision.widen_partials``): the combine may
+    # compute on them wide and round its results to the program's output dtypes
+    out_dtypes = {g.dtype for g in goals} - {s.type.dtype for s in parts}
+    vocab = dict(vocab, cast=sorted(set(vocab["cast"]) | out_dtypes))
     bs = _block(store, t2, srcs, p0, index, vocab, index.consts, budget, cap, col)
     found = bs.run(goals)
     if not found:
