@@ -61,20 +61,18 @@ def _block(b: BlockGraph, want: dict[str, str], floor: PrecisionFloor, changed: 
     used = {i.value.name for i in b.inputs} | {n.out.name for n in b.nodes}
     fresh = iter(f"w{i}" for i in range(10**6) if f"w{i}" not in used)
 
+    shapes = {i.value.name: i.value.type.shape for i in b.inputs}
+    inputs = set(shapes)
+
     def cast_to(name: str, dt: str) -> str:
         if dtype[name] == dt:
             return name
         if (name, dt) not in up:
-            v = Value(next(fresh), TensorType(_shape(name), dt))
+            v = Value(next(fresh), TensorType(shapes[name], dt))
             out.append(Node("cast", (name,), (v,), make_attrs(dtype=dt)))
             dtype[v.name] = dt
             up[(name, dt)] = v.name
         return up[(name, dt)]
-
-    shapes = {i.value.name: i.value.type.shape for i in b.inputs}
-
-    def _shape(name):
-        return shapes[name]
 
     for n in b.nodes:
         args = tuple(alias.get(a, a) for a in n.args)
@@ -107,7 +105,7 @@ def _block(b: BlockGraph, want: dict[str, str], floor: PrecisionFloor, changed: 
         if goal and DTYPE_BYTES[goal] > DTYPE_BYTES[wide]:
             wide = goal
         for a in args:   # fed by a widened value: widen with it
-            if DTYPE_BYTES[dtype[a]] > DTYPE_BYTES[wide] and a not in {i.value.name for i in b.inputs}:
+            if DTYPE_BYTES[dtype[a]] > DTYPE_BYTES[wide] and a not in inputs:
                 wide = dtype[a]
         if wide == v.type.dtype:
             out.append(replace(n, args=args))
