@@ -367,13 +367,14 @@ class Preparer:
             return
         self._prefetched.add((site.name, sig))
         dim, device = _dim(wrapper.head), next(wrapper.parameters()).device
+        pdl, target = self._compile_target(device)
         for name, part, _ in site_parts(site.name, wrapper):
             for m in sorted(self.buckets, reverse=True):
                 program = self._program(part, name, sig, dim, m, device).graph
                 key = self._cache_key(digest(program), name, m, device)
                 entry = self.cache.get(key, count=False)
                 if entry is not None and not entry.signed:
-                    optimize.prefetch(program, entry, key, *self._compile_target(device))
+                    optimize.prefetch(program, entry, key, pdl, target)
 
     def _compile_target(self, device) -> tuple[bool, object]:
         """(dependent launch as the build resolves it, the GPU's Triton target) for compiling a

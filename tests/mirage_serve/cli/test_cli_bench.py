@@ -217,13 +217,19 @@ def test_out_of_memory_reports_largest_batch(capsys, monkeypatch):
                    "(try --batch 3 or --layers N)"]
 
 
-def test_tiny_set_really_shrinks_the_model(tmp_path, monkeypatch):
-    _use_patch(monkeypatch, *_no_patch())
-    j = tmp_path / "r.json"
+def _tiny_json_argv(j) -> list[str]:
+    """A one-layer SmolLM2 shrunk by TINY_SET, on the CPU, writing its record to ``j``."""
     argv = ["bench", "SmolLM2-135M", "--layers", "1", "--batch", "1", "--new-tokens", "2", "--prompt-len", "3",
             "--device", "cpu", "--json", str(j)]
     for kv in TINY_SET:
         argv += ["--set", kv]
+    return argv
+
+
+def test_tiny_set_really_shrinks_the_model(tmp_path, monkeypatch):
+    _use_patch(monkeypatch, *_no_patch())
+    j = tmp_path / "r.json"
+    argv = _tiny_json_argv(j)
     assert main(argv) == E.EXIT_OK
     m = json.loads(j.read_text())["model"]
     # embed 311×72 + lm_head (tied in SmolLM2) + 1 layer + final norm.
@@ -272,10 +278,7 @@ def test_a_float32_reference_that_fails_is_a_note_not_a_failed_bench(tmp_path, m
 
     monkeypatch.setattr(bench_sampling, "reference", broken)
     j = tmp_path / "r.json"
-    argv = ["bench", "SmolLM2-135M", "--layers", "1", "--batch", "1", "--new-tokens", "2", "--prompt-len", "3",
-            "--device", "cpu", "--json", str(j)]
-    for kv in TINY_SET:
-        argv += ["--set", kv]
+    argv = _tiny_json_argv(j)
     assert main(argv) == E.EXIT_OK
     record = json.loads(j.read_text())
     assert any("no float32 reference (RuntimeError: widening failed" in n for n in record["notes"])
