@@ -53,7 +53,7 @@ def gone(pid: int, within: float = 10.0) -> bool:
     while time.monotonic() < deadline:
         try:
             stat = Path(f"/proc/{pid}/stat").read_text()
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):  # the process may vanish between open and read
             return True
         if stat[stat.rindex(")") + 2] == "Z":
             return True
