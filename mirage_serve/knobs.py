@@ -91,8 +91,8 @@ RESEARCH: Knob[bool] = Knob(
 
 FUSED_RESIDUAL: Knob[bool] = Knob(
     "MIRAGE_SERVE_FUSED_RESIDUAL", parse_bool, True,
-    "add the decoder layer's residual inside the o_proj and down_proj kernels (Llama-style layers whose forward "
-    "patch() recognizes); 0 leaves the adds to the layer (default of PatchOptions.fused_residual)")
+    "add the decoder layer's residual inside the kernels of the projections whose outputs it adds (found from the "
+    "traced layer); 0 leaves the adds to the layer (default of PatchOptions.fused_residual)")
 
 KNOBS: tuple[Knob, ...] = (CACHE_DIR, CACHE_READ_ONLY, CACHE_KEY, PDL, PAIRED_LAUNCH, RESEARCH, FUSED_RESIDUAL)
 

@@ -25,7 +25,7 @@ class PatchOptions:
     pdl: bool = field(default_factory=knobs.PDL.get)
     # k_proj and v_proj as one launch where it times faster (mirage_serve.patch_pairing)
     paired_launch: bool = field(default_factory=knobs.PAIRED_LAUNCH.get)
-    # the layer's residual adds inside the o_proj / down_proj kernels (mirage_serve.patch_residual)
+    # the layer's residual adds inside the kernels of the projections they add (mirage_serve.patching.residual)
     fused_residual: bool = field(default_factory=knobs.FUSED_RESIDUAL.get)
     # search again the programs the shipped cache holds, on the GPU profile (mirage_serve.optimize.choose)
     research: bool = field(default_factory=knobs.RESEARCH.get)

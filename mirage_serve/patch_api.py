@@ -26,21 +26,20 @@ from superopt.runtime.interpreter import interpreting
 from . import backends
 from .options import PatchOptions
 from .patch_prepare import Preparer, SiteError
-from .patch_residual import ResidualSlot, layer_forward
-from .patch_residual import unsupported as residual_unsupported
+from .patching.residual import LayerPlan, ResidualSlot, plan_residual_adds
 from .patch_wiring import Record, install, restore, set_forward
 from .report import PatchReport, SiteReport
-from .sites import find_layers
+from .sites import ProjSite, find_layers
 
 __all__ = ["PatchError", "patch", "unpatch", "is_patched"]
 
 _CPU_NOTE = ("backend torch: μGraphs run in the torch interpreter; this is for testing the patch "
              "path on CPU and gives no speed-up")
 
-_RESIDUAL_NOTE = ("residual adds: in the o_proj / down_proj kernels of {n}/{of} layers (the layer's forward hands "
-                  "them the residual; PatchOptions.fused_residual)")
+_RESIDUAL_NOTE = ("residual adds: in the kernels of {projs} in {n}/{of} layers (found from the traced layer; the "
+                  "layer's forward hands them the residual; PatchOptions.fused_residual)")
 _TRACED_NOTE = ("sites from the traced decoder layer (no adapter for model type {!r}): norm → projections "
-                "and projections alone; attention core and residual adds stay original")
+                "and projections alone; the attention core stays original")
 _GRAPHS_NOTE = ("decode steps replay CUDA graphs on an owned static KV cache; HF's auto-compile is "
                 "off for this model (it would compile around the graphs)")
 
@@ -168,11 +167,15 @@ def patch(model: torch.nn.Module, *, backend: str = "auto", cache_dir=None, sear
         report.supported, report.note = False, why + "; the model was left unchanged"
         return report
     layers_path, layers = found
-    fused, why_not = _residual_layers(family, layers) if options.fused_residual else (set(), "")
+    residual, why_not = _residual_plans(model, family, layers) if options.fused_residual else \
+        ([LayerPlan()] * len(layers), "residual adds stay in the layer (PatchOptions.fused_residual is off)")
     if shard:  # how the shards are patched (the residual: rank 0 adds it before the all-reduce)
         why_not = "; ".join(x for x in (why_not, shard.note()) if x)
-    left = "; ".join(f"{b}: {w}" for b, w in family.not_patched if not (b == "residual" and fused))
+    left = "; ".join(f"{b}: {w}" for b, w in family.not_patched)
     report.note = "; ".join(x for x in (report.note, left, why_not) if x)
+
+    def with_residual(i, site):  # the projection site takes its layer's residual add (patching.residual)
+        return replace(site, residual=True) if isinstance(site, ProjSite) and site.proj in residual[i].projections else site
 
     prep = Preparer(report, backend, dtype, buckets, search_budget, _open_cache(cache_dir, report), options,
                     shard_tag=shard.tag if shard else "")
@@ -181,12 +184,10 @@ def patch(model: torch.nn.Module, *, backend: str = "auto", cache_dir=None, sear
         # every unsigned cache entry's verification starts now, all programs at once (Preparer.prefetch)
         for i, layer in enumerate(layers if shard is None else ()):
             for site in family.sites:
-                prep.prefetch(layer, replace(site, residual=True)
-                              if i in fused and site.name in family.residual_sites else site)
+                prep.prefetch(layer, with_residual(i, site))
         for i, layer in enumerate(layers):
             for site in family.sites:
-                if i in fused and site.name in family.residual_sites:
-                    site = replace(site, residual=True)
+                site = with_residual(i, site)
                 sr = SiteReport(i, site.name, tuple(f"{layers_path}.{i}.{p}" for p in site.paths()))
                 report.sites.append(sr)
                 try:
@@ -210,19 +211,20 @@ def patch(model: torch.nn.Module, *, backend: str = "auto", cache_dir=None, sear
         decode_attention = device.type == "cuda" or interpreting()  # Triton kernels on CPU tensors (tests)
     records: list[Record] = []
     try:  # every swap, or none: a failure undoes all of them
-        slots: dict[int, tuple] = {}  # id(layer) -> (layer, {site name: ResidualSlot})
+        slots: dict[int, tuple] = {}  # layer index -> (layer, {projection path: ResidualSlot})
         for layer, site, runtime, sr in plans:
             slot = None
             if getattr(site, "residual", False):
-                slot = slots.setdefault(id(layer), (layer, {}))[1].setdefault(
-                    site.name, ResidualSlot(layer.get_submodule(site.proj)))
+                slot = slots.setdefault(sr.layer, (layer, {}))[1].setdefault(
+                    site.proj, ResidualSlot(layer.get_submodule(site.proj)))
             install(layer, site, runtime, records, slot)
             sr.patched = True
-        for layer, by_name in slots.values():  # the layer hands its residual to the projections
-            attn_site, mlp_site = family.residual_sites
-            set_forward(layer, layer_forward(layer, by_name.get(attn_site), by_name.get(mlp_site)), records)
+        for i, (layer, by_proj) in slots.items():  # the layer hands its residual to the projections
+            set_forward(layer, residual[i].forward(layer, by_proj), records)
         if slots:
-            report.note = "; ".join(x for x in (report.note, _RESIDUAL_NOTE.format(n=len(slots), of=len(layers))) if x)
+            projs = sorted({p for _, by_proj in slots.values() for p in by_proj})
+            note = _RESIDUAL_NOTE.format(projs=", ".join(projs), n=len(slots), of=len(layers))
+            report.note = "; ".join(x for x in (report.note, note) if x)
         if decode_attention and family.attention:
             _install_attention(model, layers, family.attention, records, report, options.pdl,
                                shard.config if shard else model.config)
@@ -257,21 +259,18 @@ def _sharding(model):
     return shard
 
 
-def _residual_layers(family, layers) -> tuple[set[int], str]:
-    """The layers whose residual adds can move into their projections (``patch_residual``), and
-    why the others cannot (for the report)."""
-    if not family.residual_sites:
-        return set(), "residual adds not fused (the family declares no residual sites)"
-    by_site = {s.name: s for s in family.sites}
-    attn, mlp = (by_site[n].proj.rsplit(".", 1)[0] for n in family.residual_sites)
-    fused, why = set(), {}
-    for i, layer in enumerate(layers):
-        reason = residual_unsupported(layer, attn, mlp)
-        if reason is None:
-            fused.add(i)
-        else:
-            why.setdefault(reason, i)
-    return fused, "; ".join(f"residual adds not fused ({r})" for r in why)
+def _residual_plans(model, family, layers) -> tuple[list[LayerPlan], str]:
+    """Per layer, which residual adds move into which projection's kernel (``patching.residual``,
+    from one traced decode-shaped forward), and what stays in the layer and why (for the report)."""
+    candidates = [s.proj for s in family.sites if isinstance(s, ProjSite) and s.tail is None]
+    plans = plan_residual_adds(model, layers, candidates) if candidates else "the family has no projection site"
+    if isinstance(plans, str):
+        return [LayerPlan()] * len(layers), f"residual adds stay in the layer ({plans})"
+    why: dict[str, str] = {}
+    for plan in plans:
+        for what, reason in plan.why_not.items():
+            why.setdefault(what, reason)
+    return plans, "; ".join(f"{what} stays in the layer ({reason})" for what, reason in why.items())
 
 
 def _install_attention(model, layers, attn_name: str, records: list[Record], report: PatchReport,

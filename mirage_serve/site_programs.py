@@ -22,7 +22,7 @@ def layer_programs(name: str, rows: tuple[int, ...], fused_residual: bool | None
     """(site program label, rows, program) for every site part of one layer of registry model
     ``name`` at each row count (a label can repeat: k and v share one). ``fused_residual`` (default:
     ``PatchOptions().fused_residual``): the projections with the layer's residual add, where
-    ``patch()`` would fuse it (``patch_residual``)."""
+    ``patch()`` would fuse it (``patching.residual``)."""
     from dataclasses import replace
 
     from transformers import AutoModelForCausalLM
@@ -32,7 +32,7 @@ def layer_programs(name: str, rows: tuple[int, ...], fused_residual: bool | None
 
     from . import registry
     from .options import PatchOptions
-    from .patch_api import _adapters, _residual_layers
+    from .patch_api import _adapters, _residual_plans
     from .patch_prepare import activation_dims
     from .sites import find_layers, site_module, site_parts
 
@@ -50,10 +50,10 @@ def layer_programs(name: str, rows: tuple[int, ...], fused_residual: bool | None
             raise ValueError(f"{name}: {why}")
     _, layers = find_layers(model, family)
     fused = PatchOptions().fused_residual if fused_residual is None else fused_residual
-    residual = fused and 0 in _residual_layers(family, layers)[0]
+    residual = _residual_plans(model, family, layers)[0][0].projections if fused else set()
     top = max(rows)
     for site in family.sites:
-        if residual and site.name in family.residual_sites:
+        if getattr(site, "proj", None) in residual:
             site = replace(site, residual=True)
         for label, part, _ in site_parts(site.name, site_module(layers[0], site)):
             acts = tuple(torch.randn(top, d, dtype=torch.bfloat16) for d in activation_dims(part))

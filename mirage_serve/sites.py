@@ -57,9 +57,6 @@ class Family:
     sites: tuple[NormSite | ProjSite, ...]
     not_patched: tuple[tuple[str, str], ...] = field(default=())  # (block, why) per layer
     attention: str | None = None  # the layer's attention module, for the decode-attention fast path
-    # (attention projection site, MLP projection site) whose outputs the layer adds to its residual
-    # stream: the adds move into them (patch_residual) unless PatchOptions(fused_residual=False)
-    residual_sites: tuple[str, str] | None = None
 
 
 def llama_like(model_types: tuple[str, ...], mlp_norm: str = "post_attention_layernorm",
@@ -75,11 +72,6 @@ def llama_like(model_types: tuple[str, ...], mlp_norm: str = "post_attention_lay
             ProjSite("mlp_out", "mlp.down_proj"),
         ),
         attention="self_attn",
-        residual_sites=("attn_out", "mlp_out"),
-        not_patched=(
-            ("residual", "residual adds stay in the decoder layer's forward (o_proj / down_proj "
-                         "are fused without them)"),
-        ),
     )
 
 

@@ -100,7 +100,7 @@ def test_superopt_import_direction(path):
 MIRAGE_LAYERS = (
     {"knobs", "cli_errors", "hf_names", "registry", "report", "sites", "backends", "verify_parallel", "cost_fit"},  # leaves
     {"options", "site_kernel", "patches", "cache", "tp", "patching"},  # switches, kernel store, adapters, shards, traced sites
-    {"optimize", "patch_residual", "patch_pairing"},  # cache or search, then verify; residual; k/v pairing
+    {"optimize", "patch_pairing"},  # cache or search, then verify; k/v pairing
     {"patch_prepare"},                                # one site: extract, choose, build, self-check
     {"patch_wiring"},                                 # swap forwards, restore them
     {"decode"},                                       # decode attention, CUDA-graph decode steps

@@ -182,7 +182,7 @@ class FastAttention:
         """Run the original forward and the fast path on the same step; keep the original's
         effects (output, cache slot, length) and decide whether the fast path may run from now."""
         x, _, _, layer, _, pos, advance = step
-        # A residual the layer handed to o_proj (patch_residual) is left for the layer to add on
+        # A residual the layer handed to o_proj (patching.residual) is left for the layer to add on
         # this step: both forwards then return o_proj's output alone, compared as they are.
         handoff = getattr(getattr(self.module.o_proj, "forward", None), "residual_slot", None)
         if handoff is not None:

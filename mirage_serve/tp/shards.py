@@ -129,7 +129,7 @@ def _local_module(module: nn.Module, DTensor) -> nn.Module:
 class Reduced:
     """A projection site's runtime whose output is a partial sum over ranks: all-reduced after the kernel.
 
-    With the layer's residual fused in (``patch_residual``: the program ``(x, r) -> r + x Wᵀ``), rank 0
+    With the layer's residual fused in (``patching.residual``: the program ``(x, r) -> r + x Wᵀ``), rank 0
     runs it with the residual and every other rank with ``r = 0``, so the all-reduce adds the
     residual exactly once: the add after the all-reduce is gone, and so is its kernel."""
 

@@ -65,7 +65,7 @@ def _param_memory(model) -> tuple[int, set]:
 
 def check_family(config, monkeypatch, fused_residual: bool = False) -> mirage_serve.PatchReport:
     """``fused_residual``: every layer's o_proj and down_proj sites must take the residual
-    (patch_residual, the default) on decode-sized forwards; False: with
+    (patching.residual, the default) on decode-sized forwards; False: with
     ``PatchOptions(fused_residual=False)``, none may."""
     model = build(config)
     ids1, ids3, mask3 = prompts(config.vocab_size, pad=0)
@@ -96,7 +96,8 @@ def check_family(config, monkeypatch, fused_residual: bool = False) -> mirage_se
     layers = len({s.layer for s in report.sites})
     if fused_residual:
         assert sum(with_residual) == 2 * layers, str(report)
-        assert f"residual adds: in the o_proj / down_proj kernels of {layers}/{layers} layers" in report.note
+        assert (f"residual adds: in the kernels of mlp.down_proj, self_attn.o_proj in {layers}/{layers} layers"
+                in report.note), report.note
         assert {s.site for s in report.sites if s.program} >= {"attn_out", "mlp_out"}
     else:
         assert not any(with_residual)

@@ -1,118 +1,172 @@
-"""PatchOptions.fused_residual: the decoder layer's residual adds inside the o_proj / down_proj kernels.
+"""PatchOptions.fused_residual: a decoder layer's residual adds inside the kernels of the projections
+they add, found from the traced layer (mirage_serve.patching.residual).
 
-Parity of whole patched models with the fusion on is in test_llama / test_qwen2 (``check_family``);
-here: which layers it applies to, the hand-off's guards, and a kernel taking two activations.
+Parity of whole patched models with the fusion on is in test_llama / test_qwen2 / test_phi3
+(``check_family``) and, for the families patched from their traced layer, test_no_adapter; here:
+which adds are found (any source text, any names), which are refused and why, and the run-time
+hand-off's guards on a toy layer whose data flow changes after the trace.
 """
 from __future__ import annotations
 
 import pytest
 import torch
-from transformers import Gemma2Config, LlamaConfig
-from transformers.models.gemma2.modeling_gemma2 import Gemma2Attention, Gemma2DecoderLayer, Gemma2MLP
-from transformers.models.llama.modeling_llama import LlamaAttention, LlamaDecoderLayer, LlamaMLP
-from transformers.models.mistral.modeling_mistral import MistralAttention, MistralDecoderLayer, MistralMLP
-from transformers.models.phi3.modeling_phi3 import Phi3Attention, Phi3DecoderLayer, Phi3MLP
-from transformers.models.qwen2.modeling_qwen2 import Qwen2Attention, Qwen2DecoderLayer, Qwen2MLP
-from transformers.models.qwen3.modeling_qwen3 import Qwen3Attention, Qwen3DecoderLayer, Qwen3MLP
+from torch import nn
+from transformers import (CohereConfig, Gemma2Config, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config,
+                          Qwen3Config)
 
 import mirage_serve
 from mirage_serve.backends import Executor
 from mirage_serve.options import PatchOptions
-from mirage_serve.patch_residual import ResidualSlot, _unsupported
+from mirage_serve.patching.residual import FusedAdd, ResidualSlot, plan_residual_adds, proj_forward
 from mirage_serve.site_kernel import BucketKernel, bound_call
 
 from .parity import build
 
-
-@pytest.mark.parametrize("classes", [(LlamaDecoderLayer, LlamaAttention, LlamaMLP),
-                                     (MistralDecoderLayer, MistralAttention, MistralMLP),
-                                     (Qwen2DecoderLayer, Qwen2Attention, Qwen2MLP),
-                                     (Qwen3DecoderLayer, Qwen3Attention, Qwen3MLP)])
-def test_the_llama_style_layers_are_recognized(classes):
-    assert _unsupported(*classes) is None
+TINY = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, pad_token_id=0)
+LLAMA_ADDS = (FusedAdd(0, "self_attn.o_proj", None), FusedAdd(1, "mlp.down_proj", 0))
 
 
-class _OldSpellingLayer(LlamaDecoderLayer):  # transformers 5.17-5.23 (whichever release is installed)
-    def forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
-                use_cache=False, position_embeddings=None, **kwargs):
-        residual = hidden_states
-        hidden_states = self.input_layernorm(hidden_states)
-        hidden_states, _ = self.self_attn(
-            hidden_states=hidden_states,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            past_key_values=past_key_values,
-            use_cache=use_cache,
-            position_embeddings=position_embeddings,
-            **kwargs,
-        )
-        hidden_states = residual + hidden_states
-        residual = hidden_states
-        hidden_states = self.post_attention_layernorm(hidden_states)
-        hidden_states = self.mlp(hidden_states)
-        hidden_states = residual + hidden_states
-        return hidden_states
+def plans_of(model, candidates=("self_attn.o_proj", "mlp.down_proj")):
+    plans = plan_residual_adds(model, model.model.layers, list(candidates))
+    assert not isinstance(plans, str), plans
+    return plans
 
 
-class _NewSpellingLayer(LlamaDecoderLayer):  # transformers 5.24+: the cache argument is ``cache``
-    def forward(self, hidden_states, attention_mask=None, position_ids=None, cache=None,
-                use_cache=False, position_embeddings=None, **kwargs):
-        residual = hidden_states
-        hidden_states = self.input_layernorm(hidden_states)
-        hidden_states, _ = self.self_attn(
-            hidden_states=hidden_states,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            cache=cache,
-            use_cache=use_cache,
-            position_embeddings=position_embeddings,
-            **kwargs,
-        )
-        hidden_states = residual + hidden_states
-        residual = hidden_states
-        hidden_states = self.post_attention_layernorm(hidden_states)
-        hidden_states = self.mlp(hidden_states)
-        hidden_states = residual + hidden_states
-        return hidden_states
+@pytest.mark.parametrize("config", [LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config, Phi3Config],
+                         ids=lambda c: c.model_type)
+def test_both_adds_of_pre_norm_layers_are_found(config):
+    plans = plans_of(build(config(head_dim=8, **TINY) if config is not Phi3Config else config(**TINY)))
+    assert [p.fused for p in plans] == [LLAMA_ADDS] * 2  # Phi-3's go through its eval-mode dropouts
 
 
-@pytest.mark.parametrize("layer_cls", [_OldSpellingLayer, _NewSpellingLayer])
-def test_the_layer_forward_is_recognized_under_both_cache_spellings(layer_cls):
-    # whichever transformers is installed, both releases' layer text is fused (CI and the GPU differ)
-    assert _unsupported(layer_cls, LlamaAttention, LlamaMLP) is None
+class _InlineLayer(nn.Module):
+    """A layer written nothing like Llama's: other names, adds inline, residual on the right."""
+
+    def __init__(self, layer):
+        super().__init__()
+        self.pre, self.attention, self.norm2, self.ffn = (layer.input_layernorm, layer.self_attn,
+                                                           layer.post_attention_layernorm, layer.mlp)
+
+    def forward(self, x, attention_mask=None, position_ids=None, position_embeddings=None, **kwargs):
+        x = self.attention(self.pre(x), attention_mask=attention_mask, position_ids=position_ids,
+                           position_embeddings=position_embeddings, **kwargs)[0] + x
+        return self.ffn(self.norm2(x)) + x
 
 
-def test_other_layers_and_changed_returns_are_refused():
-    assert "Gemma2DecoderLayer.forward is not" in _unsupported(Gemma2DecoderLayer, Gemma2Attention, Gemma2MLP)
-    assert "Phi3DecoderLayer.forward is not" in _unsupported(Phi3DecoderLayer, Phi3Attention, Phi3MLP)
+def test_the_source_text_and_names_do_not_matter():
+    model = build(LlamaConfig(head_dim=8, **TINY))
+    layers = model.model.layers
+    for i, layer in enumerate(list(layers)):
+        layers[i] = _InlineLayer(layer)
+    plans = plans_of(model, ("attention.o_proj", "ffn.down_proj"))
+    assert [p.fused for p in plans] == [(FusedAdd(0, "attention.o_proj", None), FusedAdd(1, "ffn.down_proj", 0))] * 2
 
-    class ScaledAttention(LlamaAttention):  # the projection's output is not what the layer receives
+
+def test_adds_of_a_normalised_or_scaled_output_stay():
+    gemma = plans_of(build(Gemma2Config(head_dim=8, **TINY)))  # post-attention / post-feedforward norms
+    assert all(p.fused == () for p in gemma)
+    assert "something other than the projection's own output" in gemma[0].why_not["residual add after self_attn.o_proj"]
+
+    model = build(LlamaConfig(head_dim=8, **TINY))
+    attn_cls = type(model.model.layers[0].self_attn)
+
+    class ScaledAttention(attn_cls):  # the projection's output is not what the layer adds
         def forward(self, hidden_states, *args, **kwargs):
-            out, w = super().forward(hidden_states, *args, **kwargs)
+            out, w = attn_cls.forward(self, hidden_states, *args, **kwargs)
             return out * 2, w
 
-    class ScaledMLP(LlamaMLP):
-        def forward(self, x):
-            return 0.5 * self.down_proj(x)
-
-    assert "does not return o_proj" in _unsupported(LlamaDecoderLayer, ScaledAttention, LlamaMLP)
-    assert "does not return down_proj" in _unsupported(LlamaDecoderLayer, LlamaAttention, ScaledMLP)
+    for layer in model.model.layers:
+        layer.self_attn.__class__ = ScaledAttention
+    assert [p.fused for p in plans_of(model)] == [(FusedAdd(1, "mlp.down_proj", 0),)] * 2
 
 
-def test_the_slot_adds_the_residual_unless_the_projection_did():
-    slot = ResidualSlot()
-    r, y = torch.ones(2, 3), torch.full((2, 3), 2.0)
+def test_an_output_read_besides_the_add_stays():
+    model = build(LlamaConfig(head_dim=8, **TINY))
+    seen = []
+    for layer in model.model.layers:
+        o_proj = layer.self_attn.o_proj
+        o_proj.forward = (lambda f: lambda x: (lambda y: (seen.append(y.sum()), y)[1])(f(x)))(o_proj.forward)
+    plans = plans_of(model)
+    assert [p.fused for p in plans] == [(FusedAdd(1, "mlp.down_proj", 0),)] * 2
+    assert "read by something besides the add" in plans[0].why_not["residual add into self_attn.o_proj"]
+
+
+def test_a_parallel_layer_fuses_the_add_whose_residual_exists_first():
+    # Cohere: residual + attention + mlp, after both ran: the first add takes o_proj's output with the
+    # layer's input; the second's residual (the first add's result) comes after down_proj ran
+    plans = plans_of(build(CohereConfig(**TINY)))
+    assert [p.fused for p in plans] == [(FusedAdd(0, "self_attn.o_proj", None),)] * 2
+    assert "computed after the projection runs" in plans[0].why_not["residual add into mlp.down_proj"]
+
+
+class _Toy(nn.Module):
+    """A layer ``h + proj(h)`` that, once ``flip`` is set, adds a scaled copy of the output instead."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(6, 6, bias=False)
+        self.flip = False
+
+    def forward(self, h, **kwargs):
+        y = self.proj(h)
+        if self.flip:
+            y = y * 1.0
+        return h + y
+
+
+class _ToyModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(5, 6)
+        self.layers = nn.ModuleList([_Toy()])
+
+    def forward(self, input_ids, **kwargs):
+        h = self.embed(input_ids)
+        for layer in self.layers:
+            h = layer(h)
+        return h
+
+
+class _Kernel:
+    """A stand-in runtime: ``r + x Wᵀ`` in one call, counting the calls that took a residual."""
+
+    def __init__(self, proj):
+        self.proj, self.calls = proj, 0
+
+    def eligible(self, module, x, r):
+        return True
+
+    def run(self, x, r):
+        self.calls += 1
+        return (r + nn.functional.linear(x, self.proj.weight),)
+
+
+def test_the_hand_off_adds_once_and_refuses_a_changed_output():
+    model = _ToyModel()
+    (plan,) = plan_residual_adds(model, model.layers, ["proj"])
+    assert plan.fused == (FusedAdd(0, "proj", None),)
+    layer = model.layers[0]
+    kernel, slot = _Kernel(layer.proj), ResidualSlot(layer.proj)
+    layer.proj.forward = proj_forward(layer.proj, kernel, slot)
+    layer.forward = plan.forward(layer, {"proj": slot})
+    h = torch.randn(2, 6)
+    with torch.no_grad():
+        want = h + nn.functional.linear(h, layer.proj.weight)
+        assert torch.equal(layer(h), want) and kernel.calls == 1  # added in the kernel, not again
+        hook = layer.proj.register_forward_hook(lambda *a: None)
+        assert torch.equal(layer(h), want) and kernel.calls == 1  # a hook could see the sum: no hand-off
+        hook.remove()
+        layer.flip = True  # the projection's output no longer reaches the add as it is
+        with pytest.raises(RuntimeError, match="did not come back to the layer's add unchanged"):
+            layer(h)
+    assert slot.residual is slot.out is None  # nothing offered outlives the call
+
+
+def test_the_slot_hands_a_residual_out_once():
+    slot, r = ResidualSlot(), torch.ones(2)
     slot.offer(r)
-    assert torch.equal(slot.added(y, r), r + y)  # the projection never took it: the layer adds
-    slot.offer(r)
-    assert slot.take() is r and slot.take() is None  # handed out once
-    slot.out = y
-    assert slot.added(y, r) is y  # the projection's output already holds the residual
-    slot.offer(r)
-    slot.take()
-    slot.out = y
-    with pytest.raises(RuntimeError, match="did not return its output to the layer unchanged"):
-        slot.added(y.clone(), r)
+    assert slot.take() is r and slot.taken is r and slot.take() is None
 
 
 def test_a_kernel_gets_its_activations_in_its_own_input_order():
@@ -129,64 +183,17 @@ def test_a_kernel_gets_its_activations_in_its_own_input_order():
     assert bound_call(plain)(x) == [w, x]
 
 
-def test_a_family_without_the_layer_template_is_patched_as_before():
-    cfg = Gemma2Config(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, head_dim=8)
-    model = build(cfg)
+def test_a_layer_without_fusable_adds_keeps_its_forward():
+    model = build(Gemma2Config(head_dim=8, **TINY))
     report = mirage_serve.patch(model, backend="torch", search_budget=0, batch_sizes=(2,),
                                 options=PatchOptions(fused_residual=True))
-    assert "residual adds: in the" not in report.note and "residual adds not fused" in report.note
+    assert "residual adds: in the" not in report.note and "stays in the layer" in report.note
     assert not any("forward" in layer.__dict__ for layer in model.model.layers)
 
 
 def test_the_layer_forward_is_the_original_one_when_the_option_is_off():
-    cfg = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=8)
-    model = build(cfg)
+    model = build(LlamaConfig(head_dim=8, **TINY))
     report = mirage_serve.patch(model, backend="torch", search_budget=0, batch_sizes=(2,),
                                 options=PatchOptions(fused_residual=False))
     assert "residual adds: in the" not in report.note
     assert not any("forward" in layer.__dict__ for layer in model.model.layers)
-
-
-def test_recorded_hidden_states_are_not_fused(monkeypatch):
-    # output_hidden_states is recorded by forward hooks on the layers: with a hook the layer adds
-    # as the original does, and every recorded state is its own tensor with the original's value
-    from mirage_serve import patch_prepare
-
-    cfg = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=8)
-    model = build(cfg)
-    short = torch.randint(1, 97, (3, 1), generator=torch.Generator().manual_seed(2))
-    with torch.no_grad():
-        want = model(short, output_hidden_states=True).hidden_states
-    mirage_serve.patch(model, backend="torch", search_budget=0, batch_sizes=(4,),
-                       options=PatchOptions(fused_residual=True))
-    residuals = []
-    run = patch_prepare.SiteRuntime.run
-    monkeypatch.setattr(patch_prepare.SiteRuntime, "run", lambda self, x, *r: residuals.append(bool(r))
-                        or run(self, x, *r))
-    with torch.no_grad():
-        got = model(short, output_hidden_states=True).hidden_states
-        assert not any(residuals)
-        model(short)
-    assert sum(residuals) == 2 * 3  # without the hooks, every layer fused both adds
-    assert len({h.untyped_storage().data_ptr() for h in got}) == len(got)
-    for g, w in zip(got, want):
-        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
-
-
-def test_layer_programs_name_the_residual_programs_patch_would_search():
-    # what shipped_coverage / search_candidates see with the fusion on: the projections take r too
-    from mirage_serve.site_programs import layer_programs
-    from superopt.ir import digest
-
-    plain = {(label, m): g for label, m, g in layer_programs("SmolLM2-135M", (1, 2), fused_residual=False)}
-    fused = {(label, m): g for label, m, g in layer_programs("SmolLM2-135M", (1, 2), fused_residual=True)}
-    assert plain.keys() == fused.keys()
-    for key, g in fused.items():
-        if key[0] in ("attn_out", "mlp_out"):
-            assert len(g.inputs) == 3 and digest(g) != digest(plain[key])  # weight, x, residual
-            assert [v.type.shape[0] for v in g.inputs if v.name.startswith("x")] == [key[1]] * 2
-        else:
-            assert digest(g) == digest(plain[key])

@@ -1,0 +1,409 @@
+"""The decoder layer's residual adds moved into the projections that feed them, found from the traced layer.
+
+    plans = plan_residual_adds(model, layers, candidates)   # one LayerPlan per decoder layer
+    layer.forward = plans[i].forward(layer, slots)           # installed by patch_api (records kept)
+
+A decoder layer adds each block's output to its residual stream: ``h = x + o_proj(attn(norm(x)))``,
+then ``h + down_proj(mlp(norm(h)))``. Each add is a torch kernel of its own (two a layer, ~1.7 µs
+each at batch 8), and it breaks the chain of programmatic dependent launches between our kernels.
+A projection site prepared as ``(x, r) -> r + x Wᵀ`` (``sites.ProjSite(residual=True)``: searched,
+verified and cached like any other) does the add in its epilogue, if the layer hands it ``r``
+before it runs and then takes its output as the sum.
+
+Which adds can move is read from the data flow, not from the layer's source text or module names
+(docs/architecture.md, "Residual adds"):
+
+* Every ``a + b`` in the layer class's ``forward`` is rewritten to ``_mirage_add(k, a, b)`` (``k``:
+  the add's place in the source, ``_mirage_add`` a closure cell of the layer's copy); the rest of
+  the source, its decorators, globals and line numbers stay, so the rewritten forward is the
+  original one whenever nothing is fused (and torch.compile traces it as it would the original).
+  A forward without source, or with a closure (``super()``), is not rewritten and its adds stay.
+* One decode-shaped forward is recorded (``trace.record``) with the rewritten forwards logging
+  each add's operands and result. Add ``k`` of a layer moves into projection ``P`` when, on that
+  forward: ``k`` ran once; one operand is exactly ``P``'s output tensor (one call of ``P``, a
+  projection site of the layer with no tail); the other, ``r``, is the layer's input or the result
+  of an earlier add of the layer, available before ``P`` ran; both have one shape and dtype (no
+  broadcast); nothing but the add (and ops returning the very same tensor, such as eval dropout)
+  reads ``P``'s output; and nothing changes ``r`` in place. These are what make ``r + P(x)``
+  computed inside ``P`` the same tensor the add would produce, read by no one in between.
+* At run time the layer's wrapper offers its input to the projections fed by it; an add offers its
+  result to those fed by it. A projection takes the residual only when it runs its kernel on that
+  call; the add returns the projection's output when it holds exactly the residual it was offered
+  and adds as the original does otherwise (prefill-sized inputs, a fallback, a hook). A projection
+  output that took a residual but does not come back to its add raises rather than let a residual
+  be lost or added twice (``unpatch()`` and report the model type).
+
+Works for any layer whose adds have that shape: Llama, Mistral, Qwen, Phi-3 (through its dropout),
+Cohere's parallel layer (the attention's add; its MLP add comes after down_proj has run). Adds of a
+normalised block output (Gemma-2/3's and OLMo-2's post-norms) and of scaled ones (Granite's
+residual multiplier) stay in the layer, with the reason in the report.
+"""
+from __future__ import annotations
+
+import ast
+import functools
+import inspect
+import textwrap
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from torch.nn.modules import module as nn_module
+
+from .trace import Event, record
+
+__all__ = ["LayerPlan", "ResidualSlot", "hooked", "plan_residual_adds", "proj_forward"]
+
+_ADD = "_mirage_add"  # the name the rewritten forward calls each ``a + b`` through
+
+
+# ---------------------------------------------------------------- the hand-off ----------------------
+
+class ResidualSlot:
+    """Hands one residual from a layer's forward to one projection call, and records what it did."""
+
+    __slots__ = ("residual", "taken", "out", "proj")
+
+    def __init__(self, proj: nn.Module | None = None):
+        self.residual = self.taken = self.out = None
+        self.proj = proj  # the projection module it feeds (its hooks matter)
+
+    def offer(self, r: torch.Tensor) -> None:
+        self.residual, self.taken, self.out = r, None, None
+
+    def take(self) -> torch.Tensor | None:
+        """The residual offered for this call (once), or None."""
+        r, self.residual = self.residual, None
+        self.taken = r
+        return r
+
+    def clear(self) -> None:
+        self.residual = self.taken = self.out = None
+
+
+def proj_forward(module: nn.Module, runtime, slot: ResidualSlot):
+    """``module.forward`` running ``r + x Wᵀ`` in one kernel when ``slot`` holds a residual for it."""
+    original = module.forward
+
+    def forward(x, *args, **kwargs):
+        r = slot.take()
+        if r is None or args or kwargs or not runtime.eligible(module, x, r):
+            return original(x, *args, **kwargs)
+        out = runtime.run(x, r)[0]
+        slot.out = out
+        return out
+    forward.residual_slot = slot  # for a caller that must see the projection alone (attention_fast)
+    return forward
+
+
+def hooked(modules) -> bool:
+    """Whether a forward hook (global or on one of ``modules``) could see a tensor that differs from
+    the original forward's: a deferred norm's placeholder (patch_wiring), a projection's output with
+    the residual already in it. transformers records ``output_hidden_states`` and ``output_attentions``
+    with such hooks."""
+    if nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks:
+        return True
+    return any(m._forward_pre_hooks or any(not _idle(h) for h in m._forward_hooks.values()) for m in modules)
+
+
+def _idle(hook) -> bool:
+    """A transformers output-capturing hook that records nothing on this call: installed on the
+    layers by the first ``output_hidden_states`` (or ``output_attentions``) call and left there, it
+    records only the outputs the current call asked for. (Private transformers API: anything
+    unexpected counts the hook as active.)"""
+    if getattr(hook, "__name__", "") != "output_capturing_hook":
+        return False
+    try:
+        from transformers.utils.output_capturing import _active_collector
+        key = hook.__closure__[hook.__code__.co_freevars.index("key")].cell_contents
+        collected = _active_collector.get()
+    except (ImportError, AttributeError, ValueError, IndexError, TypeError):
+        return False
+    return collected is None or key not in collected
+
+
+# ---------------------------------------------------------------- the rewritten forward -------------
+
+class _Adds(ast.NodeTransformer):
+    """``a + b`` -> ``_mirage_add(k, a, b)`` in the function's own body (not nested functions)."""
+
+    count = 0
+
+    def visit_BinOp(self, node: ast.BinOp):
+        self.generic_visit(node)
+        if not isinstance(node.op, ast.Add):
+            return node
+        k, self.count = self.count, self.count + 1
+        call = ast.Call(ast.Name(_ADD, ast.Load()), [ast.Constant(k), node.left, node.right], [])
+        return ast.copy_location(call, node)
+
+    def visit_Lambda(self, node):  # a nested function keeps its own adds
+        return node
+
+    visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = visit_Lambda
+
+
+@dataclass(frozen=True)
+class _Rewritten:
+    factory: object         # factory(add) -> the rewritten forward, decorated, adds through ``add``
+    first_arg: str          # the hidden-states parameter (after self)
+    adds: int               # how many ``+`` it routes through _mirage_add
+
+
+@functools.lru_cache(maxsize=None)
+def _rewrite(cls: type) -> _Rewritten | str:
+    """``cls.forward`` with every ``+`` routed through ``_mirage_add``, or why it cannot be."""
+    fn = inspect.unwrap(cls.forward)
+    where = f"{cls.__qualname__}.forward"
+    if getattr(fn, "__code__", None) is None:
+        return f"{where} has no Python code"
+    if fn.__code__.co_freevars:  # super() or a closure: the rewritten copy would not have its cells
+        return f"{where} uses a closure or super() ({', '.join(fn.__code__.co_freevars)})"
+    try:
+        lines, first_line = inspect.getsourcelines(fn)
+        tree = ast.parse(textwrap.dedent("".join(lines)))
+    except (OSError, TypeError, SyntaxError) as e:
+        return f"{where} has no readable source ({type(e).__name__})"
+    fdef = tree.body[0] if tree.body else None
+    if not isinstance(fdef, ast.FunctionDef) or len(fdef.args.args) < 2:
+        return f"{where} is not a method taking the hidden states"
+    rewriter = _Adds()
+    fdef.body = [rewriter.visit(s) for s in fdef.body]
+    if not rewriter.count:
+        return f"{where} adds nothing (no residual add to move)"
+    # def _mirage_factory(_mirage_add): <the decorated forward>; return forward
+    factory = ast.parse(f"def _mirage_factory({_ADD}):\n    return {fdef.name}").body[0]
+    factory.body.insert(0, fdef)
+    tree.body = [ast.copy_location(factory, fdef)]
+    ast.fix_missing_locations(tree)
+    ast.increment_lineno(tree, first_line - 1)  # tracebacks point at the original lines
+    code = compile(tree, inspect.getsourcefile(fn) or "<rewritten forward>", "exec")
+    defined: dict = {}
+    exec(code, fn.__globals__, defined)  # the module's own globals: nothing is added to them
+    return _Rewritten(defined["_mirage_factory"], fdef.args.args[1].arg, rewriter.count)
+
+
+def _bind(rw: _Rewritten, layer: nn.Module, add):
+    """The rewritten forward bound to ``layer``, its adds going through ``add(k, a, b)``."""
+    return rw.factory(add).__get__(layer)
+
+
+# ---------------------------------------------------------------- the plan ---------------------------
+
+@dataclass(frozen=True)
+class FusedAdd:
+    """Add ``index`` of the layer's forward moves into projection ``proj`` (a path in the layer); its
+    residual is the layer's input (``source`` None) or the result of add ``source``."""
+
+    index: int
+    proj: str
+    source: int | None
+
+
+@dataclass
+class LayerPlan:
+    """Which adds of one layer move into which projections, and why the others stay."""
+
+    fused: tuple[FusedAdd, ...] = ()
+    why_not: dict[str, str] = field(default_factory=dict)  # what stays -> why (for the report)
+    rewritten: _Rewritten | None = None
+
+    @property
+    def projections(self) -> set[str]:
+        return {f.proj for f in self.fused}
+
+    def forward(self, layer: nn.Module, slots: dict[str, ResidualSlot]):
+        """``layer.forward`` handing each residual to its projection through ``slots`` (by path);
+        a projection missing from ``slots`` (not prepared) leaves its add to the layer."""
+        fused = {f.index: (f, slots[f.proj]) for f in self.fused if f.proj in slots}
+        from_input = [s for f, s in fused.values() if f.source is None]
+        from_add: dict[int, list[ResidualSlot]] = {}
+        for f, s in fused.values():
+            if f.source is not None:
+                from_add.setdefault(f.source, []).append(s)
+        watched = [layer] + [m for path in {f.proj for f, _ in fused.values()} for m in _chain(layer, path)]
+        offering = [False]
+
+        def add(k, a, b):
+            entry = fused.get(k)
+            out = None
+            if entry is not None:
+                slot = entry[1]
+                y, r = slot.out, slot.taken
+                slot.clear()
+                if y is not None:
+                    if not ((a is y and b is r) or (b is y and a is r)):
+                        raise RuntimeError(_LOST.format(proj=entry[0].proj))
+                    out = y
+            if out is None:
+                out = a + b
+            if offering[0]:
+                for s in from_add.get(k, ()):
+                    s.offer(out)
+            return out
+
+        bound = _bind(self.rewritten, layer, add)
+        first = self.rewritten.first_arg
+        every = [s for _, s in fused.values()]
+
+        def forward(*args, **kwargs):
+            # A hook may read a projection's output or keep the layer's: then nothing is offered
+            # and the layer adds as the original does.
+            offering[0] = not hooked(watched)
+            if offering[0]:
+                hidden = args[0] if args else kwargs.get(first)
+                for s in from_input:
+                    s.offer(hidden)
+            try:
+                out = bound(*args, **kwargs)
+            finally:
+                lost = [s for s in every if s.out is not None]
+                for s in every:  # nothing offered outlives the call
+                    s.clear()
+            if lost:
+                raise RuntimeError(_LOST.format(proj=", ".join(_path(layer, s.proj) for s in lost)))
+            return out
+        return forward
+
+
+_LOST = ("mirage_serve: the residual added in {proj}'s kernel did not come back to the layer's add "
+         "unchanged; unpatch() the model and report this model type")
+
+
+def _chain(layer: nn.Module, path: str) -> list[nn.Module]:
+    """The modules from ``layer`` down to ``path`` (exclusive of the layer): hooks there see the output."""
+    parts, out = path.split("."), []
+    for i in range(len(parts)):
+        out.append(layer.get_submodule(".".join(parts[:i + 1])))
+    return out
+
+
+def _path(layer: nn.Module, module) -> str:
+    return next((n for n, m in layer.named_modules() if m is module), type(module).__name__)
+
+
+def plan_residual_adds(model: nn.Module, layers: nn.ModuleList,
+                       candidates: list[str]) -> list[LayerPlan] | str:
+    """Per decoder layer, the adds that move into one of ``candidates`` (projection paths within a
+    layer: the family's projection sites with no tail), from one recorded decode-shaped forward; or
+    why no layer can be planned (one line). The model is left as it was."""
+    rewritten: dict[type, _Rewritten | str] = {type(layer): _rewrite(type(layer)) for layer in layers}
+    usable = {cls: rw for cls, rw in rewritten.items() if isinstance(rw, _Rewritten)}
+    if not usable:
+        return "; ".join(sorted({rw for rw in rewritten.values() if isinstance(rw, str)}))
+    logs: dict[int, _Log] = {}
+    saved = []
+    for i, layer in enumerate(layers):
+        rw = usable.get(type(layer))
+        if rw is None:
+            continue
+        log = logs[i] = _Log(rw.first_arg)
+        saved.append((layer, layer.__dict__.get("forward", _MISSING)))
+        layer.forward = log.wrap(_bind(rw, layer, log.add))
+    try:
+        events = record(model, layers)
+    except Exception as e:  # any forward can fail under tracing hooks; the adds stay where they are
+        return f"the decode-shaped forward could not be traced ({type(e).__name__}: {e})".splitlines()[0]
+    finally:
+        for layer, previous in saved:
+            if previous is _MISSING:
+                del layer.forward
+            else:
+                layer.forward = previous
+    plans = []
+    for i, layer in enumerate(layers):
+        rw = rewritten[type(layer)]
+        if isinstance(rw, str):
+            plans.append(LayerPlan(why_not={"residual adds": rw}))
+            continue
+        mine = [e for e in events if _in_layer(e, i)]
+        plans.append(_plan_layer(str(i), mine, logs[i], candidates, rw))
+    return plans
+
+
+_MISSING = object()
+
+
+class _Log:
+    """What the rewritten forward of one layer did on the recorded call: its input, each add."""
+
+    def __init__(self, first_arg: str):
+        self.first_arg = first_arg
+        self.hidden = None
+        self.adds: list[tuple[int, object, object, object]] = []  # (k, a, b, a + b)
+
+    def add(self, k, a, b):
+        out = a + b
+        self.adds.append((k, a, b, out))
+        return out
+
+    def wrap(self, bound):
+        def forward(*args, **kwargs):
+            self.hidden = args[0] if args else kwargs.get(self.first_arg)
+            return bound(*args, **kwargs)
+        return forward
+
+
+def _in_layer(e: Event, i: int) -> bool:
+    head = e.stack[0] if e.stack else e.module
+    return head is not None and head.split(".", 1)[0] == str(i)
+
+
+def _inplace(e: Event) -> bool:
+    name = getattr(e.func, "__name__", "")
+    return e.module is None and ((name.endswith("_") and not name.endswith("__")) or name.startswith("__i"))
+
+
+def _plan_layer(prefix: str, events: list[Event], log: _Log, candidates: list[str], rw: _Rewritten) -> LayerPlan:
+    calls: dict[str, list[int]] = {}
+    for n, e in enumerate(events):
+        if e.module is not None and e.module.startswith(prefix + "."):
+            calls.setdefault(e.module[len(prefix) + 1:], []).append(n)
+    produced = {}  # id(tensor) -> index of the first torch call that returned it
+    for n, e in enumerate(events):
+        for o in e.outputs if e.module is None else ():
+            produced.setdefault(id(o), n)
+    counts: dict[int, int] = {}
+    for k, *_ in log.adds:
+        counts[k] = counts.get(k, 0) + 1
+    results = {id(out): k for k, _, _, out in log.adds}
+    fused, why, used = [], {}, set()
+    for k, a, b, out in log.adds:
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            continue
+        found = [(p, y, r) for p in candidates if p not in used and len(calls.get(p, ())) == 1
+                 for y, r in ((a, b), (b, a)) if any(o is y for o in events[calls[p][0]].outputs)]
+        if not found:
+            continue  # not an add of a projection's output (or of a post-norm's, a scaled one…)
+        proj, y, r = found[0]
+        reason = _why_not(k, y, r, out, counts, results, produced, events, calls[proj][0], log)
+        if reason:
+            why[f"residual add into {proj}"] = reason
+            continue
+        used.add(proj)
+        fused.append(FusedAdd(k, proj, None if r is log.hidden else results[id(r)]))
+    for p in candidates:
+        if p not in used and f"residual add into {p}" not in why and p in calls:
+            why.setdefault(f"residual add after {p}", "the layer adds something other than the projection's "
+                                                      "own output (a post-norm, a scale, …) or adds nothing")
+    return LayerPlan(tuple(fused), why, rw)
+
+
+def _why_not(k, y, r, out, counts, results, produced, events, proj_at: int, log: _Log) -> str:
+    if counts[k] != 1:
+        return "the add runs more than once a step"
+    if y.shape != r.shape or y.dtype != r.dtype:
+        return "the add broadcasts or promotes (the operands' shapes or dtypes differ)"
+    if r is not log.hidden and id(r) not in results:
+        return "the residual is neither the layer's input nor an earlier add's result"
+    if r is not log.hidden and produced.get(id(r), len(events)) > proj_at:
+        return "the residual is computed after the projection runs"
+    add_at = produced.get(id(out))
+    for n, e in enumerate(events):
+        if n == add_at or n == proj_at or e.module is not None:
+            continue
+        if e.takes(y) and (_inplace(e) or not any(o is y for o in e.outputs)):
+            return "the projection's output is read by something besides the add"
+        if e.takes(r) and _inplace(e):
+            return "the residual is changed in place"
+    return ""
