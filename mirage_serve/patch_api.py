@@ -175,7 +175,9 @@ def patch(model: torch.nn.Module, *, backend: str = "auto", cache_dir=None, sear
     report.note = "; ".join(x for x in (report.note, left, why_not) if x)
 
     def with_residual(i, site):  # the projection site takes its layer's residual add (patching.residual)
-        return replace(site, residual=True) if isinstance(site, ProjSite) and site.proj in residual[i].projections else site
+        if not isinstance(site, ProjSite) or site.proj not in residual[i].projections:
+            return site
+        return replace(site, residual=True, post=residual[i].post_of(site.proj))
 
     prep = Preparer(report, backend, dtype, buckets, search_budget, _open_cache(cache_dir, report), options,
                     shard_tag=shard.tag if shard else "")
@@ -222,7 +224,8 @@ def patch(model: torch.nn.Module, *, backend: str = "auto", cache_dir=None, sear
         for i, (layer, by_proj) in slots.items():  # the layer hands its residual to the projections
             set_forward(layer, residual[i].forward(layer, by_proj), records)
         if slots:
-            projs = sorted({p for _, by_proj in slots.values() for p in by_proj})
+            projs = sorted({p + (f" (+ {post})" if (post := residual[i].post_of(p)) else "")
+                            for i, (_, by_proj) in slots.items() for p in by_proj})
             note = _RESIDUAL_NOTE.format(projs=", ".join(projs), n=len(slots), of=len(layers))
             report.note = "; ".join(x for x in (report.note, note) if x)
         if decode_attention and family.attention:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from .patch_prepare import PartsRuntime, SiteRuntime
-from .patching.residual import ResidualSlot, hooked, proj_forward
+from .patching.residual import ResidualSlot, hooked, post_forward, proj_forward
 from .sites import NormSite, ProjSite
 
 _MISSING = object()
@@ -129,6 +129,9 @@ def install(layer: torch.nn.Module, site: NormSite | ProjSite, runtime: SiteRunt
         proj = layer.get_submodule(site.proj)
         if site.residual:
             set_forward(proj, proj_forward(proj, runtime, residual_slot), records)
+            if site.post:  # the post-norm is inside the kernel too: it passes that output on
+                post = layer.get_submodule(site.post)
+                set_forward(post, post_forward(post, residual_slot), records)
         else:
             tail = proj.get_submodule(site.tail) if site.tail else None
             set_forward(proj, _proj_forward(proj, runtime, tail), records)

@@ -43,9 +43,12 @@ class ProjSite:
     proj: str
     residual: bool = False  # traced as ``(x, r) -> proj(x) + r``: the layer's residual add fused in
     tail: str | None = None  # a block's child applied after the kernel (traced as identity), as Consumer.tail
+    # with ``residual``: the norm the layer applies to the projection's output before adding it (Gemma's
+    # post-attention norm, a path in the layer), traced as ``(x, r) -> r + post(proj(x))``
+    post: str | None = None
 
     def paths(self) -> tuple[str, ...]:
-        return (self.proj,)
+        return (self.proj,) + ((self.post,) if self.post else ())
 
 
 @dataclass(frozen=True)
@@ -89,19 +92,22 @@ def find_layers(model: nn.Module, family: Family) -> tuple[str, nn.ModuleList] |
 class SiteModule(nn.Module):
     """The traced form of a site: ``x -> (norm(x), consumer outputs…)`` or ``x -> proj(x)``;
     with ``norm_output=False``, ``x -> (consumer outputs…)``; with ``residual``, a projection
-    ``(x, r) -> proj(x) + r`` (``r``: the decoder layer's residual stream, [M, out])."""
+    ``(x, r) -> proj(x) + r`` (``r``: the decoder layer's residual stream, [M, out]), with a ``post``
+    norm ``(x, r) -> r + post(proj(x))``."""
 
     def __init__(self, head: nn.Module, consumers: list[nn.Module], norm_output: bool = True,
-                 residual: bool = False):
+                 residual: bool = False, post: nn.Module | None = None):
         super().__init__()
         self.head = head
         self.consumers = nn.ModuleList(consumers)
         self.norm_output = norm_output
         self.residual = residual
+        self.post = post
 
     def forward(self, x, r=None):  # x: [M, D]
         if self.residual:
-            return (r + self.head(x),)  # the layer's own order: residual + hidden_states
+            y = self.head(x)
+            return (r + (y if self.post is None else self.post(y)),)  # the layer's order: residual + hidden
         if not len(self.consumers):
             return (self.head(x),)
         n = self.head(x)
@@ -142,7 +148,8 @@ def _without(module: nn.Module, child: str) -> nn.Module:
 def site_module(layer: nn.Module, site: NormSite | ProjSite) -> SiteModule:
     if isinstance(site, ProjSite):
         proj = layer.get_submodule(site.proj)
-        return SiteModule(_without(proj, site.tail) if site.tail else proj, [], residual=site.residual)
+        post = layer.get_submodule(site.post) if site.post else None
+        return SiteModule(_without(proj, site.tail) if site.tail else proj, [], residual=site.residual, post=post)
     cons = [layer.get_submodule(c.path) for c in site.consumers]
     cons = [_without(m, c.tail) if c.tail else m for m, c in zip(cons, site.consumers)]
     return SiteModule(layer.get_submodule(site.norm), cons)

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from ..sites import Consumer, Family, NormSite, ProjSite, _without
-from .trace import Event, record
+from .trace import Event, in_layer, record
 
 __all__ = ["family_from_trace", "find_layer_lists"]
 
@@ -64,7 +64,7 @@ def family_from_trace(model: nn.Module, model_type: str = "") -> tuple[Family | 
             break
     else:
         return None, "no candidate decoder layer list runs in a forward on input_ids"
-    per_layer = [_layer_sites(i, layer, [e for e in events if _in_layer(e, i)])
+    per_layer = [_layer_sites(i, layer, [e for e in events if in_layer(e, i)])
                  for i, layer in enumerate(layers)]
     if not any(sites for sites, _ in per_layer):
         why = "; ".join(f"{b}: {w}" for b, w in per_layer[0][1].items()) or \
@@ -81,11 +81,6 @@ def family_from_trace(model: nn.Module, model_type: str = "") -> tuple[Family | 
         return None, "the decoder layers share no site (layers of different structure)"
     return Family(model_types=(model_type,), layers=(path,), sites=tuple(common),
                   not_patched=tuple(not_patched), attention=None), ""
-
-
-def _in_layer(e: Event, i: int) -> bool:
-    head = e.stack[0] if e.stack else e.module
-    return head is not None and head.split(".", 1)[0] == str(i)
 
 
 def _rel(path: str) -> str:

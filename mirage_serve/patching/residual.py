@@ -26,6 +26,9 @@ Which adds can move is read from the data flow, not from the layer's source text
   broadcast); nothing but the add (and ops returning the very same tensor, such as eval dropout)
   reads ``P``'s output; and nothing changes ``r`` in place. These are what make ``r + P(x)``
   computed inside ``P`` the same tensor the add would produce, read by no one in between.
+  The addend may also be ``N(P(x))`` for one module ``N`` without projections called on exactly
+  ``P``'s output (Gemma-2/3's and OLMo-2's post-norms): ``P``'s site then computes
+  ``r + N(P(x))`` and ``N``, called on that output, passes it on (``post_forward``).
 * At run time the layer's wrapper offers its input to the projections fed by it; an add offers its
   result to those fed by it. A projection takes the residual only when it runs its kernel on that
   call; the add returns the projection's output when it holds exactly the residual it was offered
@@ -34,9 +37,10 @@ Which adds can move is read from the data flow, not from the layer's source text
   be lost or added twice (``unpatch()`` and report the model type).
 
 Works for any layer whose adds have that shape: Llama, Mistral, Qwen, Phi-3 (through its dropout),
-Cohere's parallel layer (the attention's add; its MLP add comes after down_proj has run). Adds of a
-normalised block output (Gemma-2/3's and OLMo-2's post-norms) and of scaled ones (Granite's
-residual multiplier) stay in the layer, with the reason in the report.
+Gemma-2/3 and OLMo-2 (with their post-norms), Cohere's parallel layer (the attention's add; its MLP
+add comes after down_proj has run). Scaled adds (Granite's residual multiplier) stay in the layer,
+with the reason in the report. Under tensor parallelism a post-norm site is refused (the norm needs
+the all-reduced sum), so its add stays.
 """
 from __future__ import annotations
 
@@ -50,9 +54,9 @@ import torch
 from torch import nn
 from torch.nn.modules import module as nn_module
 
-from .trace import Event, record
+from .trace import Event, in_layer, record
 
-__all__ = ["LayerPlan", "ResidualSlot", "hooked", "plan_residual_adds", "proj_forward"]
+__all__ = ["LayerPlan", "ResidualSlot", "hooked", "plan_residual_adds", "post_forward", "proj_forward"]
 
 _ADD = "_mirage_add"  # the name the rewritten forward calls each ``a + b`` through
 
@@ -96,6 +100,18 @@ def proj_forward(module: nn.Module, runtime, slot: ResidualSlot):
     return forward
 
 
+def post_forward(module: nn.Module, slot: ResidualSlot):
+    """``module.forward`` for a post-norm computed inside the projection's kernel: called on exactly
+    that kernel's output, it returns it as it is (the norm and the add are in it); else the original."""
+    original = module.forward
+
+    def forward(x, *args, **kwargs):
+        if slot.out is not None and x is slot.out and not args and not kwargs:
+            return x
+        return original(x, *args, **kwargs)
+    return forward
+
+
 def hooked(modules) -> bool:
     """Whether a forward hook (global or on one of ``modules``) could see a tensor that differs from
     the original forward's: a deferred norm's placeholder (patch_wiring), a projection's output with
@@ -127,7 +143,8 @@ def _idle(hook) -> bool:
 class _Adds(ast.NodeTransformer):
     """``a + b`` -> ``_mirage_add(k, a, b)`` in the function's own body (not nested functions)."""
 
-    count = 0
+    def __init__(self):
+        self.count = 0  # adds rewritten so far: the next one's k
 
     def visit_BinOp(self, node: ast.BinOp):
         self.generic_visit(node)
@@ -147,7 +164,6 @@ class _Adds(ast.NodeTransformer):
 class _Rewritten:
     factory: object         # factory(add) -> the rewritten forward, decorated, adds through ``add``
     first_arg: str          # the hidden-states parameter (after self)
-    adds: int               # how many ``+`` it routes through _mirage_add
 
 
 @functools.lru_cache(maxsize=None)
@@ -180,7 +196,7 @@ def _rewrite(cls: type) -> _Rewritten | str:
     code = compile(tree, inspect.getsourcefile(fn) or "<rewritten forward>", "exec")
     defined: dict = {}
     exec(code, fn.__globals__, defined)  # the module's own globals: nothing is added to them
-    return _Rewritten(defined["_mirage_factory"], fdef.args.args[1].arg, rewriter.count)
+    return _Rewritten(defined["_mirage_factory"], fdef.args.args[1].arg)
 
 
 def _bind(rw: _Rewritten, layer: nn.Module, add):
@@ -193,11 +209,13 @@ def _bind(rw: _Rewritten, layer: nn.Module, add):
 @dataclass(frozen=True)
 class FusedAdd:
     """Add ``index`` of the layer's forward moves into projection ``proj`` (a path in the layer); its
-    residual is the layer's input (``source`` None) or the result of add ``source``."""
+    residual is the layer's input (``source`` None) or the result of add ``source``; ``post``: the
+    norm the layer applies to the projection's output before adding it, moved into the kernel too."""
 
     index: int
     proj: str
     source: int | None
+    post: str | None = None
 
 
 @dataclass
@@ -212,6 +230,9 @@ class LayerPlan:
     def projections(self) -> set[str]:
         return {f.proj for f in self.fused}
 
+    def post_of(self, proj: str) -> str | None:
+        return next((f.post for f in self.fused if f.proj == proj), None)
+
     def forward(self, layer: nn.Module, slots: dict[str, ResidualSlot]):
         """``layer.forward`` handing each residual to its projection through ``slots`` (by path);
         a projection missing from ``slots`` (not prepared) leaves its add to the layer."""
@@ -221,7 +242,8 @@ class LayerPlan:
         for f, s in fused.values():
             if f.source is not None:
                 from_add.setdefault(f.source, []).append(s)
-        watched = [layer] + [m for path in {f.proj for f, _ in fused.values()} for m in _chain(layer, path)]
+        paths = {f.proj for f, _ in fused.values()} | {f.post for f, _ in fused.values() if f.post}
+        watched = [layer] + [m for path in paths for m in _chain(layer, path)]
         offering = [False]
 
         def add(k, a, b):
@@ -316,8 +338,8 @@ def plan_residual_adds(model: nn.Module, layers: nn.ModuleList,
         if isinstance(rw, str):
             plans.append(LayerPlan(why_not={"residual adds": rw}))
             continue
-        mine = [e for e in events if _in_layer(e, i)]
-        plans.append(_plan_layer(str(i), mine, logs[i], candidates, rw))
+        mine = [e for e in events if in_layer(e, i)]
+        plans.append(_plan_layer(layer, str(i), mine, logs[i], candidates, rw))
     return plans
 
 
@@ -344,18 +366,14 @@ class _Log:
         return forward
 
 
-def _in_layer(e: Event, i: int) -> bool:
-    head = e.stack[0] if e.stack else e.module
-    return head is not None and head.split(".", 1)[0] == str(i)
-
-
 def _inplace(e: Event) -> bool:
     name = getattr(e.func, "__name__", "")
     return e.module is None and ((name.endswith("_") and not name.endswith("__")) or name.startswith("__i"))
 
 
-def _plan_layer(prefix: str, events: list[Event], log: _Log, candidates: list[str], rw: _Rewritten) -> LayerPlan:
-    calls: dict[str, list[int]] = {}
+def _plan_layer(layer: nn.Module, prefix: str, events: list[Event], log: _Log, candidates: list[str],
+                rw: _Rewritten) -> LayerPlan:
+    calls: dict[str, list[int]] = {}  # module path in the layer -> indices of its call events
     for n, e in enumerate(events):
         if e.module is not None and e.module.startswith(prefix + "."):
             calls.setdefault(e.module[len(prefix) + 1:], []).append(n)
@@ -367,43 +385,90 @@ def _plan_layer(prefix: str, events: list[Event], log: _Log, candidates: list[st
     for k, *_ in log.adds:
         counts[k] = counts.get(k, 0) + 1
     results = {id(out): k for k, _, _, out in log.adds}
+    flow = _Flow(layer, events, calls, produced, log, results)
     fused, why, used = [], {}, set()
     for k, a, b, out in log.adds:
         if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
             continue
-        found = [(p, y, r) for p in candidates if p not in used and len(calls.get(p, ())) == 1
-                 for y, r in ((a, b), (b, a)) if any(o is y for o in events[calls[p][0]].outputs)]
+        found = [(p, post, z, r) for p in candidates if p not in used and len(calls.get(p, ())) == 1
+                 for z, r in ((a, b), (b, a)) for post in flow.reaching(p, z)]
         if not found:
-            continue  # not an add of a projection's output (or of a post-norm's, a scaled one…)
-        proj, y, r = found[0]
-        reason = _why_not(k, y, r, out, counts, results, produced, events, calls[proj][0], log)
+            continue  # not an add of a projection's output (or of its post-norm's)
+        proj, post, z, r = found[0]
+        reason = "the add runs more than once a step" if counts[k] != 1 else flow.why_not(proj, post, z, r, out)
         if reason:
             why[f"residual add into {proj}"] = reason
             continue
         used.add(proj)
-        fused.append(FusedAdd(k, proj, None if r is log.hidden else results[id(r)]))
+        fused.append(FusedAdd(k, proj, None if r is log.hidden else results[id(r)], post))
     for p in candidates:
-        if p not in used and f"residual add into {p}" not in why and p in calls:
-            why.setdefault(f"residual add after {p}", "the layer adds something other than the projection's "
-                                                      "own output (a post-norm, a scale, …) or adds nothing")
+        if p not in used and f"residual add into {p}" not in why and p in calls and flow.feeds_an_add(p):
+            why.setdefault(f"residual add after {p}", "the layer adds something computed from the projection's "
+                                                      "output other than it or its norm (a scaled copy, a sum…)")
     return LayerPlan(tuple(fused), why, rw)
 
 
-def _why_not(k, y, r, out, counts, results, produced, events, proj_at: int, log: _Log) -> str:
-    if counts[k] != 1:
-        return "the add runs more than once a step"
-    if y.shape != r.shape or y.dtype != r.dtype:
-        return "the add broadcasts or promotes (the operands' shapes or dtypes differ)"
-    if r is not log.hidden and id(r) not in results:
-        return "the residual is neither the layer's input nor an earlier add's result"
-    if r is not log.hidden and produced.get(id(r), len(events)) > proj_at:
-        return "the residual is computed after the projection runs"
-    add_at = produced.get(id(out))
-    for n, e in enumerate(events):
-        if n == add_at or n == proj_at or e.module is not None:
-            continue
-        if e.takes(y) and (_inplace(e) or not any(o is y for o in e.outputs)):
-            return "the projection's output is read by something besides the add"
-        if e.takes(r) and _inplace(e):
-            return "the residual is changed in place"
-    return ""
+@dataclass
+class _Flow:
+    """The recorded data flow of one layer, for deciding whether one add can move."""
+
+    layer: nn.Module
+    events: list[Event]
+    calls: dict[str, list[int]]
+    produced: dict[int, int]
+    log: _Log
+    results: dict[int, int]
+
+    def output(self, path: str):
+        outs = self.events[self.calls[path][0]].outputs
+        return outs[0] if len(outs) == 1 else None
+
+    def reaching(self, proj: str, z) -> list[str | None]:
+        """How projection ``proj``'s output reaches the addend ``z``: as it is ([None]), through one
+        post-norm ([its path]: a module with no projection inside, called once, on exactly that
+        output alone, returning ``z`` of its shape and dtype), or not at all ([])."""
+        y = self.output(proj)
+        if y is None:
+            return []
+        if z is y:
+            return [None]
+        for path, at in self.calls.items():
+            e = self.events[at[0]]
+            if (len(at) == 1 and len(e.inputs) == 1 and e.inputs[0] is y and len(e.outputs) == 1
+                    and e.outputs[0] is z and z.shape == y.shape and z.dtype == y.dtype
+                    and not any(isinstance(m, nn.Linear) for m in self.layer.get_submodule(path).modules())):
+                return [path]
+        return []
+
+    def feeds_an_add(self, proj: str) -> bool:
+        """Whether ``proj``'s output reaches one of the layer's adds through torch calls outside any
+        other projection (the q projection's reaches the adds only through o_proj: it does not)."""
+        prefix = self.events[self.calls[proj][0]].module[:-len(proj)]
+        linears = {prefix + n for n, m in self.layer.named_modules() if isinstance(m, nn.Linear)}
+        reached = {id(t) for t in self.events[self.calls[proj][0]].outputs}
+        for e in self.events[self.calls[proj][0] + 1:]:
+            if e.module is None and not linears & set(e.stack) and any(id(t) in reached for t in e.inputs):
+                reached.update(id(o) for o in e.outputs)
+        return any(id(a) in reached or id(b) in reached for _, a, b, _ in self.log.adds)
+
+    def why_not(self, proj: str, post: str | None, z, r, out) -> str:
+        """Why ``r + z`` (z: ``proj``'s output, or its ``post``-norm's) cannot be computed inside
+        ``proj``'s kernel, or ""."""
+        y, log = self.output(proj), self.log
+        if z.shape != r.shape or z.dtype != r.dtype:
+            return "the add broadcasts or promotes (the operands' shapes or dtypes differ)"
+        if r is not log.hidden and id(r) not in self.results:
+            return "the residual is neither the layer's input nor an earlier add's result"
+        if r is not log.hidden and self.produced.get(id(r), len(self.events)) > self.calls[proj][0]:
+            return "the residual is computed after the projection runs"
+        add_at = self.produced.get(id(out))
+        inside = None if post is None else f"{self.events[self.calls[post][0]].module}"
+        for n, e in enumerate(self.events):
+            if n == add_at or e.module is not None or (inside is not None and inside in e.stack):
+                continue  # the add itself, module calls (their torch calls are looked at), the post-norm
+            for t in (y, z):
+                if e.takes(t) and (_inplace(e) or not any(o is t for o in e.outputs)):
+                    return "the projection's output is read by something besides the add"
+            if e.takes(r) and _inplace(e):
+                return "the residual is changed in place"
+        return ""

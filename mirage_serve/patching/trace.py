@@ -33,6 +33,12 @@ class Event:
         return any(x is t for x in self.inputs)
 
 
+def in_layer(e: Event, i: int) -> bool:
+    """Whether event ``e`` happened in decoder layer ``i`` (its own call or anything inside it)."""
+    head = e.stack[0] if e.stack else e.module
+    return head is not None and head.split(".", 1)[0] == str(i)
+
+
 def _tensors(obj) -> list[torch.Tensor]:
     if isinstance(obj, torch.Tensor):
         return [obj]

@@ -191,6 +191,8 @@ class Sharding:
         row-wise projection with a bias), or None."""
         from ..sites import ProjSite
 
+        if isinstance(site, ProjSite) and site.post:
+            return "a post-norm after the projection needs the all-reduce first (it normalises the whole sum)"
         if isinstance(site, ProjSite) and site.tail is None:
             proj = layer.get_submodule(site.proj)
             if self.row_wise(proj) and getattr(proj, "bias", None) is not None:

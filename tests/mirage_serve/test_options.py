@@ -71,7 +71,7 @@ def test_patch_without_fused_residual_leaves_the_adds_to_the_layer():
     mirage_serve.unpatch(model)
     on = mirage_serve.patch(model, search_budget=0, batch_sizes=(1,), options=PatchOptions(fused_residual=True))
     mirage_serve.unpatch(model)
-    assert "residual adds: in the o_proj" in on.note and "residual adds: in the o_proj" not in off.note
+    assert "residual adds: in the kernels of" in on.note and "residual adds: in the kernels of" not in off.note
 
 
 def test_patch_refuses_options_of_another_type():

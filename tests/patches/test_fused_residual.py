@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
-from transformers import (CohereConfig, Gemma2Config, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config,
-                          Qwen3Config)
+from transformers import (CohereConfig, Gemma2Config, GraniteConfig, LlamaConfig, MistralConfig, Phi3Config,
+                          Qwen2Config, Qwen3Config)
 
 import mirage_serve
 from mirage_serve.backends import Executor
@@ -63,10 +63,36 @@ def test_the_source_text_and_names_do_not_matter():
     assert [p.fused for p in plans] == [(FusedAdd(0, "attention.o_proj", None), FusedAdd(1, "ffn.down_proj", 0))] * 2
 
 
-def test_adds_of_a_normalised_or_scaled_output_stay():
+def test_a_post_norm_moves_into_the_kernel_with_its_add():
     gemma = plans_of(build(Gemma2Config(head_dim=8, **TINY)))  # post-attention / post-feedforward norms
-    assert all(p.fused == () for p in gemma)
-    assert "something other than the projection's own output" in gemma[0].why_not["residual add after self_attn.o_proj"]
+    assert [p.fused for p in gemma] == [(FusedAdd(0, "self_attn.o_proj", None, "post_attention_layernorm"),
+                                         FusedAdd(1, "mlp.down_proj", 0, "post_feedforward_layernorm"))] * 2
+
+
+@pytest.mark.parametrize("model_type, adds", [
+    ("olmo2", (("self_attn.o_proj", "post_attention_layernorm"), ("mlp.down_proj", "post_feedforward_layernorm"))),
+    ("glm4", (("self_attn.o_proj", "post_self_attn_layernorm"), ("mlp.down_proj", "post_mlp_layernorm"))),
+    ("starcoder2", (("self_attn.o_proj", None), ("mlp.c_proj", None))),
+    ("smollm3", (("self_attn.o_proj", None), ("mlp.down_proj", None))),
+])
+def test_families_without_an_adapter_fuse_from_their_traced_layer(model_type, adds):
+    from transformers import AutoConfig
+
+    from mirage_serve.patching.partition import family_from_trace
+    from mirage_serve.sites import ProjSite
+
+    model = build(AutoConfig.for_model(model_type, **TINY))
+    family, why = family_from_trace(model, model_type)
+    candidates = [s.proj for s in family.sites if isinstance(s, ProjSite) and s.tail is None]
+    plans = plans_of(model, candidates)
+    assert [tuple((f.proj, f.post) for f in p.fused) for p in plans] == [adds] * 2
+    assert plans[0].why_not == {}  # q/k/v reach the adds only through o_proj: nothing to say about them
+
+
+def test_adds_of_a_scaled_output_stay():
+    granite = plans_of(build(GraniteConfig(residual_multiplier=0.22, **TINY)))  # residual + out * 0.22
+    assert all(p.fused == () for p in granite)
+    assert "other than it or its norm" in granite[0].why_not["residual add after self_attn.o_proj"]
 
     model = build(LlamaConfig(head_dim=8, **TINY))
     attn_cls = type(model.model.layers[0].self_attn)
@@ -184,7 +210,7 @@ def test_a_kernel_gets_its_activations_in_its_own_input_order():
 
 
 def test_a_layer_without_fusable_adds_keeps_its_forward():
-    model = build(Gemma2Config(head_dim=8, **TINY))
+    model = build(GraniteConfig(residual_multiplier=0.22, **TINY))
     report = mirage_serve.patch(model, backend="torch", search_budget=0, batch_sizes=(2,),
                                 options=PatchOptions(fused_residual=True))
     assert "residual adds: in the" not in report.note and "stays in the layer" in report.note

@@ -141,7 +141,7 @@ def test_tiny_llama_fused_residual_generate(tmp_path):
     report = _generate_patched(LlamaConfig(vocab_size=1001, hidden_size=256, intermediate_size=688,
                                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2),
                                tmp_path, PatchOptions(fused_residual=True))
-    assert not report.unpatched and "residual adds: in the o_proj / down_proj kernels of 2/2" in report.note
+    assert not report.unpatched and "residual adds: in the kernels of mlp.down_proj, self_attn.o_proj in 2/2" in report.note
     assert all(s.launches == 1 for s in report.sites if s.site in ("attn_out", "mlp_out")), str(report)
 
 
