@@ -14,11 +14,11 @@ the runner counts the reasons so a report can say which path ran and why.
 from __future__ import annotations
 
 import torch
-from transformers.cache_utils import StaticLayer
 from transformers.generation.configuration_utils import GenerationMode
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
 from ..hf_names import CACHE_KWARG
+from . import window_layers
 from .token_choice import TokenChooser, plan_processors
 
 # generate()'s own parameters that change the loop: any of them set keeps HF's loop.
@@ -96,9 +96,10 @@ def loop_blocker(model, input_ids, logits_processor, stopping_criteria, model_kw
     cache = model_kwargs.get(CACHE_KWARG)
     if not owns_cache(cache):
         return "foreign cache"
-    # Sliding-window layers keep a Python-int length (not capturable); plain static layers do not.
-    if not all(type(layer) is StaticLayer for layer in cache.layers):
-        return "non-static cache layers"
+    max_length = next(c.max_length for c in stopping_criteria if type(c) is MaxLengthCriteria)
+    why = window_layers.why_not_graphable(cache, max_length)  # static layers; sliding ones while not full
+    if why:
+        return why
     if model.config._attn_implementation not in ("sdpa", "eager"):
         return f"attention {model.config._attn_implementation}"
     pos = model_kwargs.get("position_ids")

@@ -27,7 +27,7 @@ import logging
 import torch
 
 from ..hf_names import CACHE_KWARG
-from . import graph_step
+from . import graph_step, window_layers
 from .token_choice import TokenChooser
 
 log = logging.getLogger("mirage_serve")
@@ -89,6 +89,7 @@ class DecodeLoop:
     def run(self, n_new: int, check_every: int = 16) -> torch.Tensor:
         """Steps 2..n_new (the first token came from the prefill); returns the new tokens [B, n]."""
         pending = False
+        replays = self.replays
         for i in range(1, n_new):
             if i % check_every == 0:
                 if pending:  # copied check_every steps ago: normally done, so this rarely waits
@@ -101,6 +102,7 @@ class DecodeLoop:
                     self._alive_event.record()
                 pending = True
             self.step()
+        window_layers.advance(self.cache, self.replays - replays)  # what the replays wrote on the device
         n = int(self.generated)  # the one sync that has to wait for the last step
         return self.tokens[:, :n].clone()
 
@@ -123,6 +125,7 @@ class DecodeLoop:
                 return
             self.graph = graph
             self.captures += 1
+            window_layers.advance(self.cache, -1)  # the capture counted a token it did not write
 
     def _step(self) -> None:
         inputs = self.model.prepare_inputs_for_generation(

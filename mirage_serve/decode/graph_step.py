@@ -14,7 +14,8 @@ from typing import Any, Callable
 
 import torch
 
-from ..hf_names import CACHE_KWARGS
+from ..hf_names import CACHE_KWARGS, cache_of
+from . import window_layers
 
 
 def _flatten(kwargs: dict) -> list[tuple[str, torch.Tensor]]:
@@ -91,6 +92,7 @@ class GraphedStep:
         if capture:
             self.first_output = run_on_side_stream(lambda: forward(**self.static_in))
             self.graph, self.static_out = capture_graph(lambda: forward(**self.static_in), pool)
+            window_layers.advance(cache_of(self.static_in), -1)  # counted, not written, by the capture
         else:  # CPU stand-in: same buffers, eager execution (tests the plumbing without a GPU)
             self.first_output = forward(**self.static_in)
             self.static_out = None
@@ -101,4 +103,5 @@ class GraphedStep:
         if self.graph is None:
             return self.forward(**self.static_in)
         self.graph.replay()
+        window_layers.advance(cache_of(self.static_in), 1)  # written on the device, not counted on the host
         return self.static_out

@@ -27,6 +27,7 @@ from .cache_pool import CachePool
 from .fast_generate import call_blocker, fast_sample
 from .fast_loop import DecodeLoop
 from .graph_step import GraphedStep, signature
+from .window_layers import replayable
 
 _ATTR = "_mirage_decode_runner"
 
@@ -129,7 +130,7 @@ class DecodeRunner:
     def _is_decode_step(self, kwargs: dict) -> bool:
         ids = kwargs.get("input_ids")
         return (isinstance(ids, torch.Tensor) and ids.ndim == 2 and ids.shape[1] == 1
-                and self.pool.owns(cache_of(kwargs))
+                and self.pool.owns(cache_of(kwargs)) and replayable(cache_of(kwargs))
                 and not kwargs.get("output_attentions") and not kwargs.get("output_hidden_states")
                 and kwargs.get("inputs_embeds") is None and not self.model.training
                 and not torch.is_grad_enabled())

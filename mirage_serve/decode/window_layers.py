@@ -1,0 +1,60 @@
+"""Sliding-window KV cache layers inside captured decode steps (Gemma-2/3, Mistral-style hybrids).
+
+HF's ``StaticSlidingWindowLayer`` keeps its length twice: a device tensor (``cumulative_length``,
+which its writes index with) and a Python int (``cumulative_length_int``, which picks the branch of
+``update``, the mask sizes and ``get_seq_length``). Until the window is full, ``update`` writes at
+the tensor's position and the masks are a plain static layer's (offset 0, the window's length),
+so a captured step replays exactly. Once full it rolls the window and the mask offset moves with
+every token, which a graph cannot follow: a call is graphed only while every sliding layer has
+room for the whole generation (``why_not_graphable``), and a single step only while it has room
+for that step (``replayable``).
+
+A replay advances the tensor but not the int, and a capture advances the int but not the tensor
+(it records without running), so the owner of the graph keeps the int in step on the host
+(``advance``), with no device sync. Layers of any other kind (or a release whose sliding layer does
+not keep both lengths) keep HF's loop.
+"""
+from __future__ import annotations
+
+import torch
+from transformers import cache_utils
+
+_STATIC = cache_utils.StaticLayer
+_SLIDING = getattr(cache_utils, "StaticSlidingWindowLayer", None)
+
+
+def _sliding(layer) -> bool:
+    """A sliding layer that keeps its length both on the device and on the host (see above)."""
+    return (_SLIDING is not None and type(layer) is _SLIDING
+            and isinstance(getattr(layer, "cumulative_length", None), torch.Tensor)
+            and isinstance(getattr(layer, "cumulative_length_int", None), int))
+
+
+def why_not_graphable(cache, total_length: int) -> str | None:
+    """Why a decode loop generating up to ``total_length`` tokens (prompt included) on ``cache``
+    cannot be one captured step replayed (None: it can)."""
+    for layer in cache.layers:
+        if type(layer) is _STATIC:
+            continue
+        if not _sliding(layer):
+            return f"cache layer {type(layer).__name__}"
+        if total_length > layer.max_cache_len:
+            return (f"sliding window of {layer.max_cache_len} tokens shorter than the generation "
+                    f"({total_length}); a full window rolls, which a graph cannot replay")
+    return None
+
+
+def replayable(cache, new_tokens: int = 1) -> bool:
+    """Whether a step writing ``new_tokens`` leaves every sliding layer of ``cache`` short of full."""
+    return all(type(layer) is _STATIC or (_sliding(layer) and
+                                          layer.cumulative_length_int + new_tokens <= layer.max_cache_len)
+               for layer in cache.layers)
+
+
+def advance(cache, tokens: int) -> None:
+    """Move the host length of every sliding layer by ``tokens``: what ``tokens`` replays wrote on
+    the device (or, negative, what a capture counted without writing)."""
+    if tokens:
+        for layer in cache.layers:
+            if _sliding(layer):
+                layer.cumulative_length_int += tokens

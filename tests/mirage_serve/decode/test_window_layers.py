@@ -1,0 +1,82 @@
+"""Sliding-window cache layers (Gemma-2 / Gemma-3 hybrids) in the graphed decode loop and graphed steps.
+
+On the CPU the loop runs its step eagerly through the same buffers; what a capture and replays do to
+the layers' host lengths is checked here by hand (``window_layers.advance``), and for real in
+test_fast_loop_gpu.py.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, StaticCache
+
+from mirage_serve.decode import install_decode_graphs, uninstall_decode_graphs
+from mirage_serve.decode import window_layers
+from mirage_serve.hf_names import CACHE_KWARG
+
+from .test_runner import _left_padded
+
+_SHAPE = dict(vocab_size=97, hidden_size=48, intermediate_size=88, num_hidden_layers=3, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=12, max_position_embeddings=512)
+
+
+def tiny(kind: str, window: int, seed: int = 0, dtype=torch.float32):
+    cfg = {"gemma2": lambda: Gemma2Config(sliding_window=window, **_SHAPE),
+           "gemma3": lambda: Gemma3TextConfig(sliding_window=window, sliding_window_pattern=2, **_SHAPE)}[kind]()
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.2)
+    return model.to(dtype)
+
+
+def sliding(cache):
+    return [layer for layer in cache.layers if window_layers._sliding(layer)]
+
+
+@pytest.mark.parametrize("kind", ["gemma2", "gemma3"])
+@pytest.mark.parametrize("lengths", [[7], [5, 9, 3]])
+def test_a_generation_inside_the_window_runs_the_graphed_loop_with_hf_tokens(kind, lengths):
+    model = tiny(kind, window=40)
+    ids, mask = _left_padded(len(lengths), lengths, model.config.vocab_size)
+    kw = dict(input_ids=ids, attention_mask=mask, max_new_tokens=24, do_sample=False, pad_token_id=0,
+              eos_token_id=None)
+    want = model.generate(**kw)
+    runner = install_decode_graphs(model, capture=False)
+    got = model.generate(**kw)
+    assert runner.paths["fast"] == 1 and runner.paths["hf"] == 0, runner.paths
+    assert torch.equal(got, want)
+    (cache, _), = runner.pool._caches.values()
+    layers = sliding(cache)
+    assert layers and all(layer.cumulative_length_int == int(layer.cumulative_length) for layer in layers)
+    uninstall_decode_graphs(model)
+
+
+def test_a_generation_past_the_window_keeps_hf_loop_and_its_tokens():
+    model = tiny("gemma2", window=16)
+    ids, mask = _left_padded(1, [7], model.config.vocab_size)
+    kw = dict(input_ids=ids, attention_mask=mask, max_new_tokens=24, do_sample=False, pad_token_id=0,
+              eos_token_id=None)
+    want = model.generate(**kw)
+    runner = install_decode_graphs(model, capture=False)
+    assert torch.equal(model.generate(**kw), want)
+    assert runner.paths["fast"] == 0
+    (reason,) = [k for k in runner.paths if k.startswith("hf: ")]
+    assert "sliding window of 16 tokens shorter than the generation (31)" in reason
+    uninstall_decode_graphs(model)
+
+
+def test_host_lengths_follow_what_replays_wrote_and_a_capture_counted():
+    model = tiny("gemma2", window=8)
+    cache = StaticCache(config=model.config, max_cache_len=32)
+    with torch.no_grad():
+        model(torch.ones(1, 5, dtype=torch.long), **{CACHE_KWARG: cache})
+    layers = sliding(cache)
+    assert [layer.cumulative_length_int for layer in layers] == [5] * len(layers)
+    assert window_layers.why_not_graphable(cache, 8) is None
+    assert "shorter than the generation (9)" in window_layers.why_not_graphable(cache, 9)
+    assert window_layers.replayable(cache, 3) and not window_layers.replayable(cache, 4)
+    window_layers.advance(cache, 2)  # two replays wrote positions 5 and 6 on the device
+    assert [layer.cumulative_length_int for layer in layers] == [7] * len(layers)
+    assert window_layers.replayable(cache, 1) and not window_layers.replayable(cache, 2)
