@@ -7,7 +7,7 @@ builds each step's masks on the host from the int. A CUDA-graph capture runs the
 (the int counts one token the capture never writes) and a replay runs none (the int does not count
 the token the replay writes). Before ``decode/window_layers.advance`` nothing corrected either.
 
-No GPU needed: a tiny Gemma-2 (window 64, float32) generates 12 greedy tokens with
+No GPU needed: a tiny Gemma-2 and a tiny Phi-3 (window 64, float32) generate 12 greedy tokens with
 ``output_logits`` (HF's loop, one graphed step per token) through the decode runner with capture
 off, and the host ints are moved as a real capture and real replays would leave them: "stale" as
 the code did before, "kept" as it does now. Printed: the relative error of each step's logits
@@ -28,8 +28,8 @@ from tests.mirage_serve.decode.test_runner import _left_padded  # noqa: E402
 from tests.mirage_serve.decode.test_window_layers import tiny  # noqa: E402
 
 
-def run(stale: bool) -> list[float]:
-    model = tiny("gemma2", window=64)
+def run(kind: str, stale: bool) -> list[float]:
+    model = tiny(kind, window=64)
     ids, mask = _left_padded(1, [7], model.config.vocab_size)
     kw = dict(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0,
               eos_token_id=None, return_dict_in_generate=True, output_logits=True)
@@ -58,6 +58,7 @@ def run(stale: bool) -> list[float]:
 
 
 if __name__ == "__main__":
-    print("host lengths   relative logit error at decode steps 0..11 (step 0: prefill)")
-    for stale in (True, False):
-        print(f"{'stale' if stale else 'kept':13}  " + " ".join(f"{e:.1e}" for e in run(stale)))
+    print("model   host lengths  relative logit error at decode steps 0..11 (step 0: prefill)")
+    for kind in ("gemma2", "phi3"):  # hybrid (alternate layers sliding); every layer sliding (Phi-3's 2047)
+        for stale in (True, False):
+            print(f"{kind:7} {'stale' if stale else 'kept':13} " + " ".join(f"{e:.1e}" for e in run(kind, stale)))

@@ -1,4 +1,4 @@
-"""Sliding-window cache layers (Gemma-2 / Gemma-3 hybrids) in the graphed decode loop and graphed steps.
+"""Sliding-window cache layers (Gemma-2 / Gemma-3 hybrids, Phi-3's all-sliding cache) in graphed decoding.
 
 On the CPU the loop runs its step eagerly through the same buffers; what a capture and replays do to
 the layers' host lengths is checked here by hand (``window_layers.advance``), and for real in
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, StaticCache
+from transformers import AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, Phi3Config, StaticCache
 
 from mirage_serve.decode import install_decode_graphs, uninstall_decode_graphs
 from mirage_serve.decode import window_layers
@@ -22,7 +22,8 @@ _SHAPE = dict(vocab_size=97, hidden_size=48, intermediate_size=88, num_hidden_la
 
 def tiny(kind: str, window: int, seed: int = 0, dtype=torch.float32):
     cfg = {"gemma2": lambda: Gemma2Config(sliding_window=window, **_SHAPE),
-           "gemma3": lambda: Gemma3TextConfig(sliding_window=window, sliding_window_pattern=2, **_SHAPE)}[kind]()
+           "gemma3": lambda: Gemma3TextConfig(sliding_window=window, sliding_window_pattern=2, **_SHAPE),
+           "phi3": lambda: Phi3Config(sliding_window=window, pad_token_id=0, **_SHAPE)}[kind]()
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg).eval()
     with torch.no_grad():
@@ -35,7 +36,7 @@ def sliding(cache):
     return [layer for layer in cache.layers if window_layers._sliding(layer)]
 
 
-@pytest.mark.parametrize("kind", ["gemma2", "gemma3"])
+@pytest.mark.parametrize("kind", ["gemma2", "gemma3", "phi3"])
 @pytest.mark.parametrize("lengths", [[7], [5, 9, 3]])
 def test_a_generation_inside_the_window_runs_the_graphed_loop_with_hf_tokens(kind, lengths):
     model = tiny(kind, window=40)
