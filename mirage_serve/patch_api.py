@@ -39,7 +39,7 @@ _CPU_NOTE = ("backend torch: μGraphs run in the torch interpreter; this is for 
 _RESIDUAL_NOTE = ("residual adds: in the kernels of {projs} in {n}/{of} layers (found from the traced layer; the "
                   "layer's forward hands them the residual; PatchOptions.fused_residual)")
 _TRACED_NOTE = ("sites from the traced decoder layer (no adapter for model type {!r}): norm → projections "
-                "and projections alone; the attention core stays original")
+                "and projections alone")
 _GRAPHS_NOTE = ("decode steps replay CUDA graphs on an owned static KV cache; HF's auto-compile is "
                 "off for this model (it would compile around the graphs)")
 
@@ -228,7 +228,7 @@ def patch(model: torch.nn.Module, *, backend: str = "auto", cache_dir=None, sear
                             for i, (_, by_proj) in slots.items() for p in by_proj})
             note = _RESIDUAL_NOTE.format(projs=", ".join(projs), n=len(slots), of=len(layers))
             report.note = "; ".join(x for x in (report.note, note) if x)
-        if decode_attention and family.attention:
+        if decode_attention:
             _install_attention(model, layers, family.attention, records, report, options.pdl,
                                shard.config if shard else model.config)
         if cuda_graphs:
@@ -276,10 +276,15 @@ def _residual_plans(model, family, layers) -> tuple[list[LayerPlan], str]:
     return plans, "; ".join(f"{what} stays in the layer ({reason})" for what, reason in why.items())
 
 
-def _install_attention(model, layers, attn_name: str, records: list[Record], report: PatchReport,
+def _install_attention(model, layers, attn_name: str | None, records: list[Record], report: PatchReport,
                        pdl: bool, config) -> None:
-    from .decode.attention_fast import install_fast_attention
+    """Decode attention on ``layers[i].<attn_name>`` (a family with no adapter: the child the fast path
+    recognises, ``find_attention``)."""
+    from .decode.attention_fast import find_attention, install_fast_attention
 
+    attn_name = attn_name or find_attention(layers[0], config)
+    if attn_name is None:
+        return
     fast = install_fast_attention(layers, attn_name, config, records, pdl)
     normed = sum(f.qk_norm is not None for f in fast.values())
     note = (f"decode attention: {len(fast)}/{len(layers)} layers run "

@@ -2,18 +2,19 @@
 
 ``install_fast_attention(layers, config, records)`` sets an instance ``forward`` on each decoder
 layer's attention module. A call that is one decode step (one new token per row) on an
-initialised ``StaticLayer`` of an HF cache runs: the q/k/v projections (the patched fused
+initialised ``StaticLayer`` of an HF cache (or a sliding-window layer whose window is not full yet:
+it is then written and masked as a static one, ``window_layers``) runs: the q/k/v projections (the patched fused
 kernels), then ``attention_launch.decode_attention`` (the per-head q/k RMSNorm where the module has
 one of HF's usual form, RoPE, cache write, flash-decoding: two launches), then ``o_proj``. Per-head
 norms of another form (Gemma 3's ``1 + weight``) run as the module's own, before the kernels.
-Every other call — prefill, dynamic or sliding caches, training, ``torch.compile`` tracing, a mask
-we cannot read — runs the module's original forward.
+Every other call — prefill, dynamic caches, a full sliding window, training, ``torch.compile``
+tracing, a mask we cannot read — runs the module's original forward.
 
 This path is hand-written (RoPE in HF's rotate-half form, softmax attention with the module's
 ``scaling``), not extracted from the model's code, so it is never trusted blindly: the first
 eligible call of each module runs both paths on the same step and compares the attention output,
 the written cache slot and the cache's length (``patch_prepare.tolerance`` of the dtype). A module that
-disagrees keeps its original forward for good; ``attention_verdicts(model)`` lists every
+disagrees (or whose fast path raises) keeps its original forward for good; ``attention_verdicts(model)`` lists every
 module's verdict. The check needs a host sync, so it never runs during CUDA-graph capture: the decode runner
 always runs a step eagerly before it captures one.
 """
@@ -28,6 +29,7 @@ from superopt.runtime.interpreter import interpreting
 from ..hf_names import cache_of
 from ..patch_prepare import tolerance
 from ..patch_wiring import Record, set_forward
+from . import window_layers
 from .attention_launch import decode_attention
 
 log = logging.getLogger("mirage_serve")
@@ -43,8 +45,10 @@ def unsupported(module: torch.nn.Module, config) -> str | None:
             return f"attention module has no {attr}"
     if getattr(config, "attn_logit_softcapping", None) is not None:
         return "attention logit softcapping"
-    if getattr(module, "sliding_window", None) is not None:
-        return "sliding-window attention layer"
+    for name in ("q_norm", "k_norm"):  # per-head norms only (OLMo-2 normalises the whole projection)
+        w = getattr(getattr(module, name, None), "weight", None)
+        if isinstance(w, torch.Tensor) and w.numel() != module.head_dim:
+            return f"{name} over the whole projection, not per head"
     hq, hkv = getattr(config, "num_attention_heads", None), getattr(config, "num_key_value_heads", None)
     hkv = hkv or hq
     if not hq or hq % hkv:
@@ -120,7 +124,7 @@ class FastAttention:
         if layers is None or idx >= len(layers):
             return None
         layer = layers[idx]
-        if type(layer).__name__ != "StaticLayer" or not getattr(layer, "is_initialized", False):
+        if not window_layers.layer_replayable(layer) or not getattr(layer, "is_initialized", False):
             return None
         keys, values = layer.keys, layer.values
         b, d = x.shape[0], self.module.head_dim
@@ -166,6 +170,7 @@ class FastAttention:
         q, k, v = self._projections(x)
         out = decode_attention(q, k, v, cos, sin, layer.keys, layer.values, pos, mask,
                                self.module.scaling, advance, qk_norm=self.qk_norm, pdl=self.pdl)
+        window_layers.advance_layer(layer, 1)  # what HF's update() counts on the host (sliding layers)
         return self.module.o_proj(out.view(x.shape[0], 1, -1))
 
     def __call__(self, *args, **kwargs):
@@ -188,16 +193,27 @@ class FastAttention:
         if handoff is not None:
             handoff.take()
         slot = int(pos)
+        host = getattr(layer, "cumulative_length_int", None)  # a sliding layer's host length
         before = (layer.keys[:, :, slot].clone(), layer.values[:, :, slot].clone(),
                   None if advance is None else advance.clone())
         ref = self.original(*args, **kwargs)
         after = (layer.keys[:, :, slot].clone(), layer.values[:, :, slot].clone(),
                  None if advance is None else advance.clone())
+        host_after = getattr(layer, "cumulative_length_int", None)
         layer.keys[:, :, slot], layer.values[:, :, slot] = before[0], before[1]
         if advance is not None:
             advance.copy_(before[2])
-        got = self.fast(step)
-        self.verdict = self._compare(ref[0], got, layer, slot, after, advance)
+        if host is not None:
+            layer.cumulative_length_int = host
+        try:
+            got = self.fast(step)
+            self.verdict = self._compare(ref[0], got, layer, slot, after, advance)
+            if self.verdict == "ok" and getattr(layer, "cumulative_length_int", None) != host_after:
+                self.verdict = "the cache's host length differs from the original forward"
+        except Exception as e:  # a module the kernels cannot take after all: the original's results stand
+            self.verdict = f"the fast path raised {type(e).__name__}: {e}".splitlines()[0]
+        if host is not None:
+            layer.cumulative_length_int = host_after
         if self.verdict != "ok":
             log.warning("mirage_serve: decode attention of layer %d keeps the original forward: %s",
                         self.module.layer_idx, self.verdict)
@@ -219,6 +235,14 @@ class FastAttention:
         if advance is not None and not torch.equal(advance, after[2]):
             return "cache length counter differs from the original forward"
         return "ok"
+
+
+def find_attention(layer: torch.nn.Module, config) -> str | None:
+    """The name of ``layer``'s direct child the fast path can take (a family with no adapter names
+    none), or None. Its contract is HF's attention attributes (q/k/v or qkv and o projections,
+    ``head_dim``, ``scaling``, ``layer_idx``); whether it computes what the kernels do is left to the
+    first-use check against its own forward."""
+    return next((name for name, child in layer.named_children() if unsupported(child, config) is None), None)
 
 
 def install_fast_attention(layers, attn_name: str, config, records: list[Record],

@@ -23,7 +23,7 @@ _STATIC = cache_utils.StaticLayer
 _SLIDING = getattr(cache_utils, "StaticSlidingWindowLayer", None)
 
 
-def _sliding(layer) -> bool:
+def sliding(layer) -> bool:
     """A sliding layer that keeps its length both on the device and on the host (see above)."""
     return (_SLIDING is not None and type(layer) is _SLIDING
             and isinstance(getattr(layer, "cumulative_length", None), torch.Tensor)
@@ -36,7 +36,7 @@ def why_not_graphable(cache, total_length: int) -> str | None:
     for layer in cache.layers:
         if type(layer) is _STATIC:
             continue
-        if not _sliding(layer):
+        if not sliding(layer):
             return f"cache layer {type(layer).__name__}"
         if total_length > layer.max_cache_len:
             return (f"sliding window of {layer.max_cache_len} tokens shorter than the generation "
@@ -46,9 +46,12 @@ def why_not_graphable(cache, total_length: int) -> str | None:
 
 def replayable(cache, new_tokens: int = 1) -> bool:
     """Whether a step writing ``new_tokens`` leaves every sliding layer of ``cache`` short of full."""
-    return all(type(layer) is _STATIC or (_sliding(layer) and
-                                          layer.cumulative_length_int + new_tokens <= layer.max_cache_len)
-               for layer in cache.layers)
+    return all(layer_replayable(layer, new_tokens) for layer in cache.layers)
+
+
+def layer_replayable(layer, new_tokens: int = 1) -> bool:
+    """Whether one cache layer is static, or sliding with room for ``new_tokens`` more (see above)."""
+    return type(layer) is _STATIC or (sliding(layer) and layer.cumulative_length_int + new_tokens <= layer.max_cache_len)
 
 
 def advance(cache, tokens: int) -> None:
@@ -56,5 +59,11 @@ def advance(cache, tokens: int) -> None:
     the device (or, negative, what a capture counted without writing)."""
     if tokens:
         for layer in cache.layers:
-            if _sliding(layer):
-                layer.cumulative_length_int += tokens
+            advance_layer(layer, tokens)
+
+
+def advance_layer(layer, tokens: int) -> None:
+    """``advance`` for one layer: what a kernel that wrote ``tokens`` itself (not through HF's
+    ``update``) leaves for the host to count. A no-op on static layers."""
+    if sliding(layer):
+        layer.cumulative_length_int += tokens

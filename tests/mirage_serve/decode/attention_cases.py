@@ -6,7 +6,8 @@ so ``attention_interp_run`` can set TRITON_INTERPRET first.
 from __future__ import annotations
 
 import torch
-from transformers import Gemma3TextConfig, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config, Qwen3Config
+from transformers import (Gemma3TextConfig, GraniteConfig, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config,
+                          Qwen3Config)
 
 # (rows, q heads, kv heads, head dim, capacity, slot, mask kind, per-head q/k RMSNorm)
 KERNEL_CASES = {
@@ -93,12 +94,24 @@ FAMILIES = {
                          num_attention_heads=3, num_key_value_heads=1, head_dim=8),
     "phi3": Phi3Config(vocab_size=97, hidden_size=48, intermediate_size=64, num_hidden_layers=2,
                        num_attention_heads=4, num_key_value_heads=4, pad_token_id=0),
+    # sliding layers whose window holds the whole generation (7 + 16 tokens) take the fast path too
     "gemma3": Gemma3TextConfig(vocab_size=97, hidden_size=45, intermediate_size=67, num_hidden_layers=3,
-                               num_attention_heads=5, num_key_value_heads=1, head_dim=8, sliding_window=6,
+                               num_attention_heads=5, num_key_value_heads=1, head_dim=8, sliding_window=32,
                                query_pre_attn_scalar=8, sliding_window_pattern=2),
+    "phi3_window": Phi3Config(vocab_size=97, hidden_size=48, intermediate_size=64, num_hidden_layers=2,
+                              num_attention_heads=4, num_key_value_heads=2, pad_token_id=0, sliding_window=32),
     "mistral": MistralConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                              num_attention_heads=4, num_key_value_heads=1, head_dim=16, sliding_window=None),
 }
+
+# the same Gemma 3 with a window of 6: its sliding layers are full from the first decode step and keep HF's forward
+SMALL_WINDOW = Gemma3TextConfig(vocab_size=97, hidden_size=45, intermediate_size=67, num_hidden_layers=3,
+                                num_attention_heads=5, num_key_value_heads=1, head_dim=8, sliding_window=6,
+                                query_pre_attn_scalar=8, sliding_window_pattern=2)
+# a family with no adapter in patches/: patch() finds its attention module by what the fast path needs
+GRANITE = GraniteConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, attention_multiplier=0.25,
+                        residual_multiplier=0.5, embedding_multiplier=2.0, pad_token_id=0)
 
 
 def _decode(model, ids, mask):

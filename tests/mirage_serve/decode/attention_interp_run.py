@@ -12,6 +12,8 @@ set before triton is imported). Two parts:
   ``family/llama_patched`` goes through ``mirage_serve.patch`` (sites + attention; ``_residual``
   with the residual adds in the projections; ``qwen3_patched`` as the defaults run Qwen3: residual adds fused,
   q/k norms in the attention kernel), and
+  ``family/gemma3_small_window`` has sliding layers whose window fills (they keep HF's forward),
+  ``family/granite_traced`` is a family with no adapter (its attention found by ``find_attention``), and
   ``family/llama_mutant`` runs a deliberately wrong kernel (scale off by 10%) that the first-use
   check must refuse, with the tokens still right.
 """
@@ -23,7 +25,8 @@ import sys
 
 os.environ["TRITON_INTERPRET"] = "1"
 
-from tests.mirage_serve.decode.attention_cases import FAMILIES, KERNEL_CASES, family_case, kernel_case  # noqa: E402
+from tests.mirage_serve.decode.attention_cases import (FAMILIES, GRANITE, KERNEL_CASES, SMALL_WINDOW,  # noqa: E402
+                                                       family_case, kernel_case)
 
 
 def main() -> None:
@@ -37,7 +40,8 @@ def main() -> None:
     cases = [(n, c, "install") for n, c in FAMILIES.items()]
     cases += [("llama_patched", FAMILIES["llama"], "patch"), ("llama_mutant", FAMILIES["llama"], "mutant"),
               ("llama_patched_residual", FAMILIES["llama"], "patch_residual"),
-              ("llama_unpadded", FAMILIES["llama"], "unpadded"), ("qwen3_patched", FAMILIES["qwen3"], "patch_residual")]
+              ("llama_unpadded", FAMILIES["llama"], "unpadded"), ("qwen3_patched", FAMILIES["qwen3"], "patch_residual"),
+              ("gemma3_small_window", SMALL_WINDOW, "install"), ("granite_traced", GRANITE, "patch")]
     for name, config, how in cases:
         try:
             result[f"family/{name}"] = family_case(name, config, how)

@@ -43,7 +43,7 @@ def test_kernels_match_float64(interp, case, dtype):
 
 
 @pytest.mark.parametrize("name", list(FAMILIES) + ["llama_patched", "llama_patched_residual", "llama_unpadded",
-                                                   "qwen3_patched"])
+                                                   "qwen3_patched", "granite_traced"])
 def test_family_decodes_hf_tokens_through_the_fast_path(interp, name):
     r = interp[f"family/{name}"]
     assert not isinstance(r, str), r
@@ -56,6 +56,16 @@ def test_family_decodes_hf_tokens_through_the_fast_path(interp, name):
     assert r["masks"] == (["float32"] if name == "qwen2_eager_mask" else ["bool"]), r["masks"]
     # Qwen3's per-head q/k RMSNorms run inside the kernel; Gemma 3's (1 + weight) form stays the module's
     assert r["qk_norm_fused"] == (len(r["verdicts"]) if name.startswith("qwen3") else 0), r
+
+
+def test_sliding_layers_with_a_full_window_keep_their_forward(interp):
+    r = interp["family/gemma3_small_window"]
+    assert not isinstance(r, str), r
+    assert r["tokens_equal"] and r["logits_err"] <= TOL["float32"], r
+    ok = [k for k, v in r["verdicts"].items() if v == "ok"]
+    assert len(ok) == 1 and ok[0].endswith("layers.1.self_attn"), r["verdicts"]  # the one full-attention layer
+    assert all(v == "not checked yet" for k, v in r["verdicts"].items() if k not in ok), r["verdicts"]
+    assert r["fast_calls"] == 15, r
 
 
 def test_unpatch_removes_the_attention_path(interp):

@@ -33,7 +33,7 @@ def tiny(kind: str, window: int, seed: int = 0, dtype=torch.float32):
 
 
 def sliding(cache):
-    return [layer for layer in cache.layers if window_layers._sliding(layer)]
+    return [layer for layer in cache.layers if window_layers.sliding(layer)]
 
 
 @pytest.mark.parametrize("kind", ["gemma2", "gemma3", "phi3"])
