@@ -43,8 +43,6 @@ def unsupported(module: torch.nn.Module, config) -> str | None:
     for attr in ("head_dim", "scaling", "layer_idx"):
         if getattr(module, attr, None) is None:
             return f"attention module has no {attr}"
-    if getattr(config, "attn_logit_softcapping", None) is not None:
-        return "attention logit softcapping"
     for name in ("q_norm", "k_norm"):  # per-head norms only (OLMo-2 normalises the whole projection)
         w = getattr(getattr(module, name, None), "weight", None)
         if isinstance(w, torch.Tensor) and w.numel() != module.head_dim:
@@ -105,6 +103,7 @@ class FastAttention:
         self.hq = config.num_attention_heads
         self.hkv = getattr(config, "num_key_value_heads", None) or self.hq
         self.qk_norm = fused_qk_norm(module)  # None: the module's own norms run (if it has any)
+        self.softcap = getattr(config, "attn_logit_softcapping", None)  # Gemma-2's, else None
         self.verdict: str | None = None  # None: not checked yet; "ok" or why not
         self.cpu_ok = interpreting()  # Triton's CPU interpreter runs the kernels on CPU tensors (tests)
 
@@ -169,7 +168,8 @@ class FastAttention:
         x, cos, sin, layer, mask, pos, advance = step
         q, k, v = self._projections(x)
         out = decode_attention(q, k, v, cos, sin, layer.keys, layer.values, pos, mask,
-                               self.module.scaling, advance, qk_norm=self.qk_norm, pdl=self.pdl)
+                               self.module.scaling, advance, qk_norm=self.qk_norm, pdl=self.pdl,
+                               softcap=self.softcap)
         window_layers.advance_layer(layer, 1)  # what HF's update() counts on the host (sliding layers)
         return self.module.o_proj(out.view(x.shape[0], 1, -1))
 

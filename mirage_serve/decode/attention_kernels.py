@@ -53,15 +53,22 @@ def _rope(x, xp, sign, cos, sin, dt):
 
 
 @triton.jit
+def _softcap(s, cap):
+    """``cap · tanh(s / cap)`` (Gemma-2's attention logit softcapping), tanh as ``2·sigmoid(2x) − 1``."""
+    return cap * (2.0 * tl.sigmoid(2.0 * s / cap) - 1.0)
+
+
+@triton.jit
 def _attend_split(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr, mask_ptr,
                   o_ptr, m_ptr, l_ptr, qn_ptr, kn_ptr,
                   q_sb, k_sb, v_sb, cs_sb, c_sb, c_sh, c_sn, mk_sb, mk_sn, o_sb, o_sh, o_ss, ml_sb, ml_sh,
                   scale, eps, chunk,
                   HKV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr,
                   BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                  MASK_KIND: tl.constexpr, QK_NORM: tl.constexpr, PDL: tl.constexpr):
+                  MASK_KIND: tl.constexpr, QK_NORM: tl.constexpr, PDL: tl.constexpr, SOFTCAP: tl.constexpr = 0.0):
     """MASK_KIND: 0 none (attend to every written slot), 1 boolean (True = attend), 2 additive.
     QK_NORM: q and k RMS-normalised per head before RoPE (weights ``qn_ptr``, ``kn_ptr``, ``eps``).
+    SOFTCAP: > 0: the scaled scores are soft-capped (``_softcap``) before the mask, as HF's Gemma-2 does.
     PDL: launched with programmatic dependent launch (superopt.runtime.grid_dependency)."""
     if PDL:  # nothing is read or written before the kernel before this one is complete
         tl.extra.cuda.gdc_wait()
@@ -109,6 +116,8 @@ def _attend_split(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr
         v = tl.load(vc_ptr + base + cols[:, None] * c_sn + d[None, :],
                     mask=ok[:, None] & d_ok[None, :], other=0.0)            # [BLOCK_N, BLOCK_D]
         s = tl.dot(q, kt, input_precision="ieee") * scale                     # [BLOCK_G, BLOCK_N]
+        if SOFTCAP > 0:
+            s = _softcap(s, SOFTCAP)
         if MASK_KIND == 1:
             keep = tl.load(mask_ptr + row * mk_sb + cols * mk_sn, mask=ok, other=0)
             ok = ok & (keep != 0)
@@ -126,6 +135,8 @@ def _attend_split(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr
         tl.store(kc_ptr + base + pos * c_sn + d, k_new, mask=d_ok)
         tl.store(vc_ptr + base + pos * c_sn + d, v_new, mask=d_ok)
         s_new = tl.sum(q.to(tl.float32) * k_new.to(tl.float32)[None, :], 1) * scale   # [BLOCK_G]
+        if SOFTCAP > 0:
+            s_new = _softcap(s_new, SOFTCAP)
         if MASK_KIND == 1:
             keep_new = tl.load(mask_ptr + row * mk_sb + pos * mk_sn) != 0
             s_new = tl.where(keep_new, s_new, float("-inf"))

@@ -6,17 +6,19 @@ so ``attention_interp_run`` can set TRITON_INTERPRET first.
 from __future__ import annotations
 
 import torch
-from transformers import (Gemma3TextConfig, GraniteConfig, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config,
+from transformers import (Gemma2Config, Gemma3TextConfig, GraniteConfig, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config,
                           Qwen3Config)
 
-# (rows, q heads, kv heads, head dim, capacity, slot, mask kind, per-head q/k RMSNorm)
+# (rows, q heads, kv heads, head dim, capacity, slot, mask kind, per-head q/k RMSNorm, logit softcap or 0)
 KERNEL_CASES = {
-    "mha_first_slot": (1, 4, 4, 32, 64, 0, "none", False),
-    "gqa7_bool_padded": (3, 14, 2, 64, 200, 131, "bool", False),
-    "d96_additive_last_slot": (2, 6, 2, 96, 130, 129, "additive", False),
-    "many_splits_broadcast_mask": (2, 3, 1, 16, 1000, 517, "bool1", False),
-    "qk_norm_gqa4": (2, 8, 2, 64, 150, 77, "bool", True),
-    "qk_norm_d96_padded_lanes": (1, 3, 1, 96, 70, 69, "none", True),
+    "mha_first_slot": (1, 4, 4, 32, 64, 0, "none", False, 0.0),
+    "gqa7_bool_padded": (3, 14, 2, 64, 200, 131, "bool", False, 0.0),
+    "d96_additive_last_slot": (2, 6, 2, 96, 130, 129, "additive", False, 0.0),
+    "many_splits_broadcast_mask": (2, 3, 1, 16, 1000, 517, "bool1", False, 0.0),
+    "qk_norm_gqa4": (2, 8, 2, 64, 150, 77, "bool", True, 0.0),
+    "qk_norm_d96_padded_lanes": (1, 3, 1, 96, 70, 69, "none", True, 0.0),
+    # scores of |s| ~ 3-10 (q scaled up) against a cap of 5: tanh far from linear, as Gemma-2's cap of 50 bites
+    "softcap_gqa2_bool": (2, 4, 2, 32, 150, 90, "bool", False, 5.0),
 }
 EPS = 1e-6
 
@@ -31,7 +33,7 @@ def _rope(x, cos, sin):  # x: [b, H, d]; cos, sin: [b, d] — HF's rotate-half c
     return x * cos[:, None] + rot * sin[:, None]
 
 
-def kernel_case(rows, hq, hkv, d, cap, slot, kind, qk_norm, dtype, device="cpu", seed=0):
+def kernel_case(rows, hq, hkv, d, cap, slot, kind, qk_norm, softcap, dtype, device="cpu", seed=0):
     g = torch.Generator().manual_seed(seed)
     rnd = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
     q, k, v = rnd(rows, hq * d), rnd(rows, hkv * d), rnd(rows, hkv * d)
@@ -41,6 +43,8 @@ def kernel_case(rows, hq, hkv, d, cap, slot, kind, qk_norm, dtype, device="cpu",
     qw, kw = 1.0 + 0.3 * rnd(d), 1.0 + 0.3 * rnd(d)
     if qk_norm:
         q, k = q * 3.0, k * 0.2  # heads with an RMS far from 1, so a missing norm would show
+    if softcap:
+        q = q * 6.0
     valid = torch.ones(rows, cap, dtype=torch.bool)
     valid[:, slot + 1:] = False
     if kind in ("bool", "additive"):
@@ -59,7 +63,8 @@ def kernel_case(rows, hq, hkv, d, cap, slot, kind, qk_norm, dtype, device="cpu",
     counter = torch.tensor(slot, dtype=torch.int64, device=device)
     m4 = None if mask is None else (mask.to(t) if kind == "additive" else mask).to(device)
     norm = (args[7], args[8], EPS) if qk_norm else None
-    out = decode_attention(*args[:5], kc, vc, counter, m4, d ** -0.5, advance=counter, qk_norm=norm).cpu()
+    out = decode_attention(*args[:5], kc, vc, counter, m4, d ** -0.5, advance=counter, qk_norm=norm,
+                           softcap=softcap).cpu()
     kc, vc, args = kc.cpu(), vc.cpu(), [x.cpu() for x in args]
 
     q, k = q.view(rows, hq, d), k.view(rows, hkv, d)
@@ -71,6 +76,8 @@ def kernel_case(rows, hq, hkv, d, cap, slot, kind, qk_norm, dtype, device="cpu",
     kx = keys.repeat_interleave(hq // hkv, 1)
     vx = values.repeat_interleave(hq // hkv, 1)
     s = torch.einsum("bhd,bhnd->bhn", qr, kx) * d ** -0.5
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
     s = s.masked_fill(~valid[:, None], float("-inf"))
     ref = torch.einsum("bhn,bhnd->bhd", s.softmax(-1), vx).reshape(rows, hq * d)
 
@@ -100,6 +107,10 @@ FAMILIES = {
                                query_pre_attn_scalar=8, sliding_window_pattern=2),
     "phi3_window": Phi3Config(vocab_size=97, hidden_size=48, intermediate_size=64, num_hidden_layers=2,
                               num_attention_heads=4, num_key_value_heads=2, pad_token_id=0, sliding_window=32),
+    # attention logit softcapping (50) in the kernel; sliding layers with room for the generation
+    "gemma2": Gemma2Config(vocab_size=97, hidden_size=48, intermediate_size=67, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=32,
+                           query_pre_attn_scalar=16, attn_logit_softcapping=50.0, final_logit_softcapping=30.0),
     "mistral": MistralConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                              num_attention_heads=4, num_key_value_heads=1, head_dim=16, sliding_window=None),
 }

@@ -52,8 +52,8 @@ def test_family_decodes_hf_tokens_through_the_fast_path(interp, name):
     assert r["verdicts"] and all(v == "ok" for v in r["verdicts"].values()), r["verdicts"]
     # 15 decode steps per eligible layer (the first one is the checked step)
     assert r["fast_calls"] == 15 * len(r["verdicts"]), r
-    # SDPA's boolean mask, or eager attention's additive one
-    assert r["masks"] == (["float32"] if name == "qwen2_eager_mask" else ["bool"]), r["masks"]
+    # SDPA's boolean mask, or eager attention's additive one (Gemma-2 runs eager attention)
+    assert r["masks"] == (["float32"] if name in ("qwen2_eager_mask", "gemma2") else ["bool"]), r["masks"]
     # Qwen3's per-head q/k RMSNorms run inside the kernel; Gemma 3's (1 + weight) form stays the module's
     assert r["qk_norm_fused"] == (len(r["verdicts"]) if name.startswith("qwen3") else 0), r
 
@@ -102,7 +102,11 @@ def test_unsupported_attention_is_named():
     assert unsupported(_attn(llama), llama) is None
     gemma2 = Gemma2Config(vocab_size=32, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
                           num_attention_heads=4, num_key_value_heads=2, head_dim=8)
-    assert "softcapping" in unsupported(_attn(gemma2), gemma2)
+    assert unsupported(_attn(gemma2), gemma2) is None  # softcapping and sliding windows are handled
+    from transformers import AutoConfig
+    olmo2 = AutoConfig.for_model("olmo2", vocab_size=32, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                                 num_attention_heads=4, num_key_value_heads=2)
+    assert "over the whole projection" in unsupported(_attn(olmo2), olmo2)
     assert "no q/k/v" in unsupported(torch.nn.Linear(2, 2), llama)
 
 
