@@ -13,7 +13,9 @@ set before triton is imported). Two parts:
   with the residual adds in the projections; ``qwen3_patched`` as the defaults run Qwen3: residual adds fused,
   q/k norms in the attention kernel), and
   ``family/gemma3_small_window`` has sliding layers whose window fills (they keep HF's forward),
-  ``family/granite_traced`` is a family with no adapter (its attention found by ``find_attention``), and
+  ``family/granite_traced`` is a family with no adapter (its attention found by ``find_attention``),
+  ``gemma2_patched`` / ``phi3_window_patched`` run everything patch() installs on those families (sites,
+  residual adds with Gemma's post-norms in the projections, softcapped / sliding-window attention), and
   ``family/llama_mutant`` runs a deliberately wrong kernel (scale off by 10%) that the first-use
   check must refuse, with the tokens still right.
 """
@@ -41,7 +43,9 @@ def main() -> None:
     cases += [("llama_patched", FAMILIES["llama"], "patch"), ("llama_mutant", FAMILIES["llama"], "mutant"),
               ("llama_patched_residual", FAMILIES["llama"], "patch_residual"),
               ("llama_unpadded", FAMILIES["llama"], "unpadded"), ("qwen3_patched", FAMILIES["qwen3"], "patch_residual"),
-              ("gemma3_small_window", SMALL_WINDOW, "install"), ("granite_traced", GRANITE, "patch")]
+              ("gemma3_small_window", SMALL_WINDOW, "install"), ("granite_traced", GRANITE, "patch"),
+              ("gemma2_patched", FAMILIES["gemma2"], "patch_residual"),
+              ("phi3_window_patched", FAMILIES["phi3_window"], "patch_residual")]
     for name, config, how in cases:
         try:
             result[f"family/{name}"] = family_case(name, config, how)
