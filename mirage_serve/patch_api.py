@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import time
 import weakref
-from dataclasses import replace
 from typing import Sequence
 
 import torch
@@ -36,8 +35,8 @@ __all__ = ["PatchError", "patch", "unpatch", "is_patched"]
 _CPU_NOTE = ("backend torch: μGraphs run in the torch interpreter; this is for testing the patch "
              "path on CPU and gives no speed-up")
 
-_RESIDUAL_NOTE = ("residual adds: in the kernels of {projs} in {n}/{of} layers (found from the traced layer; the "
-                  "layer's forward hands them the residual; PatchOptions.fused_residual)")
+_RESIDUAL_NOTE = ("residual adds: in the kernels of {projs} in {n}/{of} layers (found from the traced layer, "
+                  "handed the residual by the layer's forward, PatchOptions.fused_residual)")
 _TRACED_NOTE = ("sites from the traced decoder layer (no adapter for model type {!r}): norm → projections "
                 "and projections alone")
 _GRAPHS_NOTE = ("decode steps replay CUDA graphs on an owned static KV cache; HF's auto-compile is "
@@ -175,9 +174,7 @@ def patch(model: torch.nn.Module, *, backend: str = "auto", cache_dir=None, sear
     report.note = "; ".join(x for x in (report.note, left, why_not) if x)
 
     def with_residual(i, site):  # the projection site takes its layer's residual add (patching.residual)
-        if not isinstance(site, ProjSite) or site.proj not in residual[i].projections:
-            return site
-        return replace(site, residual=True, post=residual[i].post_of(site.proj))
+        return residual[i].site_for(site) if isinstance(site, ProjSite) else site
 
     prep = Preparer(report, backend, dtype, buckets, search_budget, _open_cache(cache_dir, report), options,
                     shard_tag=shard.tag if shard else "")
@@ -224,8 +221,8 @@ def patch(model: torch.nn.Module, *, backend: str = "auto", cache_dir=None, sear
         for i, (layer, by_proj) in slots.items():  # the layer hands its residual to the projections
             set_forward(layer, residual[i].forward(layer, by_proj), records)
         if slots:
-            projs = sorted({p + (f" (+ {post})" if (post := residual[i].post_of(p)) else "")
-                            for i, (_, by_proj) in slots.items() for p in by_proj})
+            projs = sorted({_fused_name(residual[i].site_for(ProjSite("", p))) for i, (_, by_proj) in slots.items()
+                            for p in by_proj})
             note = _RESIDUAL_NOTE.format(projs=", ".join(projs), n=len(slots), of=len(layers))
             report.note = "; ".join(x for x in (report.note, note) if x)
         if decode_attention:
@@ -260,6 +257,15 @@ def _sharding(model):
         if why:
             raise PatchError(why + "; the model was left unchanged")
     return shard
+
+
+def _fused_name(site: ProjSite) -> str:
+    """A projection with its residual add, as the report names it: ``o_proj (+ post_norm)``, ``o_proj (× 0.22)``."""
+    if site.post:
+        return f"{site.proj} (+ {site.post})"
+    if site.post_scale:
+        return f"{site.proj} ({'×' if site.post_scale[0] == 'mul' else '÷'} {site.post_scale[1]:g})"
+    return site.proj
 
 
 def _residual_plans(model, family, layers) -> tuple[list[LayerPlan], str]:

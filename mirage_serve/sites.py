@@ -46,6 +46,9 @@ class ProjSite:
     # with ``residual``: the norm the layer applies to the projection's output before adding it (Gemma's
     # post-attention norm, a path in the layer), traced as ``(x, r) -> r + post(proj(x))``
     post: str | None = None
+    # with ``residual``: ("mul" / "div", factor) the layer scales the projection's output by before adding
+    # it (Granite's residual multiplier), traced as ``(x, r) -> r + proj(x) * factor``
+    post_scale: tuple[str, float] | None = None
 
     def paths(self) -> tuple[str, ...]:
         return (self.proj,) + ((self.post,) if self.post else ())
@@ -87,6 +90,17 @@ def find_layers(model: nn.Module, family: Family) -> tuple[str, nn.ModuleList] |
         if isinstance(layers, nn.ModuleList):
             return path, layers
     return None
+
+
+class Scale(nn.Module):
+    """``y * factor`` or ``y / factor``, as the layer's forward writes a residual branch's scale."""
+
+    def __init__(self, op: str, factor: float):
+        super().__init__()
+        self.op, self.factor = op, factor
+
+    def forward(self, y):
+        return y * self.factor if self.op == "mul" else y / self.factor
 
 
 class SiteModule(nn.Module):
@@ -148,7 +162,7 @@ def _without(module: nn.Module, child: str) -> nn.Module:
 def site_module(layer: nn.Module, site: NormSite | ProjSite) -> SiteModule:
     if isinstance(site, ProjSite):
         proj = layer.get_submodule(site.proj)
-        post = layer.get_submodule(site.post) if site.post else None
+        post = layer.get_submodule(site.post) if site.post else Scale(*site.post_scale) if site.post_scale else None
         return SiteModule(_without(proj, site.tail) if site.tail else proj, [], residual=site.residual, post=post)
     cons = [layer.get_submodule(c.path) for c in site.consumers]
     cons = [_without(m, c.tail) if c.tail else m for m, c in zip(cons, site.consumers)]

@@ -14,7 +14,8 @@ Which adds can move is read from the data flow, not from the layer's source text
 (docs/architecture.md, "Residual adds"):
 
 * Every ``a + b`` in the layer class's ``forward`` is rewritten to ``_mirage_add(k, a, b)`` (``k``:
-  the add's place in the source, ``_mirage_add`` a closure cell of the layer's copy); the rest of
+  the add's place in the source, ``_mirage_add`` a closure cell of the layer's copy), every
+  ``a * b`` and ``a / b`` to ``_mirage_scale(j, op, a, b)``; the rest of
   the source, its decorators, globals and line numbers stay, so the rewritten forward is the
   original one whenever nothing is fused (and torch.compile traces it as it would the original).
   A forward without source, or with a closure (``super()``), is not rewritten and its adds stay.
@@ -28,7 +29,10 @@ Which adds can move is read from the data flow, not from the layer's source text
   computed inside ``P`` the same tensor the add would produce, read by no one in between.
   The addend may also be ``N(P(x))`` for one module ``N`` without projections called on exactly
   ``P``'s output (Gemma-2/3's and OLMo-2's post-norms): ``P``'s site then computes
-  ``r + N(P(x))`` and ``N``, called on that output, passes it on (``post_forward``).
+  ``r + N(P(x))`` and ``N``, called on that output, passes it on (``post_forward``). Or it may be
+  ``P(x) * c`` (or ``/ c``) for a number ``c``, written in the layer's forward (Granite's and
+  MiniCPM's residual multipliers): the site computes ``r + P(x) * c`` and that product passes the
+  kernel's output on.
 * At run time the layer's wrapper offers its input to the projections fed by it; an add offers its
   result to those fed by it. A projection takes the residual only when it runs its kernel on that
   call; the add returns the projection's output when it holds exactly the residual it was offered
@@ -37,10 +41,10 @@ Which adds can move is read from the data flow, not from the layer's source text
   be lost or added twice (``unpatch()`` and report the model type).
 
 Works for any layer whose adds have that shape: Llama, Mistral, Qwen, Phi-3 (through its dropout),
-Gemma-2/3 and OLMo-2 (with their post-norms), Cohere's parallel layer (the attention's add; its MLP
-add comes after down_proj has run). Scaled adds (Granite's residual multiplier) stay in the layer,
-with the reason in the report. Under tensor parallelism a post-norm site is refused (the norm needs
-the all-reduced sum), so its add stays.
+Gemma-2/3, OLMo-2 and GLM-4 (with their post-norms), Granite (with its multiplier), Cohere's
+parallel layer (the attention's add; its MLP add comes after down_proj has run). Phi-2's and
+GPT-NeoX's ``attn + mlp + residual`` stay in the layer, with the reason in the report. Under tensor
+parallelism a post-norm site is refused (the norm needs the all-reduced sum), so its add stays.
 """
 from __future__ import annotations
 
@@ -48,17 +52,19 @@ import ast
 import functools
 import inspect
 import textwrap
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
 from torch.nn.modules import module as nn_module
 
+from ..sites import ProjSite
 from .trace import Event, in_layer, record
 
 __all__ = ["LayerPlan", "ResidualSlot", "hooked", "plan_residual_adds", "post_forward", "proj_forward"]
 
 _ADD = "_mirage_add"  # the name the rewritten forward calls each ``a + b`` through
+_SCALE = "_mirage_scale"  # ... and each ``a * b`` / ``a / b`` (a branch's scale, Granite's residual multiplier)
 
 
 # ---------------------------------------------------------------- the hand-off ----------------------
@@ -140,18 +146,24 @@ def _idle(hook) -> bool:
 
 # ---------------------------------------------------------------- the rewritten forward -------------
 
-class _Adds(ast.NodeTransformer):
-    """``a + b`` -> ``_mirage_add(k, a, b)`` in the function's own body (not nested functions)."""
+class _Ops(ast.NodeTransformer):
+    """In the function's own body (not nested functions): ``a + b`` -> ``_mirage_add(k, a, b)``, and
+    ``a * b`` / ``a / b`` -> ``_mirage_scale(j, "mul" / "div", a, b)``."""
 
     def __init__(self):
-        self.count = 0  # adds rewritten so far: the next one's k
+        self.adds = self.scales = 0  # rewritten so far: the next one's k, j
 
     def visit_BinOp(self, node: ast.BinOp):
         self.generic_visit(node)
-        if not isinstance(node.op, ast.Add):
+        if isinstance(node.op, ast.Add):
+            k, self.adds = self.adds, self.adds + 1
+            call = ast.Call(ast.Name(_ADD, ast.Load()), [ast.Constant(k), node.left, node.right], [])
+        elif isinstance(node.op, (ast.Mult, ast.Div)):
+            j, self.scales = self.scales, self.scales + 1
+            op = "mul" if isinstance(node.op, ast.Mult) else "div"
+            call = ast.Call(ast.Name(_SCALE, ast.Load()), [ast.Constant(j), ast.Constant(op), node.left, node.right], [])
+        else:
             return node
-        k, self.count = self.count, self.count + 1
-        call = ast.Call(ast.Name(_ADD, ast.Load()), [ast.Constant(k), node.left, node.right], [])
         return ast.copy_location(call, node)
 
     def visit_Lambda(self, node):  # a nested function keeps its own adds
@@ -183,12 +195,12 @@ def _rewrite(cls: type) -> _Rewritten | str:
     fdef = tree.body[0] if tree.body else None
     if not isinstance(fdef, ast.FunctionDef) or len(fdef.args.args) < 2:
         return f"{where} is not a method taking the hidden states"
-    rewriter = _Adds()
+    rewriter = _Ops()
     fdef.body = [rewriter.visit(s) for s in fdef.body]
-    if not rewriter.count:
+    if not rewriter.adds:
         return f"{where} adds nothing (no residual add to move)"
-    # def _mirage_factory(_mirage_add): <the decorated forward>; return forward
-    factory = ast.parse(f"def _mirage_factory({_ADD}):\n    return {fdef.name}").body[0]
+    # def _mirage_factory(_mirage_add, _mirage_scale): <the decorated forward>; return forward
+    factory = ast.parse(f"def _mirage_factory({_ADD}, {_SCALE}):\n    return {fdef.name}").body[0]
     factory.body.insert(0, fdef)
     tree.body = [ast.copy_location(factory, fdef)]
     ast.fix_missing_locations(tree)
@@ -199,9 +211,14 @@ def _rewrite(cls: type) -> _Rewritten | str:
     return _Rewritten(defined["_mirage_factory"], fdef.args.args[1].arg)
 
 
-def _bind(rw: _Rewritten, layer: nn.Module, add):
-    """The rewritten forward bound to ``layer``, its adds going through ``add(k, a, b)``."""
-    return rw.factory(add).__get__(layer)
+def _bind(rw: _Rewritten, layer: nn.Module, add, scale=None):
+    """The rewritten forward bound to ``layer``, its adds going through ``add(k, a, b)`` and its
+    products and quotients through ``scale(j, op, a, b)`` (default: computed as written)."""
+    return rw.factory(add, scale or _scaled).__get__(layer)
+
+
+def _scaled(j, op, a, b):
+    return a * b if op == "mul" else a / b
 
 
 # ---------------------------------------------------------------- the plan ---------------------------
@@ -209,13 +226,16 @@ def _bind(rw: _Rewritten, layer: nn.Module, add):
 @dataclass(frozen=True)
 class FusedAdd:
     """Add ``index`` of the layer's forward moves into projection ``proj`` (a path in the layer); its
-    residual is the layer's input (``source`` None) or the result of add ``source``; ``post``: the
-    norm the layer applies to the projection's output before adding it, moved into the kernel too."""
+    residual is the layer's input (``source`` None) or the result of add ``source``. What the layer
+    does to the projection's output before adding it moves into the kernel too: ``post``, a norm
+    module's path (Gemma's post-norms), or ``scale``, (j, "mul" / "div", factor) of its ``j``-th
+    product or quotient by a constant (Granite's residual multiplier)."""
 
     index: int
     proj: str
     source: int | None
     post: str | None = None
+    scale: tuple[int, str, float] | None = None
 
 
 @dataclass
@@ -230,8 +250,12 @@ class LayerPlan:
     def projections(self) -> set[str]:
         return {f.proj for f in self.fused}
 
-    def post_of(self, proj: str) -> str | None:
-        return next((f.post for f in self.fused if f.proj == proj), None)
+    def site_for(self, site: ProjSite) -> ProjSite:
+        """``site`` prepared with its residual add (and what comes before it), if this layer fuses it."""
+        f = next((f for f in self.fused if f.proj == site.proj and site.tail is None), None)
+        if f is None:
+            return site
+        return replace(site, residual=True, post=f.post, post_scale=f.scale[1:] if f.scale else None)
 
     def forward(self, layer: nn.Module, slots: dict[str, ResidualSlot]):
         """``layer.forward`` handing each residual to its projection through ``slots`` (by path);
@@ -242,9 +266,16 @@ class LayerPlan:
         for f, s in fused.values():
             if f.source is not None:
                 from_add.setdefault(f.source, []).append(s)
+        scaled = {f.scale[0]: s for f, s in fused.values() if f.scale}
         paths = {f.proj for f, _ in fused.values()} | {f.post for f, _ in fused.values() if f.post}
         watched = [layer] + [m for path in paths for m in _chain(layer, path)]
         offering = [False]
+
+        def scale(j, op, a, b):  # the kernel scaled its output already: pass it on
+            slot = scaled.get(j)
+            if slot is not None and slot.out is not None and (a is slot.out or (op == "mul" and b is slot.out)):
+                return slot.out
+            return _scaled(j, op, a, b)
 
         def add(k, a, b):
             entry = fused.get(k)
@@ -264,7 +295,7 @@ class LayerPlan:
                     s.offer(out)
             return out
 
-        bound = _bind(self.rewritten, layer, add)
+        bound = _bind(self.rewritten, layer, add, scale)
         first = self.rewritten.first_arg
         every = [s for _, s in fused.values()]
 
@@ -321,7 +352,7 @@ def plan_residual_adds(model: nn.Module, layers: nn.ModuleList,
             continue
         log = logs[i] = _Log(rw.first_arg)
         saved.append((layer, layer.__dict__.get("forward", _MISSING)))
-        layer.forward = log.wrap(_bind(rw, layer, log.add))
+        layer.forward = log.wrap(_bind(rw, layer, log.add, log.scale))
     try:
         events = record(model, layers)
     except Exception as e:  # any forward can fail under tracing hooks; the adds stay where they are
@@ -347,16 +378,23 @@ _MISSING = object()
 
 
 class _Log:
-    """What the rewritten forward of one layer did on the recorded call: its input, each add."""
+    """What the rewritten forward of one layer did on the recorded call: its input, each add, each
+    product or quotient."""
 
     def __init__(self, first_arg: str):
         self.first_arg = first_arg
         self.hidden = None
         self.adds: list[tuple[int, object, object, object]] = []  # (k, a, b, a + b)
+        self.scales: list[tuple[int, str, object, object, object]] = []  # (j, op, a, b, a op b)
 
     def add(self, k, a, b):
         out = a + b
         self.adds.append((k, a, b, out))
+        return out
+
+    def scale(self, j, op, a, b):
+        out = _scaled(j, op, a, b)
+        self.scales.append((j, op, a, b, out))
         return out
 
     def wrap(self, bound):
@@ -390,21 +428,21 @@ def _plan_layer(layer: nn.Module, prefix: str, events: list[Event], log: _Log, c
     for k, a, b, out in log.adds:
         if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
             continue
-        found = [(p, post, z, r) for p in candidates if p not in used and len(calls.get(p, ())) == 1
-                 for z, r in ((a, b), (b, a)) for post in flow.reaching(p, z)]
+        found = [(p, via, z, r) for p in candidates if p not in used and len(calls.get(p, ())) == 1
+                 for z, r in ((a, b), (b, a)) for via in flow.reaching(p, z)]
         if not found:
-            continue  # not an add of a projection's output (or of its post-norm's)
-        proj, post, z, r = found[0]
+            continue  # not an add of a projection's output (or of its post-norm's, its scaled copy)
+        proj, (post, scale), z, r = found[0]
         reason = "the add runs more than once a step" if counts[k] != 1 else flow.why_not(proj, post, z, r, out)
         if reason:
             why[f"residual add into {proj}"] = reason
             continue
         used.add(proj)
-        fused.append(FusedAdd(k, proj, None if r is log.hidden else results[id(r)], post))
+        fused.append(FusedAdd(k, proj, None if r is log.hidden else results[id(r)], post, scale))
     for p in candidates:
         if p not in used and f"residual add into {p}" not in why and p in calls and flow.feeds_an_add(p):
             why.setdefault(f"residual add after {p}", "the layer adds something computed from the projection's "
-                                                      "output other than it or its norm (a scaled copy, a sum…)")
+                                                      "output other than it, its norm or a constant multiple")
     return LayerPlan(tuple(fused), why, rw)
 
 
@@ -423,21 +461,29 @@ class _Flow:
         outs = self.events[self.calls[path][0]].outputs
         return outs[0] if len(outs) == 1 else None
 
-    def reaching(self, proj: str, z) -> list[str | None]:
-        """How projection ``proj``'s output reaches the addend ``z``: as it is ([None]), through one
-        post-norm ([its path]: a module with no projection inside, called once, on exactly that
-        output alone, returning ``z`` of its shape and dtype), or not at all ([])."""
+    def reaching(self, proj: str, z) -> list[tuple[str | None, tuple | None]]:
+        """How projection ``proj``'s output reaches the addend ``z``, as [(post, scale)]: as it is
+        ([(None, None)]); through one post-norm ([(its path, None)]: a module with no projection
+        inside, called once, on exactly that output alone, returning ``z`` of its shape and dtype);
+        through one product or quotient by a number ([(None, (j, op, factor))]); or not at all ([])."""
         y = self.output(proj)
         if y is None:
             return []
         if z is y:
-            return [None]
+            return [(None, None)]
+        if z.shape != y.shape or z.dtype != y.dtype:
+            return []
         for path, at in self.calls.items():
             e = self.events[at[0]]
             if (len(at) == 1 and len(e.inputs) == 1 and e.inputs[0] is y and len(e.outputs) == 1
-                    and e.outputs[0] is z and z.shape == y.shape and z.dtype == y.dtype
+                    and e.outputs[0] is z
                     and not any(isinstance(m, nn.Linear) for m in self.layer.get_submodule(path).modules())):
-                return [path]
+                return [(path, None)]
+        for j, op, a, b, out in self.log.scales:
+            number = b if a is y else a if (op == "mul" and b is y) else None
+            if out is z and isinstance(number, (int, float)) and not isinstance(number, bool) \
+                    and sum(s[0] == j for s in self.log.scales) == 1:
+                return [(None, (j, op, float(number)))]
         return []
 
     def feeds_an_add(self, proj: str) -> bool:
@@ -461,11 +507,11 @@ class _Flow:
             return "the residual is neither the layer's input nor an earlier add's result"
         if r is not log.hidden and self.produced.get(id(r), len(self.events)) > self.calls[proj][0]:
             return "the residual is computed after the projection runs"
-        add_at = self.produced.get(id(out))
+        add_at, scaled_at = self.produced.get(id(out)), self.produced.get(id(z)) if z is not y else None
         inside = None if post is None else f"{self.events[self.calls[post][0]].module}"
         for n, e in enumerate(self.events):
-            if n == add_at or e.module is not None or (inside is not None and inside in e.stack):
-                continue  # the add itself, module calls (their torch calls are looked at), the post-norm
+            if n in (add_at, scaled_at) or e.module is not None or (inside is not None and inside in e.stack):
+                continue  # the add, the scaling, module calls (their torch calls are looked at), the post-norm
             for t in (y, z):
                 if e.takes(t) and (_inplace(e) or not any(o is t for o in e.outputs)):
                     return "the projection's output is read by something besides the add"

@@ -89,11 +89,13 @@ def test_families_without_an_adapter_fuse_from_their_traced_layer(model_type, ad
     assert plans[0].why_not == {}  # q/k/v reach the adds only through o_proj: nothing to say about them
 
 
-def test_adds_of_a_scaled_output_stay():
+def test_a_scaled_branch_moves_into_the_kernel_with_its_add():
     granite = plans_of(build(GraniteConfig(residual_multiplier=0.22, **TINY)))  # residual + out * 0.22
-    assert all(p.fused == () for p in granite)
-    assert "other than it or its norm" in granite[0].why_not["residual add after self_attn.o_proj"]
+    assert [p.fused for p in granite] == [(FusedAdd(0, "self_attn.o_proj", None, scale=(0, "mul", 0.22)),
+                                           FusedAdd(1, "mlp.down_proj", 0, scale=(1, "mul", 0.22)))] * 2
 
+
+def test_adds_of_an_output_changed_otherwise_stay():
     model = build(LlamaConfig(head_dim=8, **TINY))
     attn_cls = type(model.model.layers[0].self_attn)
 
@@ -104,7 +106,9 @@ def test_adds_of_a_scaled_output_stay():
 
     for layer in model.model.layers:
         layer.self_attn.__class__ = ScaledAttention
-    assert [p.fused for p in plans_of(model)] == [(FusedAdd(1, "mlp.down_proj", 0),)] * 2
+    plans = plans_of(model)
+    assert [p.fused for p in plans] == [(FusedAdd(1, "mlp.down_proj", 0),)] * 2
+    assert "constant multiple" in plans[0].why_not["residual add after self_attn.o_proj"]  # scaled in another module
 
 
 def test_an_output_read_besides_the_add_stays():
@@ -210,7 +214,9 @@ def test_a_kernel_gets_its_activations_in_its_own_input_order():
 
 
 def test_a_layer_without_fusable_adds_keeps_its_forward():
-    model = build(GraniteConfig(residual_multiplier=0.22, **TINY))
+    from transformers import AutoConfig
+
+    model = build(AutoConfig.for_model("phi", **TINY))  # Phi-2: attention + MLP + residual, after both ran
     report = mirage_serve.patch(model, backend="torch", search_budget=0, batch_sizes=(2,),
                                 options=PatchOptions(fused_residual=True))
     assert "residual adds: in the" not in report.note and "stays in the layer" in report.note
