@@ -25,7 +25,8 @@ from superopt.runtime.interpreter import interpreting
 from . import backends
 from .options import PatchOptions
 from .patch_prepare import Preparer, SiteError
-from .patching.residual import LayerPlan, ResidualSlot, plan_residual_adds
+from .patching.handoff import ResidualSlot
+from .patching.residual import LayerPlan, plan_residual_adds
 from .patch_wiring import Record, install, restore, set_forward
 from .report import PatchReport, SiteReport
 from .sites import ProjSite, find_layers

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from .patch_prepare import PartsRuntime, SiteRuntime
-from .patching.residual import ResidualSlot, hooked, post_forward, proj_forward
+from .patching.handoff import ResidualSlot, hooked, post_forward, proj_forward
 from .sites import NormSite, ProjSite
 
 _MISSING = object()
@@ -124,7 +124,7 @@ def install(layer: torch.nn.Module, site: NormSite | ProjSite, runtime: SiteRunt
             records: list[Record], residual_slot: ResidualSlot | None = None) -> None:
     """Swap the forwards of one site's modules in ``layer``; appends what it changed to ``records``.
     A projection with the residual fused in (``site.residual``) takes it from ``residual_slot``,
-    which the layer's forward fills (``patching.residual``)."""
+    which the layer's forward fills (``patching.handoff``, ``patching.residual``)."""
     if isinstance(site, ProjSite):
         proj = layer.get_submodule(site.proj)
         if site.residual:

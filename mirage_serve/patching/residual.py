@@ -48,180 +48,18 @@ parallelism a post-norm site is refused (the norm needs the all-reduced sum), so
 """
 from __future__ import annotations
 
-import ast
-import functools
-import inspect
-import textwrap
 from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
-from torch.nn.modules import module as nn_module
 
 from ..sites import ProjSite
+from .forward_rewrite import Rewritten, bind, rewrite, scaled
+from .handoff import ResidualSlot, hooked
 from .trace import Event, in_layer, record
 
-__all__ = ["LayerPlan", "ResidualSlot", "hooked", "plan_residual_adds", "post_forward", "proj_forward"]
+__all__ = ["FusedAdd", "LayerPlan", "plan_residual_adds"]
 
-_ADD = "_mirage_add"  # the name the rewritten forward calls each ``a + b`` through
-_SCALE = "_mirage_scale"  # ... and each ``a * b`` / ``a / b`` (a branch's scale, Granite's residual multiplier)
-
-
-# ---------------------------------------------------------------- the hand-off ----------------------
-
-class ResidualSlot:
-    """Hands one residual from a layer's forward to one projection call, and records what it did."""
-
-    __slots__ = ("residual", "taken", "out", "proj")
-
-    def __init__(self, proj: nn.Module | None = None):
-        self.residual = self.taken = self.out = None
-        self.proj = proj  # the projection module it feeds (its hooks matter)
-
-    def offer(self, r: torch.Tensor) -> None:
-        self.residual, self.taken, self.out = r, None, None
-
-    def take(self) -> torch.Tensor | None:
-        """The residual offered for this call (once), or None."""
-        r, self.residual = self.residual, None
-        self.taken = r
-        return r
-
-    def clear(self) -> None:
-        self.residual = self.taken = self.out = None
-
-
-def proj_forward(module: nn.Module, runtime, slot: ResidualSlot):
-    """``module.forward`` running ``r + x Wᵀ`` in one kernel when ``slot`` holds a residual for it."""
-    original = module.forward
-
-    def forward(x, *args, **kwargs):
-        r = slot.take()
-        if r is None or args or kwargs or not runtime.eligible(module, x, r):
-            return original(x, *args, **kwargs)
-        out = runtime.run(x, r)[0]
-        slot.out = out
-        return out
-    forward.residual_slot = slot  # for a caller that must see the projection alone (attention_fast)
-    return forward
-
-
-def post_forward(module: nn.Module, slot: ResidualSlot):
-    """``module.forward`` for a post-norm computed inside the projection's kernel: called on exactly
-    that kernel's output, it returns it as it is (the norm and the add are in it); else the original."""
-    original = module.forward
-
-    def forward(x, *args, **kwargs):
-        if slot.out is not None and x is slot.out and not args and not kwargs:
-            return x
-        return original(x, *args, **kwargs)
-    return forward
-
-
-def hooked(modules) -> bool:
-    """Whether a forward hook (global or on one of ``modules``) could see a tensor that differs from
-    the original forward's: a deferred norm's placeholder (patch_wiring), a projection's output with
-    the residual already in it. transformers records ``output_hidden_states`` and ``output_attentions``
-    with such hooks."""
-    if nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks:
-        return True
-    return any(m._forward_pre_hooks or any(not _idle(h) for h in m._forward_hooks.values()) for m in modules)
-
-
-def _idle(hook) -> bool:
-    """A transformers output-capturing hook that records nothing on this call: installed on the
-    layers by the first ``output_hidden_states`` (or ``output_attentions``) call and left there, it
-    records only the outputs the current call asked for. (Private transformers API: anything
-    unexpected counts the hook as active.)"""
-    if getattr(hook, "__name__", "") != "output_capturing_hook":
-        return False
-    try:
-        from transformers.utils.output_capturing import _active_collector
-        key = hook.__closure__[hook.__code__.co_freevars.index("key")].cell_contents
-        collected = _active_collector.get()
-    except (ImportError, AttributeError, ValueError, IndexError, TypeError):
-        return False
-    return collected is None or key not in collected
-
-
-# ---------------------------------------------------------------- the rewritten forward -------------
-
-class _Ops(ast.NodeTransformer):
-    """In the function's own body (not nested functions): ``a + b`` -> ``_mirage_add(k, a, b)``, and
-    ``a * b`` / ``a / b`` -> ``_mirage_scale(j, "mul" / "div", a, b)``."""
-
-    def __init__(self):
-        self.adds = self.scales = 0  # rewritten so far: the next one's k, j
-
-    def visit_BinOp(self, node: ast.BinOp):
-        self.generic_visit(node)
-        if isinstance(node.op, ast.Add):
-            k, self.adds = self.adds, self.adds + 1
-            call = ast.Call(ast.Name(_ADD, ast.Load()), [ast.Constant(k), node.left, node.right], [])
-        elif isinstance(node.op, (ast.Mult, ast.Div)):
-            j, self.scales = self.scales, self.scales + 1
-            op = "mul" if isinstance(node.op, ast.Mult) else "div"
-            call = ast.Call(ast.Name(_SCALE, ast.Load()), [ast.Constant(j), ast.Constant(op), node.left, node.right], [])
-        else:
-            return node
-        return ast.copy_location(call, node)
-
-    def visit_Lambda(self, node):  # a nested function keeps its own adds
-        return node
-
-    visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = visit_Lambda
-
-
-@dataclass(frozen=True)
-class _Rewritten:
-    factory: object         # factory(add) -> the rewritten forward, decorated, adds through ``add``
-    first_arg: str          # the hidden-states parameter (after self)
-
-
-@functools.lru_cache(maxsize=None)
-def _rewrite(cls: type) -> _Rewritten | str:
-    """``cls.forward`` with every ``+`` routed through ``_mirage_add``, or why it cannot be."""
-    fn = inspect.unwrap(cls.forward)
-    where = f"{cls.__qualname__}.forward"
-    if getattr(fn, "__code__", None) is None:
-        return f"{where} has no Python code"
-    if fn.__code__.co_freevars:  # super() or a closure: the rewritten copy would not have its cells
-        return f"{where} uses a closure or super() ({', '.join(fn.__code__.co_freevars)})"
-    try:
-        lines, first_line = inspect.getsourcelines(fn)
-        tree = ast.parse(textwrap.dedent("".join(lines)))
-    except (OSError, TypeError, SyntaxError) as e:
-        return f"{where} has no readable source ({type(e).__name__})"
-    fdef = tree.body[0] if tree.body else None
-    if not isinstance(fdef, ast.FunctionDef) or len(fdef.args.args) < 2:
-        return f"{where} is not a method taking the hidden states"
-    rewriter = _Ops()
-    fdef.body = [rewriter.visit(s) for s in fdef.body]
-    if not rewriter.adds:
-        return f"{where} adds nothing (no residual add to move)"
-    # def _mirage_factory(_mirage_add, _mirage_scale): <the decorated forward>; return forward
-    factory = ast.parse(f"def _mirage_factory({_ADD}, {_SCALE}):\n    return {fdef.name}").body[0]
-    factory.body.insert(0, fdef)
-    tree.body = [ast.copy_location(factory, fdef)]
-    ast.fix_missing_locations(tree)
-    ast.increment_lineno(tree, first_line - 1)  # tracebacks point at the original lines
-    code = compile(tree, inspect.getsourcefile(fn) or "<rewritten forward>", "exec")
-    defined: dict = {}
-    exec(code, fn.__globals__, defined)  # the module's own globals: nothing is added to them
-    return _Rewritten(defined["_mirage_factory"], fdef.args.args[1].arg)
-
-
-def _bind(rw: _Rewritten, layer: nn.Module, add, scale=None):
-    """The rewritten forward bound to ``layer``, its adds going through ``add(k, a, b)`` and its
-    products and quotients through ``scale(j, op, a, b)`` (default: computed as written)."""
-    return rw.factory(add, scale or _scaled).__get__(layer)
-
-
-def _scaled(j, op, a, b):
-    return a * b if op == "mul" else a / b
-
-
-# ---------------------------------------------------------------- the plan ---------------------------
 
 @dataclass(frozen=True)
 class FusedAdd:
@@ -244,7 +82,7 @@ class LayerPlan:
 
     fused: tuple[FusedAdd, ...] = ()
     why_not: dict[str, str] = field(default_factory=dict)  # what stays -> why (for the report)
-    rewritten: _Rewritten | None = None
+    rewritten: Rewritten | None = None
 
     @property
     def projections(self) -> set[str]:
@@ -266,16 +104,16 @@ class LayerPlan:
         for f, s in fused.values():
             if f.source is not None:
                 from_add.setdefault(f.source, []).append(s)
-        scaled = {f.scale[0]: s for f, s in fused.values() if f.scale}
+        scaling = {f.scale[0]: s for f, s in fused.values() if f.scale}  # scale op j -> its projection's slot
         paths = {f.proj for f, _ in fused.values()} | {f.post for f, _ in fused.values() if f.post}
         watched = [layer] + [m for path in paths for m in _chain(layer, path)]
         offering = [False]
 
         def scale(j, op, a, b):  # the kernel scaled its output already: pass it on
-            slot = scaled.get(j)
+            slot = scaling.get(j)
             if slot is not None and slot.out is not None and (a is slot.out or (op == "mul" and b is slot.out)):
                 return slot.out
-            return _scaled(j, op, a, b)
+            return scaled(j, op, a, b)
 
         def add(k, a, b):
             entry = fused.get(k)
@@ -295,7 +133,7 @@ class LayerPlan:
                     s.offer(out)
             return out
 
-        bound = _bind(self.rewritten, layer, add, scale)
+        bound = bind(self.rewritten, layer, add, scale)
         first = self.rewritten.first_arg
         every = [s for _, s in fused.values()]
 
@@ -340,8 +178,8 @@ def plan_residual_adds(model: nn.Module, layers: nn.ModuleList,
     """Per decoder layer, the adds that move into one of ``candidates`` (projection paths within a
     layer: the family's projection sites with no tail), from one recorded decode-shaped forward; or
     why no layer can be planned (one line). The model is left as it was."""
-    rewritten: dict[type, _Rewritten | str] = {type(layer): _rewrite(type(layer)) for layer in layers}
-    usable = {cls: rw for cls, rw in rewritten.items() if isinstance(rw, _Rewritten)}
+    rewritten: dict[type, Rewritten | str] = {type(layer): rewrite(type(layer)) for layer in layers}
+    usable = {cls: rw for cls, rw in rewritten.items() if isinstance(rw, Rewritten)}
     if not usable:
         return "; ".join(sorted({rw for rw in rewritten.values() if isinstance(rw, str)}))
     logs: dict[int, _Log] = {}
@@ -352,7 +190,7 @@ def plan_residual_adds(model: nn.Module, layers: nn.ModuleList,
             continue
         log = logs[i] = _Log(rw.first_arg)
         saved.append((layer, layer.__dict__.get("forward", _MISSING)))
-        layer.forward = log.wrap(_bind(rw, layer, log.add, log.scale))
+        layer.forward = log.wrap(bind(rw, layer, log.add, log.scale))
     try:
         events = record(model, layers)
     except Exception as e:  # any forward can fail under tracing hooks; the adds stay where they are
@@ -393,7 +231,7 @@ class _Log:
         return out
 
     def scale(self, j, op, a, b):
-        out = _scaled(j, op, a, b)
+        out = scaled(j, op, a, b)
         self.scales.append((j, op, a, b, out))
         return out
 
@@ -410,7 +248,7 @@ def _inplace(e: Event) -> bool:
 
 
 def _plan_layer(layer: nn.Module, prefix: str, events: list[Event], log: _Log, candidates: list[str],
-                rw: _Rewritten) -> LayerPlan:
+                rw: Rewritten) -> LayerPlan:
     calls: dict[str, list[int]] = {}  # module path in the layer -> indices of its call events
     for n, e in enumerate(events):
         if e.module is not None and e.module.startswith(prefix + "."):

@@ -17,7 +17,8 @@ from transformers import (CohereConfig, Gemma2Config, GraniteConfig, LlamaConfig
 import mirage_serve
 from mirage_serve.backends import Executor
 from mirage_serve.options import PatchOptions
-from mirage_serve.patching.residual import FusedAdd, ResidualSlot, plan_residual_adds, proj_forward
+from mirage_serve.patching.handoff import ResidualSlot, proj_forward
+from mirage_serve.patching.residual import FusedAdd, plan_residual_adds
 from mirage_serve.site_kernel import BucketKernel, bound_call
 
 from .parity import build
