@@ -23,8 +23,6 @@ def layer_programs(name: str, rows: tuple[int, ...], fused_residual: bool | None
     ``name`` at each row count (a label can repeat: k and v share one). ``fused_residual`` (default:
     ``PatchOptions().fused_residual``): the projections with the layer's residual add, where
     ``patch()`` would fuse it (``patching.residual``)."""
-    from dataclasses import replace
-
     from transformers import AutoModelForCausalLM
 
     from superopt.lax.extract import extract
@@ -34,7 +32,7 @@ def layer_programs(name: str, rows: tuple[int, ...], fused_residual: bool | None
     from .options import PatchOptions
     from .patch_api import _adapters, _residual_plans
     from .patch_prepare import activation_dims
-    from .sites import find_layers, site_module, site_parts
+    from .sites import ProjSite, find_layers, site_module, site_parts
 
     facts = dict(registry.get(name).config, num_hidden_layers=1)
     facts["vocab_size"] = max(128, (facts.get("pad_token_id") or 0) + 1)  # small, but holding the pad id
@@ -50,11 +48,11 @@ def layer_programs(name: str, rows: tuple[int, ...], fused_residual: bool | None
             raise ValueError(f"{name}: {why}")
     _, layers = find_layers(model, family)
     fused = PatchOptions().fused_residual if fused_residual is None else fused_residual
-    residual = _residual_plans(model, family, layers)[0][0].projections if fused else set()
+    plan = _residual_plans(model, family, layers)[0][0] if fused else None
     top = max(rows)
     for site in family.sites:
-        if getattr(site, "proj", None) in residual:
-            site = replace(site, residual=True)
+        if plan is not None and isinstance(site, ProjSite):
+            site = plan.site_for(site)  # with the layer's residual add (and its post-norm or scale)
         for label, part, _ in site_parts(site.name, site_module(layers[0], site)):
             acts = tuple(torch.randn(top, d, dtype=torch.bfloat16) for d in activation_dims(part))
             ex = extract(part, acts, f"{label}_m{top}")
