@@ -151,6 +151,7 @@ def patch(model: torch.nn.Module, *, backend: str = "auto", cache_dir=None, sear
     if backend == "torch":
         report.note = _CPU_NOTE
 
+    stage = _Stages(report)
     family_for, supported_model_types = _adapters()
     family, traced = family_for(model_type), ""
     if family is None:  # no adapter: the sites come from the traced layer (patching.partition)
@@ -167,12 +168,15 @@ def patch(model: torch.nn.Module, *, backend: str = "auto", cache_dir=None, sear
         report.supported, report.note = False, why + "; the model was left unchanged"
         return report
     layers_path, layers = found
+    stage("sites")
     residual, why_not = _residual_plans(model, family, layers) if options.fused_residual else \
         ([LayerPlan()] * len(layers), "residual adds stay in the layer (PatchOptions.fused_residual is off)")
     if shard:  # how the shards are patched (the residual: rank 0 adds it before the all-reduce)
         why_not = "; ".join(x for x in (why_not, shard.note()) if x)
     left = "; ".join(f"{b}: {w}" for b, w in family.not_patched)
     report.note = "; ".join(x for x in (report.note, left, why_not) if x)
+
+    stage("residual plan")
 
     def with_residual(i, site):  # the projection site takes its layer's residual add (patching.residual)
         return residual[i].site_for(site) if isinstance(site, ProjSite) else site
@@ -206,6 +210,7 @@ def patch(model: torch.nn.Module, *, backend: str = "auto", cache_dir=None, sear
         prep.close()
     if shard is not None:  # tensor parallel: install a site only where every rank prepared it
         plans = shard.agree(plans, report.sites)
+    stage("prepare")
 
     if decode_attention is None:
         decode_attention = device.type == "cuda" or interpreting()  # Triton kernels on CPU tensors (tests)
@@ -226,13 +231,16 @@ def patch(model: torch.nn.Module, *, backend: str = "auto", cache_dir=None, sear
                             for p in by_proj})
             note = _RESIDUAL_NOTE.format(projs=", ".join(projs), n=len(slots), of=len(layers))
             report.note = "; ".join(x for x in (report.note, note) if x)
+        stage("install")
         if decode_attention:
             _install_attention(model, layers, family.attention, records, report, options.pdl,
                                shard.config if shard else model.config)
+            stage("attention")
         if cuda_graphs:
             from .decode import install_decode_graphs
 
             install_decode_graphs(model, config=shard.config if shard else None)
+            stage("graphs")
     except BaseException:
         restore(records)
         for *_, sr in plans:
@@ -245,6 +253,18 @@ def patch(model: torch.nn.Module, *, backend: str = "auto", cache_dir=None, sear
         _PATCHED[model] = records
     report.seconds = time.perf_counter() - t0
     return report
+
+
+class _Stages:
+    """Times patch()'s stages into ``report.stages``: each call closes the stage that just ran."""
+
+    def __init__(self, report: PatchReport):
+        self.report, self.t = report, time.perf_counter()
+
+    def __call__(self, name: str) -> None:
+        now = time.perf_counter()
+        self.report.stages[name] = now - self.t
+        self.t = now
 
 
 def _sharding(model):

@@ -40,6 +40,9 @@ class PatchReport:
     programs: int = 0              # distinct (program, bucket) pairs
     cuda_graphs: bool = False      # generate() replays decode steps from CUDA graphs
     seconds: float = 0.0
+    # patch()'s stages in order -> seconds: "sites" (the adapter, or the traced partition), "residual
+    # plan", "prepare" (every site: extract, choose, verify, build, self-check), "install", "attention", "graphs"
+    stages: dict[str, float] = field(default_factory=dict)
 
     @property
     def patched(self) -> list[SiteReport]:
@@ -88,4 +91,5 @@ class PatchReport:
         """One line: sites patched, programs, and where they came from (search, cache, compile)."""
         return (f"{len(self.patched)}/{len(self.sites)} sites patched; {self.programs} distinct "
                 f"programs; {self.searches} searches, {self.reinstantiated} re-instantiated, "
-                f"{self.compiles} compiles, {self.cache_hits} cache hits; {self.seconds:.1f} s")
+                f"{self.compiles} compiles, {self.cache_hits} cache hits; {self.seconds:.1f} s"
+                + (f" ({', '.join(f'{k} {v:.2f}' for k, v in self.stages.items())})" if self.stages else ""))

@@ -1,4 +1,4 @@
-"""PatchReport's text: the line that says which forward calls run the original modules."""
+"""PatchReport's text: the line that says which forward calls run the original modules, the stage times."""
 from __future__ import annotations
 
 from mirage_serve.report import PatchReport
@@ -16,3 +16,20 @@ def test_an_unsupported_model_reports_only_why():
     report = PatchReport("gpt2", "torch", "cpu", "float32", (1, 8), supported=False,
                          note="model type 'gpt2' is not supported: …; the model was left unchanged")
     assert str(report).splitlines()[1:] == [report.note]  # nothing was patched, so no rows line
+
+
+def test_patch_times_each_stage_in_order_into_the_report():
+    from transformers import LlamaConfig
+
+    import mirage_serve
+    from tests.patches.parity import build
+
+    model = build(LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=8))
+    report = mirage_serve.patch(model, backend="torch", search_budget=0, batch_sizes=(2,))
+    assert list(report.stages) == ["sites", "residual plan", "prepare", "install"]  # CPU: no attention, no graphs
+    assert all(t >= 0 for t in report.stages.values()) and sum(report.stages.values()) <= report.seconds
+    assert "(sites " in report.counts() and "prepare " in report.counts()
+    mirage_serve.unpatch(model)
+    unsupported = PatchReport("gpt2", "torch", "cpu", "float32", (1,))
+    assert unsupported.counts().endswith("0.0 s")  # no stage ran: no breakdown
