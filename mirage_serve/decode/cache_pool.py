@@ -30,6 +30,10 @@ class CachePool:
     def owns(self, cache) -> bool:
         return any(cache is c for c, _ in self._caches.values())
 
+    def length(self, cache) -> int:
+        """The token count ``cache`` was made for (its sliding-window layers hold fewer)."""
+        return next(n for c, n in self._caches.values() if c is cache)
+
     def get(self, batch: int, needed_len: int) -> tuple[StaticCache, bool]:
         """A reset cache for ``batch`` rows holding ≥ ``needed_len`` tokens; True if newly made."""
         cache, have = self._caches.get(batch, (None, 0))

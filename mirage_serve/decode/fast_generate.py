@@ -97,7 +97,7 @@ def loop_blocker(model, input_ids, logits_processor, stopping_criteria, model_kw
     if not owns_cache(cache):
         return "foreign cache"
     max_length = next(c.max_length for c in stopping_criteria if type(c) is MaxLengthCriteria)
-    why = window_layers.why_not_graphable(cache, max_length)  # static layers; sliding ones while not full
+    why = window_layers.why_not_graphable(cache, max_length)  # static and sliding-window layers
     if why:
         return why
     if model.config._attn_implementation not in ("sdpa", "eager"):
@@ -119,8 +119,6 @@ def fast_sample(runner, model, input_ids, logits_processor, stopping_criteria, g
     width = int(input_ids.shape[1])
     if reason is None and max_length - width < 1:
         reason = "no new tokens"
-    if reason is None and max_length > model_kwargs[CACHE_KWARG].layers[0].max_cache_len:
-        reason = "cache shorter than max_length"  # the runner sizes it; a caller's config may not
     if reason is not None:
         runner.count_path("hf", reason)
         return type(model)._sample(model, input_ids, logits_processor=logits_processor,

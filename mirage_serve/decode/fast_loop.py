@@ -44,6 +44,7 @@ class DecodeLoop:
         with torch.inference_mode(False):  # normal tensors: updatable in and outside inference mode
             self._alloc(batch, cache_len, vocab, dev)
         self.graph = None
+        self.sliding = window_layers.has_sliding(cache)  # steps past a full window run eagerly
         self.captures = 0
         self.replays = 0
         self.capture_error: str | None = None  # set if capture failed and the loop runs eagerly
@@ -89,7 +90,6 @@ class DecodeLoop:
     def run(self, n_new: int, check_every: int = 16) -> torch.Tensor:
         """Steps 2..n_new (the first token came from the prefill); returns the new tokens [B, n]."""
         pending = False
-        replays = self.replays
         for i in range(1, n_new):
             if i % check_every == 0:
                 if pending:  # copied check_every steps ago: normally done, so this rarely waits
@@ -102,16 +102,20 @@ class DecodeLoop:
                     self._alive_event.record()
                 pending = True
             self.step()
-        window_layers.advance(self.cache, self.replays - replays)  # what the replays wrote on the device
         n = int(self.generated)  # the one sync that has to wait for the last step
         return self.tokens[:, :n].clone()
 
     # ------------------------------------------------------------ one step
     def step(self) -> None:
-        if self.graph is not None:
+        if self.sliding and not window_layers.replayable(self.cache):
+            self._step()  # a full sliding window rolls, which a graph cannot replay: HF's code runs it
+        elif self.graph is not None:
             self.graph.replay()
             self.replays += 1
-        elif not self.capture:
+            window_layers.advance(self.cache, 1)  # the host length of sliding layers (window_layers)
+        elif not self.capture or (self.sliding and not window_layers.replayable(self.cache, 2)):
+            # (the step a capture records is the next one: it must not fill a window either, or a
+            # later call would replay a full window's step; this call's remaining steps run eagerly)
             self._step()
         else:
             # First step of this signature: run it eagerly (it *is* the step), then capture.
@@ -120,6 +124,7 @@ class DecodeLoop:
                 graph, _ = graph_step.capture_graph(self._step, self.pool)
             except Exception as e:  # capture records without running: the state is still exact
                 self.capture, self.capture_error = False, f"{type(e).__name__}: {e}"
+                window_layers.resync(self.cache)
                 log.warning("mirage_serve: decode loop capture failed (%s); running it eagerly",
                             self.capture_error)
                 return

@@ -110,7 +110,7 @@ class DecodeRunner:
         key = (batch, id(cache), chooser.key, tuple(sorted(extra.items())))
         loop = self.loops.get(key)
         if loop is None:
-            length = int(cache.layers[0].max_cache_len)
+            length = self.pool.length(cache)  # the generation's length: sliding layers hold less
             loop = DecodeLoop(self.model, self._forward, cache, batch, length, chooser, extra,
                               self.graph_pool, self.capture)
             self.loops[key] = loop
@@ -140,6 +140,8 @@ class DecodeRunner:
             return self._forward(*args, **kwargs)
         key = signature(kwargs)
         step = self.steps.get(key)
+        if step is None and not replayable(cache_of(kwargs), 2):  # the captured step must not fill a window
+            return self._forward(*args, **kwargs)
         if step is None:
             step = GraphedStep(self._forward, kwargs, self.graph_pool, capture=self.capture)
             self.steps[key] = step

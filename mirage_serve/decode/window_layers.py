@@ -5,9 +5,8 @@ which its writes index with) and a Python int (``cumulative_length_int``, which 
 ``update``, the mask sizes and ``get_seq_length``). Until the window is full, ``update`` writes at
 the tensor's position and the masks are a plain static layer's (offset 0, the window's length),
 so a captured step replays exactly. Once full it rolls the window and the mask offset moves with
-every token, which a graph cannot follow: a call is graphed only while every sliding layer has
-room for the whole generation (``why_not_graphable``), and a single step only while it has room
-for that step (``replayable``).
+every token, which a graph cannot follow: a step is replayed only while every sliding layer has
+room for it (``replayable``); later steps run eagerly, through HF's code.
 
 A replay advances the tensor but not the int, and a capture advances the int but not the tensor
 (it records without running), so the owner of the graph keeps the int in step on the host
@@ -32,16 +31,20 @@ def sliding(layer) -> bool:
 
 def why_not_graphable(cache, total_length: int) -> str | None:
     """Why a decode loop generating up to ``total_length`` tokens (prompt included) on ``cache``
-    cannot be one captured step replayed (None: it can)."""
+    cannot run as captured steps (None: it can; sliding layers' steps past their window then run
+    eagerly)."""
     for layer in cache.layers:
-        if type(layer) is _STATIC:
+        if sliding(layer):
             continue
-        if not sliding(layer):
+        if type(layer) is not _STATIC:
             return f"cache layer {type(layer).__name__}"
         if total_length > layer.max_cache_len:
-            return (f"sliding window of {layer.max_cache_len} tokens shorter than the generation "
-                    f"({total_length}); a full window rolls, which a graph cannot replay")
+            return "cache shorter than max_length"  # the runner sizes it; a caller's config may not
     return None
+
+
+def has_sliding(cache) -> bool:
+    return any(sliding(layer) for layer in cache.layers)
 
 
 def replayable(cache, new_tokens: int = 1) -> bool:
@@ -60,6 +63,14 @@ def advance(cache, tokens: int) -> None:
     if tokens:
         for layer in cache.layers:
             advance_layer(layer, tokens)
+
+
+def resync(cache) -> None:
+    """Set every sliding layer's host length from its device tensor (one sync each): after a capture
+    that failed part-way, when what the host counted is unknown."""
+    for layer in cache.layers:
+        if sliding(layer):
+            layer.cumulative_length_int = int(layer.cumulative_length)
 
 
 def advance_layer(layer, tokens: int) -> None:

@@ -105,3 +105,23 @@ def test_captured_loop_on_a_sliding_window_cache_gives_hf_tokens_and_host_length
     assert layers and all(layer.cumulative_length_int == int(layer.cumulative_length) for layer in layers)
     assert window_layers.why_not_graphable(loop.cache, 9 + STEPS) is None
     uninstall_decode_graphs(model)
+
+
+@pytest.mark.gpu
+def test_captured_loop_past_a_full_window_replays_then_runs_eagerly_with_hf_tokens():
+    from .test_window_layers import sliding, tiny
+
+    model = tiny("gemma2", window=32, dtype=torch.bfloat16).to("cuda")
+    ids, mask = _cuda_batch(model, [5, 9, 3])
+    kw = dict(max_new_tokens=STEPS, min_new_tokens=STEPS, do_sample=False, pad_token_id=0)
+    want = _hf_static(model, ids, mask, **kw)
+    runner = install_decode_graphs(model)
+    got = model.generate(input_ids=ids, attention_mask=mask, **kw)
+    again = model.generate(input_ids=ids, attention_mask=mask, **kw)
+    assert runner.paths["fast"] == 2, runner.paths
+    (loop,) = runner.loops.values()
+    # 9 prompt tokens + 64: the window of 32 fills at step 23; steps 2..22 replay, the rest run eagerly
+    assert loop.capture_error is None and loop.captures == 1 and 0 < loop.replays < 2 * (STEPS - 1)
+    assert torch.equal(got, want) and torch.equal(again, want)
+    assert all(layer.cumulative_length_int == int(layer.cumulative_length) for layer in sliding(loop.cache))
+    uninstall_decode_graphs(model)
