@@ -85,7 +85,7 @@ def summaries(cache_dir: Path, label: str = "", costs: dict | None = None) -> li
 def rescored(cache_dir: Path, models: list[str], buckets: tuple[int, ...] = (1, 2, 4, 8, 16)) -> dict:
     """Program digest -> {layout: the current cost model's µs} for the candidates the search offers
     now, for every site program of ``models`` (registry names) that an entry with timings holds."""
-    from mirage_serve.site_programs import layer_programs
+    from mirage_serve.patching.programs import layer_programs
     from superopt.ir import digest, layout
     from superopt.search import superoptimize
     from superopt.search.cost import graph_cost
@@ -127,7 +127,7 @@ def fit_rows(cache_dir: Path, models: list[str], buckets: tuple[int, ...] = (1, 
     """Per timed entry whose program a registry model of ``models`` has: [(features, measured µs)]
     of every timed candidate found again in the search's space (entries with fewer than 3 left out)."""
     from benchmarks.fixture_gap import search_space
-    from mirage_serve.site_programs import layer_programs
+    from mirage_serve.patching.programs import layer_programs
     from superopt.ir import digest, layout
     from superopt.search import SearchBudget
     from superopt.search.fit import graph_features

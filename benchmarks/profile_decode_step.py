@@ -66,7 +66,7 @@ def site_bandwidth(rows: list[tuple[str, float, float]], part_bytes: dict[str, i
     call: the program's parameters (its weights), which a decode GEMV reads once per call.
     ``twins``: label -> launches per step of a program two parts of every layer run (k and v) when
     they run apart; launched half as often, it ran as one paired launch reading both parts'
-    weights (``mirage_serve.patch_pairing``), and is listed as ``<label> ×2``."""
+    weights (``mirage_serve.patching.pairing``), and is listed as ``<label> ×2``."""
     import re
 
     out = []
@@ -85,8 +85,8 @@ def site_bandwidth(rows: list[tuple[str, float, float]], part_bytes: dict[str, i
 def _part_bytes(model) -> tuple[dict[str, int], dict[str, int]]:
     """Parameter bytes of each site program of the model's first decoder layer, and for each program
     two parts of a layer run (k and v), its launches per step when they run apart."""
-    from mirage_serve.patch_api import _adapters
-    from mirage_serve.sites import find_layers, site_module, site_parts
+    from mirage_serve.patching.pipeline import _adapters
+    from mirage_serve.patching.sites import find_layers, site_module, site_parts
 
     family = _adapters()[0](model.config.model_type)
     _, layers = find_layers(model, family)

@@ -38,8 +38,8 @@ import mirage_serve
 from mirage_serve import backends, bench_sampling, optimize, registry
 from mirage_serve.bench_load import random_init_
 from mirage_serve.options import PatchOptions
-from mirage_serve.patch_api import _adapters
-from mirage_serve.sites import NormSite, find_layers, site_module, site_parts
+from mirage_serve.patching.pipeline import _adapters
+from mirage_serve.patching.sites import NormSite, find_layers, site_module, site_parts
 from superopt.interp.evaluate import _run_block, apply_op
 from superopt.interp.torch_domain import TORCH_DTYPES, TorchDomain
 from superopt.ir import digest, from_text

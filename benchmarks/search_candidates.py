@@ -2,7 +2,7 @@
 
     python benchmarks/search_candidates.py Llama-3.1-8B attn_in_1 --batch 16,8 [--search-each]
 
-As ``patch()`` does: the program (a site part, ``mirage_serve.sites.site_parts``: attn_in is q,
+As ``patch()`` does: the program (a site part, ``mirage_serve.patching.sites.site_parts``: attn_in is q,
 attn_in_1 is k and v, mlp_in is gate/up, attn_out and mlp_out the projections alone) is traced at
 the largest bucket and searched there (sm_90, the search budget patch() gives the Triton backend);
 every smaller bucket re-instantiates that search's designs. ``--search-each`` searches every bucket
@@ -74,8 +74,8 @@ def describe(g, aot: bool = False) -> list[str]:
 
 def site_program(model_name: str, label: str, rows: list[int]):
     """{rows: program} of the site part ``label`` of the registry model's first layer, as patch()
-    extracts it (``mirage_serve.site_programs``)."""
-    from mirage_serve.site_programs import layer_programs
+    extracts it (``mirage_serve.patching.programs``)."""
+    from mirage_serve.patching.programs import layer_programs
 
     found: dict[int, object] = {}
     labels = []

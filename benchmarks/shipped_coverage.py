@@ -26,7 +26,7 @@ def programs(name: str, buckets: tuple[int, ...]):
     """(site program label, bucket, program digest) of one layer of registry model ``name``, with the
     residual adds in o_proj / down_proj and without (``MIRAGE_SERVE_FUSED_RESIDUAL=0``, or a layer
     whose forward ``patch()`` does not recognise, e.g. after a transformers upgrade)."""
-    from mirage_serve.site_programs import layer_programs
+    from mirage_serve.patching.programs import layer_programs
     from superopt.ir import digest
 
     for fused in (True, False):

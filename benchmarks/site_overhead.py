@@ -41,7 +41,7 @@ def _host_us(fn, calls: int = 300) -> float:
 
 def _eager_site(layer, site):
     """The eager work a site replaces, on the layer's original modules (patched forwards bypassed)."""
-    from mirage_serve.sites import NormSite
+    from mirage_serve.patching.sites import NormSite
 
     def call(mod, x):
         return type(mod).forward(mod, x)
@@ -87,7 +87,7 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
 
     import mirage_serve
-    from mirage_serve import patch_api, patch_wiring
+    from mirage_serve.patching import install, pipeline
     from mirage_serve.bench_load import load
     from mirage_serve.hf_names import CACHE_KWARG, output_cache
 
@@ -96,18 +96,18 @@ def main(argv=None) -> None:
     args.layers = lm.model.config.num_hidden_layers
     model = lm.model
     installed = []
-    original_install = patch_wiring.install
+    original_install = install.install
 
-    def recording_install(layer, site, runtime, records):
+    def recording_install(layer, site, runtime, records, *slot):
         installed.append((layer, site, runtime))
-        original_install(layer, site, runtime, records)
+        original_install(layer, site, runtime, records, *slot)
 
-    patch_api.install = recording_install
+    pipeline.install = recording_install
     try:
         report = mirage_serve.patch(model, cuda_graphs=False, batch_sizes=(args.batch,),
                                     search_budget=None if args.device == "cuda" else 0)
     finally:
-        patch_api.install = original_install
+        pipeline.install = original_install
     print(str(report).splitlines()[-1])
 
     hidden = model.config.hidden_size

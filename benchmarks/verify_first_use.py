@@ -3,7 +3,7 @@
     PYTHONPATH=$PWD python benchmarks/verify_first_use.py Llama-3.1-8B            # all at once (patch())
     PYTHONPATH=$PWD python benchmarks/verify_first_use.py Llama-3.1-8B --one-by-one --trials 8
 
-Builds one layer's site programs from the registry config (no weights, ``site_programs``), looks up
+Builds one layer's site programs from the registry config (no weights, ``patching.programs``), looks up
 each in the shipped ``kernels_cache/``, widens it to the program's precision as patch() does
 (``superopt.verify.upcast``) and verifies it against the program at the real shape with
 ``verify_parallel``: by default every check is started first (``prefetch``, as patch() does) and
@@ -26,7 +26,7 @@ def main(argv=None) -> None:
     a = ap.parse_args(argv)
     from mirage_serve import verify_parallel
     from mirage_serve.cache import CacheKey, KernelCache, shipped_cache_dir, versions_now
-    from mirage_serve.site_programs import layer_programs
+    from mirage_serve.patching.programs import layer_programs
     from superopt.ir import digest, from_text
     from superopt.verify.upcast import upcast
 

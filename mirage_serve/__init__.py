@@ -4,7 +4,8 @@ __version__ = "0.1.0"
 __all__ = ["PatchOptions", "PatchReport", "patch", "unpatch"]
 
 # Lazy: `import mirage_serve` stays cheap (no torch, no transformers) until a name is used.
-_LAZY = {"patch": ".patch_api", "unpatch": ".patch_api", "PatchReport": ".report", "PatchOptions": ".options"}
+_LAZY = {"patch": ".patching.pipeline", "unpatch": ".patching.pipeline", "PatchReport": ".report",
+         "PatchOptions": ".options"}
 
 
 def __getattr__(name):

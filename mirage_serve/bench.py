@@ -205,7 +205,7 @@ def _sampling_check(lm: LoadedModel, opts: BenchOptions, eager: dict, references
     """bench_sampling.compare per batch, on the patched model, against eager's samples ``eager``
     and the float32 ``references`` of them (bench_sampling.reference; a batch without one is
     compared with eager alone)."""
-    from .patch_prepare import tolerance
+    from .patching.prepare import tolerance
 
     param = next(lm.model.parameters())
     tol = tolerance(param.dtype, param.is_cuda) or 1e-2
@@ -223,7 +223,7 @@ def _patch_and_measure(lm: LoadedModel, opts: BenchOptions, measured: dict, prog
     """Patch (timed), measure ours into `measured["ours"]`, check sampling against eager's
     ``sampled`` and their float32 ``references``, unpatch; returns the "patch" record (its
     "sampling" entry: bench_sampling)."""
-    from .patch_api import patch, unpatch  # torch and transformers: loaded when a bench runs
+    from .patching.pipeline import patch, unpatch  # torch and transformers: loaded when a bench runs
 
     print(f"patching {lm.name} (backend {opts.backend}, buckets {opts.batches}) ...", file=sys.stderr,
           flush=True)

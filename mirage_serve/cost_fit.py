@@ -1,6 +1,6 @@
 """The cost model's constants, fitted to what patch()'s GPU profiler measured, kept per arch in the cache.
 
-The profiler (``patch_prepare``) times every candidate a search offers for a program; ``record``
+The profiler (``patching.prepare``) times every candidate a search offers for a program; ``record``
 adds that row — each candidate's cost-model features and its measured µs — to ``<cache
 root>/cost_fit.json`` and refits the arch's constants (``superopt.search.fit``: the mean rank
 correlation of estimate and measurement over the rows); ``params`` reads them back, and patch()

@@ -23,7 +23,7 @@ class PatchOptions:
 
     # kernels launched with programmatic dependent launch on sm_90+ (superopt.runtime.grid_dependency)
     pdl: bool = field(default_factory=knobs.PDL.get)
-    # k_proj and v_proj as one launch where it times faster (mirage_serve.patch_pairing)
+    # k_proj and v_proj as one launch where it times faster (mirage_serve.patching.pairing)
     paired_launch: bool = field(default_factory=knobs.PAIRED_LAUNCH.get)
     # the layer's residual adds inside the kernels of the projections they add (mirage_serve.patching.residual)
     fused_residual: bool = field(default_factory=knobs.FUSED_RESIDUAL.get)

@@ -80,7 +80,7 @@ class PatchReport:
 
     def rows_note(self) -> str:
         """One line: which forward calls the patched sites leave to the original modules. A site's
-        kernels exist only for the decode buckets (patch_prepare.SiteRuntime), so a call with more
+        kernels exist only for the decode buckets (patching.prepare.SiteRuntime), so a call with more
         rows, every prefill among them, runs the model as it was: a user must not read the table
         as "the whole generate() is fused"."""
         top = max(self.batch_sizes) if self.batch_sizes else 0

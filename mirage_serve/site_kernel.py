@@ -14,7 +14,7 @@ class BucketKernel:
     executor: backends.Executor
     feeds: tuple  # per μGraph input: a parameter tensor, or None where an activation goes
     rows: int
-    bound: Callable | None = None  # a call on the activations replacing the executor's (patch_pairing)
+    bound: Callable | None = None  # a call on the activations replacing the executor's (patching.pairing)
     acts: tuple = (0,)  # per None in ``feeds``, in order: which activation (0: x, 1: the residual)
 
 

@@ -17,7 +17,7 @@ runs the kernel. Attention-like graphs with ε ≈ 1e-3 get 6 trials; a graph wh
 guarantee at that shape) still gets 8, and the Verdict prints the bound whatever it is.
 
 One pool for the whole process: ``prefetch(program, candidate)`` submits a check without waiting,
-so patch() can start every cached μGraph's verification at once (``patch_prepare``) and collect
+so patch() can start every cached μGraph's verification at once (``patching.prepare``) and collect
 each result with ``check`` when the site needs it; the trials of all programs then share the cores
 instead of running program after program. The pool has one worker per core but one (the parent
 keeps building kernels meanwhile).

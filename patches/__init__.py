@@ -1,6 +1,6 @@
 """Family adapters (one module per HF ``config.model_type``): which modules form which block.
 
-Each adapter module defines ``FAMILY`` (a ``mirage_serve.sites.Family``). ``family_for`` maps a
+Each adapter module defines ``FAMILY`` (a ``mirage_serve.patching.sites.Family``). ``family_for`` maps a
 ``config.model_type`` to it; adding a family is one small module plus a line in ``_MODULES``.
 """
 from __future__ import annotations

@@ -98,14 +98,16 @@ def test_superopt_import_direction(path):
 # each stay below patch(). A package is one unit (mirage_serve.cache, mirage_serve.decode, the
 # adapters of patches/), except cache.warm: the ahead-of-time front end, which runs patch().
 MIRAGE_LAYERS = (
-    {"knobs", "cli_errors", "hf_names", "registry", "report", "sites", "backends", "verify_parallel", "cost_fit"},  # leaves
-    {"options", "site_kernel", "patches", "cache", "tp", "patching"},  # switches, kernel store, adapters, shards, traced sites
-    {"optimize", "patch_pairing"},  # cache or search, then verify; k/v pairing
-    {"patch_prepare"},                                # one site: extract, choose, build, self-check
-    {"patch_wiring"},                                 # swap forwards, restore them
+    {"knobs", "cli_errors", "hf_names", "registry", "report", "backends", "verify_parallel", "cost_fit",
+     "patching.sites", "patching.trace", "patching.handoff", "patching.forward_rewrite"},  # leaves
+    {"options", "site_kernel", "patches", "cache", "tp",
+     "patching.partition", "patching.residual"},     # switches, kernel store, adapters, shards; traced sites, residual plan
+    {"optimize", "patching.pairing"},                 # cache or search, then verify; k/v pairing
+    {"patching.prepare"},                             # one site: extract, choose, verify, build, self-check
+    {"patching.install"},                             # swap forwards, restore them
     {"decode"},                                       # decode attention, CUDA-graph decode steps
-    {"patch_api"},                                    # patch() / unpatch()
-    {"site_programs", "bench_load", "bench_sampling", "bench_timing", "bench_plot", "cache.warm"},
+    {"patching.pipeline"},                            # patch() / unpatch(): the stages in order
+    {"patching.programs", "bench_load", "bench_sampling", "bench_timing", "bench_plot", "cache.warm"},
     {"bench", "tp.cli_tp"},                           # bench; its tensor-parallel loaders
     {"cli_bench", "cli_cache"},
     {"cli"},
@@ -118,10 +120,10 @@ def _mirage_unit(path: Path) -> str | None:
     rel = path.relative_to(ROOT).with_suffix("").parts
     if rel[0] == "patches":
         return "patches"
-    if rel[1:] == ("__init__",):
+    if rel[1:] in (("__init__",), ("patching", "__init__")):
         return None
-    if rel[1:] in (("cache", "warm"), ("tp", "cli_tp")):
-        return ".".join(rel[1:])
+    if rel[1:] in (("cache", "warm"), ("tp", "cli_tp")) or (rel[1] == "patching" and len(rel) == 3):
+        return ".".join(rel[1:])  # patching/: each module has its own place (the stages of patch())
     return rel[1]
 
 
@@ -129,7 +131,9 @@ def _mirage_target(mod: str) -> str | None:
     parts = mod.split(".")
     if parts[0] != "mirage_serve" or len(parts) < 2:
         return None
-    return ".".join(parts[1:3]) if parts[1:3] in (["cache", "warm"], ["tp", "cli_tp"]) else parts[1]
+    if parts[1:3] in (["cache", "warm"], ["tp", "cli_tp"]) or (parts[1] == "patching" and len(parts) >= 3):
+        return ".".join(parts[1:3])
+    return None if parts[1] == "patching" else parts[1]  # the package itself: its __init__ imports nothing
 
 
 @pytest.mark.parametrize("path", _sources("mirage_serve", "patches"), ids=lambda p: str(p.relative_to(ROOT)))

@@ -40,7 +40,7 @@ import torch
 from superopt.ir import digest, from_text, to_text
 from superopt.lax.extract import Extracted
 
-from ..sites import signature
+from ..patching.sites import signature
 from . import records
 from .files import PROGRAMS_DIR, CacheWarning, SymlinkError, read_file
 from .key import versions_now

@@ -92,7 +92,7 @@ def build_model(config, dtype: str, device=None):
 
 
 def _call_patch(model, *, backend, cache_dir, batch_sizes):
-    from ..patch_api import patch  # torch and transformers: loaded when a warm runs
+    from ..patching.pipeline import patch  # torch and transformers: loaded when a warm runs
 
     kwargs = {"cache_dir": cache_dir, "batch_sizes": batch_sizes}
     if backend is not None:

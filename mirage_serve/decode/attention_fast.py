@@ -13,7 +13,7 @@ tracing, a mask we cannot read — runs the module's original forward.
 This path is hand-written (RoPE in HF's rotate-half form, softmax attention with the module's
 ``scaling``), not extracted from the model's code, so it is never trusted blindly: the first
 eligible call of each module runs both paths on the same step and compares the attention output,
-the written cache slot and the cache's length (``patch_prepare.tolerance`` of the dtype). A module that
+the written cache slot and the cache's length (``patching.prepare.tolerance`` of the dtype). A module that
 disagrees (or whose fast path raises) keeps its original forward for good; ``attention_verdicts(model)`` lists every
 module's verdict. The check needs a host sync, so it never runs during CUDA-graph capture: the decode runner
 always runs a step eagerly before it captures one.
@@ -27,8 +27,8 @@ import torch
 from superopt.runtime.interpreter import interpreting
 
 from ..hf_names import cache_of
-from ..patch_prepare import tolerance
-from ..patch_wiring import Record, set_forward
+from ..patching.prepare import tolerance
+from ..patching.install import Record, set_forward
 from . import window_layers
 from .attention_launch import decode_attention
 

@@ -66,7 +66,7 @@ def post_forward(module: nn.Module, slot: ResidualSlot):
 
 def hooked(modules) -> bool:
     """Whether a forward hook (global or on one of ``modules``) could see a tensor that differs from
-    the original forward's: a deferred norm's placeholder (patch_wiring), a projection's output with
+    the original forward's: a deferred norm's placeholder (patching.install), a projection's output with
     the residual already in it. transformers records ``output_hidden_states`` and ``output_attentions``
     with such hooks."""
     if nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks:

@@ -3,7 +3,7 @@
     family, why = family_from_trace(model)   # (Family, "") or (None, one-line reason)
 
 One decode-shaped forward is recorded (``trace.record``) and each decoder layer's events are
-partitioned into the sites the rest of patch() consumes (``mirage_serve.sites``), by what flows
+partitioned into the sites the rest of patch() consumes (``patching.sites``), by what flows
 where, never by module names:
 
 * a **norm** is a module without projections inside, called on one tensor ``x: [..., D]``, that
@@ -14,7 +14,7 @@ where, never by module names:
   that the block with the tail replaced by the identity computes, on the recorded input, exactly
   the tensor the tail was fed (``sites._without``);
 * a ``NormSite`` is kept only when every tensor-valued use of the norm's output is inside one of
-  its consumers: patch_wiring may defer the norm (it returns a placeholder), which is safe only if
+  its consumers: patching.install may defer the norm (it returns a placeholder), which is safe only if
   nothing else reads it. Parallel attention + MLP layers (Phi-2, Cohere, GPT-NeoX's parallel
   residual) give one site whose consumers are q/k/v and the MLP;
 * a block called on one tensor that no norm feeds (OLMo-2's post-norm MLP, on the residual stream)
@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..sites import Consumer, Family, NormSite, ProjSite, _without
+from .sites import Consumer, Family, NormSite, ProjSite, _without
 from .trace import Event, in_layer, record
 
 __all__ = ["family_from_trace", "find_layer_lists"]

@@ -1,7 +1,7 @@
 """The decoder layer's residual adds moved into the projections that feed them, found from the traced layer.
 
     plans = plan_residual_adds(model, layers, candidates)   # one LayerPlan per decoder layer
-    layer.forward = plans[i].forward(layer, slots)           # installed by patch_api (records kept)
+    layer.forward = plans[i].forward(layer, slots)           # installed by patching.pipeline (records kept)
 
 A decoder layer adds each block's output to its residual stream: ``h = x + o_proj(attn(norm(x)))``,
 then ``h + down_proj(mlp(norm(h)))``. Each add is a torch kernel of its own (two a layer, ~1.7 µs
@@ -53,7 +53,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import nn
 
-from ..sites import ProjSite
+from .sites import ProjSite
 from .forward_rewrite import Rewritten, bind, rewrite, scaled
 from .handoff import ResidualSlot, hooked
 from .trace import Event, in_layer, record

@@ -5,7 +5,7 @@
 A ``TorchFunctionMode`` sees each torch function the Python code calls (``F.linear``,
 ``torch.cat``, ``x * y``…) with the module stack it runs in; forward pre/post hooks on the decoder
 layers' modules add the module calls with their tensor inputs and outputs. Tensors are told apart
-by identity, which is what patch_wiring's hand-off keys on as well (a consumer gets the fused
+by identity, which is what patching.install's hand-off keys on as well (a consumer gets the fused
 result only when called with exactly the norm's output tensor), so the recorded flow is the one
 the installed site will see. The tensors stay referenced by the events, so no ``id`` is reused.
 """

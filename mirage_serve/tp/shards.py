@@ -189,7 +189,7 @@ class Sharding:
     def unsupported(self, layer: nn.Module, site) -> str | None:
         """Why a site cannot run on shards (a row-wise weight inside a fused norm site, a
         row-wise projection with a bias), or None."""
-        from ..sites import ProjSite
+        from ..patching.sites import ProjSite
 
         if isinstance(site, ProjSite) and site.post:
             return "a post-norm after the projection needs the all-reduce first (it normalises the whole sum)"
@@ -210,7 +210,7 @@ class Sharding:
         return None
 
     def wrap(self, layer: nn.Module, site, runtime):
-        from ..sites import ProjSite
+        from ..patching.sites import ProjSite
 
         if (self.group is not None and isinstance(site, ProjSite) and site.tail is None
                 and self.row_wise(layer.get_submodule(site.proj))):

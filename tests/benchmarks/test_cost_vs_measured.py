@@ -43,7 +43,7 @@ def test_summary_compares_the_cost_models_pick_with_the_fastest(tmp_path, capsys
 def test_rescore_costs_the_timed_designs_with_the_current_cost_model(tmp_path):
     # an entry whose timings rows carry a stale cost column: --rescore searches the program again,
     # matches its candidates to the rows by layout and costs them now
-    from mirage_serve.site_programs import layer_programs
+    from mirage_serve.patching.programs import layer_programs
     from superopt.ir import digest, layout
     from superopt.search import superoptimize
     from superopt.search.cost import graph_cost

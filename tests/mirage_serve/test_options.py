@@ -77,5 +77,5 @@ def test_patch_without_fused_residual_leaves_the_adds_to_the_layer():
 def test_patch_refuses_options_of_another_type():
     import mirage_serve
 
-    with pytest.raises(mirage_serve.patch_api.PatchError, match="PatchOptions"):
+    with pytest.raises(mirage_serve.patching.pipeline.PatchError, match="PatchOptions"):
         mirage_serve.patch(_tiny_llama(), options={"pdl": False})

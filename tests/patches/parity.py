@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import mirage_serve
-from mirage_serve import patch_prepare
+from mirage_serve.patching import prepare
 from mirage_serve.options import PatchOptions
 
 STEPS = 16
@@ -22,7 +22,7 @@ BUCKETS = (4,)  # decode (1 or 3 rows) runs the bucket-4 kernel, zero-padded; pr
 
 def programs_per_forward(report) -> int:
     """Programs a decode-sized forward runs: every part of every site, less each norm site's norm
-    program, which patch_wiring defers and nothing on that path needs."""
+    program, which patching.install defers and nothing on that path needs."""
     return sum(s.parts - (s.parts > 1) for s in report.sites)  # a norm site: its consumers and its norm
 
 def build(config, seed: int = 0) -> torch.nn.Module:
@@ -89,8 +89,8 @@ def check_family(config, monkeypatch, fused_residual: bool = False, post_attn: s
     assert _param_memory(model) == mem  # same storages, no fused copies
 
     calls, with_residual = [], []
-    run = patch_prepare.SiteRuntime.run
-    monkeypatch.setattr(patch_prepare.SiteRuntime, "run", lambda self, x, *r: (
+    run = prepare.SiteRuntime.run
+    monkeypatch.setattr(prepare.SiteRuntime, "run", lambda self, x, *r: (
         calls.append(x.shape), with_residual.append(bool(r)))[0] or run(self, x, *r))
     with torch.no_grad():
         got_short = model(short).logits
@@ -103,7 +103,7 @@ def check_family(config, monkeypatch, fused_residual: bool = False, post_attn: s
     else:
         assert not any(with_residual)
     # every site of every layer ran its kernels: a norm site runs each group of consumers as a
-    # program of its own (sites.site_parts) and defers its norm program (patch_wiring)
+    # program of its own (sites.site_parts) and defers its norm program (patching.install)
     runs = programs_per_forward(report)
     assert all(s.parts >= 2 for s in report.sites if s.site.endswith("_in")), str(report)
     assert len(calls) == runs, calls

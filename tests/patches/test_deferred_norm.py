@@ -1,4 +1,4 @@
-"""A norm site's norm is deferred (patch_wiring): its output is a placeholder that is filled only
+"""A norm site's norm is deferred (patching.install): its output is a placeholder that is filled only
 when something other than the hand-off needs it, and never deferred while a hook could see it."""
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from mirage_serve.patch_prepare import PartsRuntime
-from mirage_serve.patch_wiring import install, restore
-from mirage_serve.sites import Consumer, NormSite, SiteModule, site_parts
+from mirage_serve.patching.prepare import PartsRuntime
+from mirage_serve.patching.install import install, restore
+from mirage_serve.patching.sites import Consumer, NormSite, SiteModule, site_parts
 
 
 class Direct:

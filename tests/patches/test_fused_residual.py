@@ -80,7 +80,7 @@ def test_families_without_an_adapter_fuse_from_their_traced_layer(model_type, ad
     from transformers import AutoConfig
 
     from mirage_serve.patching.partition import family_from_trace
-    from mirage_serve.sites import ProjSite
+    from mirage_serve.patching.sites import ProjSite
 
     model = build(AutoConfig.for_model(model_type, **TINY))
     family, why = family_from_trace(model, model_type)

@@ -25,10 +25,11 @@ from torch import nn
 from transformers import AutoConfig
 
 import mirage_serve
-from mirage_serve import patch_api, patch_prepare, registry
+from mirage_serve import registry
+from mirage_serve.patching import pipeline, prepare
 from mirage_serve.bench_load import _override
 from mirage_serve.patching.partition import family_from_trace
-from mirage_serve.sites import NormSite, ProjSite
+from mirage_serve.patching.sites import NormSite, ProjSite
 
 from .parity import _generate, build, prompts
 
@@ -107,9 +108,9 @@ def _snapshot(model) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("model_type", sorted(set(EXPECTED) | set(REGISTRY_TYPES)))
 def test_family_patched_from_its_traced_layer(model_type, monkeypatch):
-    family_for, types = patch_api._adapters()
+    family_for, types = pipeline._adapters()
     adapter = family_for(model_type)
-    monkeypatch.setattr(patch_api, "_adapters", lambda: (lambda _: None, types))  # the adapter, hidden
+    monkeypatch.setattr(pipeline, "_adapters", lambda: (lambda _: None, types))  # the adapter, hidden
     cfg = _config(model_type)
     assert cfg.model_type == model_type
     model = build(cfg)
@@ -140,8 +141,8 @@ def test_family_patched_from_its_traced_layer(model_type, monkeypatch):
     assert "not patched: forward calls with more than 4 rows (batch × tokens: prefill" in text
 
     calls = []
-    run = patch_prepare.SiteRuntime.run
-    monkeypatch.setattr(patch_prepare.SiteRuntime, "run", lambda self, x, *r: calls.append(1) or run(self, x, *r))
+    run = prepare.SiteRuntime.run
+    monkeypatch.setattr(prepare.SiteRuntime, "run", lambda self, x, *r: calls.append(1) or run(self, x, *r))
     with torch.no_grad():  # 21 rows > the largest bucket: every site runs its original modules
         assert torch.equal(model(ids3, attention_mask=mask3).logits, before) and not calls
     for b, (ids, m) in {1: (ids1, None), 3: (ids3, mask3)}.items():
@@ -214,7 +215,7 @@ def test_layer_that_cannot_be_partitioned_is_left_untouched(toy, reason):
     report = mirage_serve.patch(model, backend="torch", search_budget=0)
     assert not report.supported and not report.sites
     assert reason in report.note and "left unchanged" in report.note and "\n" not in report.note
-    assert not patch_api.is_patched(model)
+    assert not pipeline.is_patched(model)
     assert all("forward" not in m.__dict__ for m in model.modules())
     assert all(torch.equal(model.state_dict()[k], v) for k, v in params.items())
 
@@ -262,8 +263,8 @@ def test_block_on_the_residual_stream_is_one_site_up_to_its_tail(scale, sites, m
     report = mirage_serve.patch(model, backend="torch", search_budget=0, batch_sizes=(4,))
     assert report.supported and not report.unpatched and len(report.sites) == 2 * len(sites), str(report)
     calls = []
-    run = patch_prepare.SiteRuntime.run
-    monkeypatch.setattr(patch_prepare.SiteRuntime, "run", lambda self, x, *r: calls.append(1) or run(self, x, *r))
+    run = prepare.SiteRuntime.run
+    monkeypatch.setattr(prepare.SiteRuntime, "run", lambda self, x, *r: calls.append(1) or run(self, x, *r))
     with torch.no_grad():
         got = model(ids)
     assert len(calls) == len(report.sites)
@@ -298,7 +299,7 @@ def test_family_whose_layer_cannot_be_traced_is_left_untouched():
     assert ("no adapter" in report.note and "could not be traced (RuntimeError: this decoder layer cannot "
             "be traced); the model was left unchanged" in report.note and "\n" not in report.note), text
     assert text.splitlines()[1:] == [report.note]
-    assert not patch_api.is_patched(model) and all("forward" not in m.__dict__ for m in model.modules())
+    assert not pipeline.is_patched(model) and all("forward" not in m.__dict__ for m in model.modules())
     after = model.state_dict()
     assert list(after) == list(params) and all(torch.equal(after[k], v) for k, v in params.items())
     assert torch.equal(_generate(model, ids3, mask3)[0], ref)

@@ -1,12 +1,12 @@
-"""patch_pairing.merge_twins: a site's two parts of one program become one part where a paired
+"""pairing.merge_twins: a site's two parts of one program become one part where a paired
 launch was chosen at some bucket, its outputs in the parts' order; parts stay apart otherwise."""
 from __future__ import annotations
 
 import torch
 
 from mirage_serve.backends import Executor
-from mirage_serve.patch_pairing import merge_twins
-from mirage_serve.patch_prepare import BucketKernel, bound_call
+from mirage_serve.patching.pairing import merge_twins
+from mirage_serve.patching.prepare import BucketKernel, bound_call
 
 
 def _kernel(scale: float, rows: int, log: list) -> BucketKernel:
@@ -69,15 +69,16 @@ def _gpu_pair(monkeypatch, timed: list, paired_us: float, two_us: float):
     paired build, its check and its timing replaced by stand-ins (``timed`` records each timing)."""
     import contextlib
 
-    from mirage_serve import backends, patch_pairing
+    from mirage_serve import backends
+    from mirage_serve.patching import pairing
     from superopt.runtime import build, paired
     from superopt.runtime.compiled import CompiledGraph
     from tests.fixtures.ugraphs import FIXTURES
 
     monkeypatch.setattr(paired, "PairedGraph", _FakePaired)
     monkeypatch.setattr(build, "interpreting", lambda: False)
-    monkeypatch.setattr(patch_pairing, "_agrees", lambda p, a, b: True)
-    monkeypatch.setattr(patch_pairing, "_time", lambda p, a, b, d: timed.append(1) or (paired_us, two_us))
+    monkeypatch.setattr(pairing, "_agrees", lambda p, a, b: True)
+    monkeypatch.setattr(pairing, "_time", lambda p, a, b, d: timed.append(1) or (paired_us, two_us))
     monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "stand-in GPU")
     monkeypatch.setattr(backends, "arch_of", lambda d: "sm_90")
@@ -92,7 +93,7 @@ def _gpu_pair(monkeypatch, timed: list, paired_us: float, two_us: float):
 
 def test_pairing_decisions_and_kernels_come_back_from_the_kernel_cache(monkeypatch, tmp_path):
     from mirage_serve.cache import KernelCache
-    from mirage_serve.patch_pairing import Pairing
+    from mirage_serve.patching.pairing import Pairing
 
     cache, timed, gpu = KernelCache(tmp_path, shipped_dir=False), [], torch.device("cuda")
     _FakePaired.built = []

@@ -176,11 +176,11 @@ def test_search_that_ranks_nothing_falls_back(monkeypatch):
 
 def test_each_program_is_traced_once_for_all_buckets(monkeypatch):
     """The other buckets' programs are re-typed from the first trace (superopt.lax.rows), not traced."""
-    from mirage_serve import patch_prepare
+    from mirage_serve.patching import prepare
 
     traced = []
-    real = patch_prepare.extract
-    monkeypatch.setattr(patch_prepare, "extract", lambda mod, args, name: traced.append(name) or real(mod, args, name))
+    real = prepare.extract
+    monkeypatch.setattr(prepare, "extract", lambda mod, args, name: traced.append(name) or real(mod, args, name))
     cfg = LlamaConfig(vocab_size=61, hidden_size=30, intermediate_size=41, num_hidden_layers=2,
                       num_attention_heads=3, num_key_value_heads=1, head_dim=8)
     model = build(cfg)

@@ -7,8 +7,9 @@ from torch import nn
 from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig
 
 import mirage_serve
-from mirage_serve import backends, patch_prepare, patch_wiring
-from mirage_serve.patch_api import PatchError, is_patched
+from mirage_serve import backends
+from mirage_serve.patching import prepare, install
+from mirage_serve.patching.pipeline import PatchError, is_patched
 
 from .parity import build, programs_per_forward
 
@@ -131,7 +132,7 @@ def test_numeric_self_check_rejects_a_wrong_kernel(monkeypatch):
 def test_failure_while_swapping_undoes_every_swap(monkeypatch):
     model = build(_config())
     ref = _logits(model, IDS)
-    real, calls = patch_wiring.install, []
+    real, calls = install.install, []
 
     def fail_third(*args):
         calls.append(1)
@@ -139,7 +140,7 @@ def test_failure_while_swapping_undoes_every_swap(monkeypatch):
             raise RuntimeError("boom")
         real(*args)
 
-    monkeypatch.setattr("mirage_serve.patch_api.install", fail_third)
+    monkeypatch.setattr("mirage_serve.patching.pipeline.install", fail_third)
     with pytest.raises(RuntimeError, match="boom"):
         _patch(model)
     assert _untouched(model)
@@ -156,8 +157,8 @@ def test_prefill_training_and_repatch(monkeypatch):
     with pytest.raises(PatchError, match="already patched"):
         _patch(model)
     calls = []
-    run = patch_prepare.SiteRuntime.run
-    monkeypatch.setattr(patch_prepare.SiteRuntime, "run", lambda self, x, *r: calls.append(1) or run(self, x, *r))
+    run = prepare.SiteRuntime.run
+    monkeypatch.setattr(prepare.SiteRuntime, "run", lambda self, x, *r: calls.append(1) or run(self, x, *r))
     _logits(model, torch.tensor([[5, 17, 3]]))  # 3 tokens > largest bucket: prefill, original modules
     assert not calls
     model.train()

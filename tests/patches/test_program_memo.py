@@ -10,7 +10,7 @@ import torch
 from transformers import LlamaConfig
 
 import mirage_serve
-from mirage_serve import patch_prepare
+from mirage_serve.patching import prepare
 from mirage_serve.cache import CacheWarning
 from mirage_serve.cache.programs import fingerprint
 
@@ -22,12 +22,12 @@ CFG = dict(vocab_size=61, hidden_size=30, intermediate_size=41, num_hidden_layer
 
 def _counting_extract(monkeypatch) -> list:
     traced = []
-    real = patch_prepare.extract
+    real = prepare.extract
 
     def extract(module, args, name="program"):
         traced.append(name)
         return real(module, args, name)
-    monkeypatch.setattr(patch_prepare, "extract", extract)
+    monkeypatch.setattr(prepare, "extract", extract)
     return traced
 
 

@@ -5,7 +5,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import mirage_serve
-from mirage_serve import patch_prepare
+from mirage_serve.patching import prepare
 
 
 def _model(layers: int):
@@ -17,8 +17,8 @@ def _model(layers: int):
 
 def test_later_layers_check_one_bucket(monkeypatch):
     checked = []   # the buckets each site's self-check ran
-    real = patch_prepare.Preparer._unchecked_buckets
-    monkeypatch.setattr(patch_prepare.Preparer, "_unchecked_buckets",
+    real = prepare.Preparer._unchecked_buckets
+    monkeypatch.setattr(prepare.Preparer, "_unchecked_buckets",
                         lambda self, runtime: checked.append(real(self, runtime)) or checked[-1])
     report = mirage_serve.patch(_model(3), backend="torch", batch_sizes=(1, 3, 4))
     assert not report.unpatched, str(report)
@@ -31,15 +31,15 @@ def test_later_layers_check_one_bucket(monkeypatch):
 def test_a_layer_bound_to_other_weights_is_caught(monkeypatch):
     """The one bucket a later layer checks still sees its own weights: bind layer 0's weights into
     every layer's kernels and the check of layer 1 fails the site."""
-    real = patch_prepare.Preparer._prepare
+    real = prepare.Preparer._prepare
     first = {}
 
-    def prepare(self, wrapper, site, *args, **kwargs):
+    def layer0_kernels(self, wrapper, site, *args, **kwargs):
         runtime = real(self, wrapper, site, *args, **kwargs)
         first.setdefault(site.name, runtime)
         return first[site.name]   # every layer runs layer 0's kernels and weights
 
-    monkeypatch.setattr(patch_prepare.Preparer, "_prepare", prepare)
+    monkeypatch.setattr(prepare.Preparer, "_prepare", layer0_kernels)
     report = mirage_serve.patch(_model(2), backend="torch", batch_sizes=(1, 2))
     failed = [s for s in report.sites if not s.patched and "self-check failed" in s.reason]
     assert failed, str(report)

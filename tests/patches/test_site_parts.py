@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mirage_serve.patch_prepare import PartsRuntime
-from mirage_serve.sites import SiteModule, site_parts
+from mirage_serve.patching.prepare import PartsRuntime
+from mirage_serve.patching.sites import SiteModule, site_parts
 
 
 def test_one_part_per_consumer_equal_ones_share_a_name_and_outputs_reassembled_in_order():

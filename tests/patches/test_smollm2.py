@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import mirage_serve
-from mirage_serve import patch_prepare
+from mirage_serve.patching import prepare
 from .parity import programs_per_forward
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -57,8 +57,8 @@ def test_smollm2_same_greedy_text(monkeypatch):
     assert report.model_type == "llama" and len(report.sites) == 4 * model.config.num_hidden_layers
     assert not report.unpatched, str(report)
     calls = []
-    run = patch_prepare.SiteRuntime.run
-    monkeypatch.setattr(patch_prepare.SiteRuntime, "run", lambda self, x, *r: calls.append(1) or run(self, x, *r))
+    run = prepare.SiteRuntime.run
+    monkeypatch.setattr(prepare.SiteRuntime, "run", lambda self, x, *r: calls.append(1) or run(self, x, *r))
     got = _greedy(model, tok, batch)
     assert len(calls) == 15 * programs_per_forward(report)  # every decode step after the prefill ran every program
     assert got == want

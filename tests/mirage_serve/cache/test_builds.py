@@ -168,7 +168,7 @@ def test_store_build_layers(tmp_path, aot):
 
 
 def test_default_cache_opens_from_the_environment(tmp_path, monkeypatch):
-    from mirage_serve.patch_api import _open_cache
+    from mirage_serve.patching.pipeline import _open_cache
     from mirage_serve.report import PatchReport
 
     monkeypatch.setenv("MIRAGE_SERVE_CACHE_DIR", str(tmp_path / "env-cache"))

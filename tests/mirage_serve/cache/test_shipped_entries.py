@@ -52,7 +52,7 @@ def test_every_shipped_entry_parses_and_renders():
 
 
 def _programs():
-    from mirage_serve.site_programs import layer_programs
+    from mirage_serve.patching.programs import layer_programs
 
     seen = {}
     for name in SAMPLE_MODELS:
@@ -92,7 +92,7 @@ def test_shipped_gemma2_entries_that_round_constants_are_widened_on_first_use():
     program keeps in fp32 (issue 32). As shipped they fail the value check, which sees a constant's
     rounding, and the dtype check names the constants; widened as patch() takes them, they pass."""
     from mirage_serve.cache import versions_now
-    from mirage_serve.site_programs import layer_programs
+    from mirage_serve.patching.programs import layer_programs
 
     cache = KernelCache(shipped_cache_dir() / ".no-user-layer", read_only=True)
     seen = set()

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from mirage_serve import patch_api
+from mirage_serve.patching import pipeline
 from mirage_serve.cache import CacheEntry, CacheKey, KernelCache, versions_now
 from mirage_serve.cache.warm import build_model, resolve_config, warm_model
 from mirage_serve.registry import UnknownModelError
@@ -69,7 +69,7 @@ def _fake_patch(calls):
 
 def test_warm_model_drives_patch_and_counts_entries(tmp_path, monkeypatch):
     calls, seen = [], []
-    monkeypatch.setattr(patch_api, "patch", _fake_patch(calls))
+    monkeypatch.setattr(pipeline, "patch", _fake_patch(calls))
     r = warm_model(TINY, batch_sizes=[8, 3, 3, 1], dtype="fp32", cache_dir=tmp_path / "c",
                    progress=lambda msg, done, total: seen.append((msg, done, total)),
                    backend="torch", device="cpu", num_layers=1)

@@ -123,10 +123,10 @@ def test_bench_config_only_directory_gets_random_weights(tmp_path, capsys, monke
 
 def _use_patch(monkeypatch, patch, unpatch) -> None:
     """The bench runs ``patch`` / ``unpatch`` in place of mirage_serve's (it imports them when it runs)."""
-    from mirage_serve import patch_api
+    from mirage_serve.patching import pipeline
 
-    monkeypatch.setattr(patch_api, "patch", patch)
-    monkeypatch.setattr(patch_api, "unpatch", unpatch)
+    monkeypatch.setattr(pipeline, "patch", patch)
+    monkeypatch.setattr(pipeline, "unpatch", unpatch)
 
 
 def _no_patch():
@@ -251,16 +251,16 @@ def test_patch_that_raises_keeps_the_baselines(tmp_path, capsys, monkeypatch):
 
 
 def test_no_graphs_patches_with_cuda_graphs_off(tmp_path, capsys, monkeypatch):
-    from mirage_serve import patch_api
+    from mirage_serve.patching import pipeline
 
     seen = []
-    real = patch_api.patch
+    real = pipeline.patch
 
     def patch_spy(model, **kw):
         seen.append(kw.get("cuda_graphs", "default"))
         return real(model, **kw)
 
-    monkeypatch.setattr(patch_api, "patch", patch_spy)
+    monkeypatch.setattr(pipeline, "patch", patch_spy)
     j = tmp_path / "r.json"
     assert main(tiny_bench_args("--no-graphs", "--json", str(j), "--cache-dir", str(tmp_path / "kc"))) == E.EXIT_OK
     assert seen == [False, False]  # the measured patch and the warm re-patch

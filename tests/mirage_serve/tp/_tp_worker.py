@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 import mirage_serve
-from mirage_serve.patch_api import PatchError, is_patched
+from mirage_serve.patching.pipeline import PatchError, is_patched
 from mirage_serve.tp import shards
 from mirage_serve.tp.hf_shard import init_distributed, shard_in_place
 from superopt.search import SearchBudget
@@ -35,19 +35,19 @@ def warm_shards(model) -> dict:
 def one_rank_fails(model, rank: int, ids) -> dict:
     """Rank 1 cannot prepare layer 0's o_proj site: no rank may install it (rank 0's kernel would
     add the residual that rank 1's HF forward adds again)."""
-    from mirage_serve import patch_prepare
+    from mirage_serve.patching.prepare import Preparer, SiteError
 
-    prepare = patch_prepare.Preparer.prepare
+    real_prepare = Preparer.prepare
 
     def failing(self, layer, site, sr):
         if rank == 1 and sr.layer == 0 and site.name == "attn_out":
-            raise patch_prepare.SiteError("injected failure on rank 1")
-        return prepare(self, layer, site, sr)
-    patch_prepare.Preparer.prepare = failing
+            raise SiteError("injected failure on rank 1")
+        return real_prepare(self, layer, site, sr)
+    Preparer.prepare = failing
     try:
         report = mirage_serve.patch(model, backend="torch", search_budget=BUDGET, batch_sizes=(4,))
     finally:
-        patch_prepare.Preparer.prepare = prepare
+        Preparer.prepare = real_prepare
     site = next(s for s in report.sites if s.layer == 0 and s.site == "attn_out")
     out = {"patched": sum(s.patched for s in report.sites), "reason": site.reason, "tokens": greedy(model, ids)}
     mirage_serve.unpatch(model)

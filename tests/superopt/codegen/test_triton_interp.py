@@ -60,7 +60,7 @@ def test_paired_launch_matches_float64_for_both_instances(interp_errors, case, d
 
 
 def test_site_pairing_takes_the_paired_launch_and_matches_the_separate_calls(interp_errors):
-    # mirage_serve.patch_pairing.Pairing on two builds of a found k/v program, weights bound per instance
+    # mirage_serve.patching.pairing.Pairing on two builds of a found k/v program, weights bound per instance
     assert interp_errors["site_pairing"] is True, interp_errors["site_pairing"]
 
 

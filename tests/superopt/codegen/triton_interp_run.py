@@ -91,8 +91,8 @@ def run_site_pairing(dtype: str = "float32") -> bool:
     """mirage_serve's Pairing on the found k/v program (activations given per call, weights fixed):
     under the interpreter it takes the paired launch, whose outputs equal the two separate calls'."""
     from mirage_serve.backends import Executor
-    from mirage_serve.patch_pairing import Pairing
-    from mirage_serve.patch_prepare import BucketKernel, bound_call
+    from mirage_serve.patching.pairing import Pairing
+    from mirage_serve.patching.prepare import BucketKernel, bound_call
 
     fx = build("found_kv_split_k", dtype)
     act = next(i for i, v in enumerate(fx.program.inputs) if len(v.type.shape) == 2 and v.type.shape[0] == 1)

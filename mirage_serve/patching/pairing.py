@@ -20,7 +20,7 @@ from typing import Callable
 
 import torch
 
-from .site_kernel import bound_call
+from ..site_kernel import bound_call
 
 PAIR_MARGIN = 0.98  # paired only when at least 2% faster: timing noise must not flip the choice
 _MAX_COPIES = 16
@@ -128,8 +128,8 @@ class Pairing:
         from superopt.codegen.launch import stored_launches
         from superopt.ir import digest
 
-        from . import backends
-        from .cache import CacheKey, versions_now
+        from .. import backends
+        from ..cache import CacheKey, versions_now
 
         ident = f"paired:{digest(run.graph, 32)}:{json.dumps(stored_launches(run.launch), sort_keys=True)}"
         return CacheKey(ident, f"b{m}", self.dtype or "any", backends.arch_of(self.device).replace("_", ""),
@@ -140,7 +140,7 @@ class Pairing:
             return
         from superopt.ir.text import to_text
 
-        from .cache import CacheEntry, CacheWarning
+        from ..cache import CacheEntry, CacheWarning
 
         entry = CacheEntry(to_text(run.graph), {}, paired.binaries() if paired is not None else {}, meta)
         try:

@@ -28,10 +28,10 @@ def layer_programs(name: str, rows: tuple[int, ...], fused_residual: bool | None
     from superopt.lax.extract import extract
     from superopt.lax.rows import with_rows
 
-    from . import registry
-    from .options import PatchOptions
-    from .patch_api import _adapters, _residual_plans
-    from .patch_prepare import activation_dims
+    from .. import registry
+    from ..options import PatchOptions
+    from .pipeline import _adapters, _residual_plans
+    from .prepare import activation_dims
     from .sites import ProjSite, find_layers, site_module, site_parts
 
     facts = dict(registry.get(name).config, num_hidden_layers=1)
@@ -42,7 +42,7 @@ def layer_programs(name: str, rows: tuple[int, ...], fused_residual: bool | None
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
     family = _adapters()[0](cfg.model_type)
     if family is None:  # no adapter: the sites patch() would take from the traced layer
-        from .patching.partition import family_from_trace
+        from .partition import family_from_trace
         family, why = family_from_trace(model, cfg.model_type)
         if family is None:
             raise ValueError(f"{name}: {why}")

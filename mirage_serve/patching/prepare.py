@@ -1,6 +1,6 @@
 """Prepare one site for swapping: extract its program, choose and verify a μGraph, build, self-check.
 
-Nothing here touches the model: a prepared site is a `SiteRuntime` that patch_wiring installs
+Nothing here touches the model: a prepared site is a `SiteRuntime` that patching.install installs
 later. Work is shared within one patch() call: extraction once per structural signature and
 bucket (all layers of a model share it), choice / verification / build once per program digest.
 Any failure raises `SiteError` with the reason the report shows; the site then stays original.
@@ -18,12 +18,12 @@ from superopt.ir import digest
 from superopt.lax.extract import ExtractError, Extracted, extract
 from superopt.lax.rows import RowsError, with_rows
 
-from . import backends, cost_fit, optimize
-from .options import PatchOptions
-from .patch_pairing import Pairing, merge_twins, twins
-from .registry import short_dtype
-from .report import PatchReport, SiteReport
-from .site_kernel import BucketKernel, bound_call
+from .. import backends, cost_fit, optimize
+from ..options import PatchOptions
+from .pairing import Pairing, merge_twins, twins
+from ..registry import short_dtype
+from ..report import PatchReport, SiteReport
+from ..site_kernel import BucketKernel, bound_call
 from .sites import NormSite, ProjSite, signature, site_module, site_parts, unsupported_layers
 
 # docs/conventions.md tolerance table: relative Frobenius error against a float64 reference.
@@ -90,7 +90,7 @@ class PartsRuntime:
     some of the site's outputs; ``run`` returns them in the site's order.
 
     When one part computes the norm output alone (site output 0), ``run_consumers`` runs every
-    other part and ``run_norm`` that one, so the caller can defer the norm (patch_wiring).
+    other part and ``run_norm`` that one, so the caller can defer the norm (patching.install).
     ``norm_like_input`` says the norm output has the input's shape and dtype (set by the
     self-check), so a placeholder for it can be allocated before it is computed."""
 
@@ -163,7 +163,7 @@ class Preparer:
         self._plain: dict[tuple, str] = {}  # (site name, signature) whose chosen μGraphs failed to run
         self._rng = torch.Generator().manual_seed(0)
         self._selector = None  # superopt.runtime.select.Selector, opened on the first GPU profile
-        self._pairings: dict = {}  # device -> Pairing (patch_pairing)
+        self._pairings: dict = {}  # device -> Pairing (patching.pairing)
         self._prefetched: set = set()  # (site name, signature) whose cache entries prefetch() looked up
         self._prefetch_seconds = 0.0   # prefetch's extraction and look-ups, reported by the next site prepared
         self._checked: dict[tuple, tuple] = {}  # (bucket, executor ids) a self-check ran -> the executors
@@ -174,7 +174,7 @@ class Preparer:
 
     def close(self) -> None:
         """Stop the profiler's build workers (patch() calls this when it is done, success or not)."""
-        from . import verify_parallel
+        from .. import verify_parallel
         verify_parallel.forget()
         if self._selector is not None:
             self._selector.close()
@@ -262,7 +262,7 @@ class Preparer:
         return PartsRuntime(runtimes)
 
     def _merge_twins(self, parts: list, device, sr: SiteReport) -> list:
-        """``patch_pairing.merge_twins`` with one ``Pairing`` per device for the whole patch() call
+        """``patching.pairing.merge_twins`` with one ``Pairing`` per device for the whole patch() call
         (its decisions, per program and bucket, serve every layer), noted in the site's report."""
         t0 = time.perf_counter()
         if device not in self._pairings:
@@ -388,7 +388,7 @@ class Preparer:
             return applies(device, self.options.pdl), driver.active.get_current_target()
 
     def _cache_key(self, dg: str, site_name: str, m: int, device):
-        from .cache import CacheKey, versions_now
+        from ..cache import CacheKey, versions_now
         arch = backends.arch_of(device)
         return CacheKey(dg, f"b{m}{self.shard_tag}", short_dtype(self.dtype), arch.replace("_", ""),
                         self.backend, versions_now(), f"{site_name}-m{m}{self.shard_tag}")
@@ -396,7 +396,7 @@ class Preparer:
     def _trace(self, wrapper, name: str, dim: int, m: int, device) -> Extracted:
         """The site's program at ``m`` rows: from the program memo of the cache (a warm patch
         traces nothing), else by ``torch.export`` of the site's modules, then remembered."""
-        from .cache.programs import ProgramMemo, fingerprint
+        from ..cache.programs import ProgramMemo, fingerprint
 
         memo = ProgramMemo(self.cache)
         fp = fingerprint(wrapper, name, m, self.dtype)
@@ -460,7 +460,7 @@ class Preparer:
         self.report.reinstantiated += choice.source == "reinstantiated"
         self.report.cache_hits += choice.source == "cache"
         self.report.programs += 1
-        from .cache.builds import build_of, store_build
+        from ..cache.builds import build_of, store_build
         # a warm entry compiles nothing: its build comes with the hit (read and hash-checked once)
         stored = build_of(choice.entry, key) if choice.entry is not None else None
         try:

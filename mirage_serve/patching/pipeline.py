@@ -1,34 +1,35 @@
 """patch(model) / unpatch(model): swap a Hugging Face decoder's blocks for superoptimized kernels.
 
-(Named patch_api, not patch, so the submodule never shadows the function `mirage_serve.patch`.)
-
     report = mirage_serve.patch(model)           # before model.generate(...)
     print(report)                                 # every site: patched or not, and why
     mirage_serve.unpatch(model)                   # the model exactly as it was
 
-Stages (docs/architecture.md): find the family adapter → per layer and site, extract the Lax
-program by tracing the modules (``superopt.lax.extract``) → choose a μGraph (cache / search /
-the program itself, ``optimize``) → verify → build for the backend → numeric self-check against
-the original modules → swap all prepared sites at once. A site that fails any stage stays
-original; an error while swapping undoes every swap, so the model is never left half patched.
+The stages, in order, each timed into ``PatchReport.stages`` (docs/architecture.md): **sites** (the
+family adapter, or the partition of the traced layer) → **residual plan** (``residual``) →
+**prepare**, per layer and site (``prepare``: extract the Lax program by tracing the modules,
+choose a μGraph from the cache or the search, verify, build for the backend, numeric self-check
+against the original modules) → **install** every prepared site at once (``install``) → decode
+**attention** → decode **graphs**. A site that fails any stage stays original; an error while
+installing undoes every swap, so the model is never left half patched.
 """
 from __future__ import annotations
 
 import time
 import weakref
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
 from superopt.runtime.interpreter import interpreting
 
-from . import backends
-from .options import PatchOptions
-from .patch_prepare import Preparer, SiteError
-from .patching.handoff import ResidualSlot
-from .patching.residual import LayerPlan, plan_residual_adds
-from .patch_wiring import Record, install, restore, set_forward
-from .report import PatchReport, SiteReport
+from .. import backends
+from ..options import PatchOptions
+from .prepare import Preparer, SiteError
+from .handoff import ResidualSlot
+from .residual import LayerPlan, plan_residual_adds
+from .install import Record, install, restore, set_forward
+from ..report import PatchReport, SiteReport
 from .sites import ProjSite, find_layers
 
 __all__ = ["PatchError", "patch", "unpatch", "is_patched"]
@@ -87,7 +88,7 @@ def _buckets(batch_sizes: Sequence[int]) -> tuple[int, ...]:
 def _adapters():
     """``mirage_serve.patches`` (the ``patches/`` folder), also from a source checkout on PYTHONPATH."""
     try:
-        from . import patches
+        from .. import patches
     except ImportError:
         # No package-dir mapping without an install (the GPU machine): load the folder beside
         # mirage_serve/ under its installed name, so adapters import as mirage_serve.patches.*.
@@ -95,8 +96,8 @@ def _adapters():
         import sys
         from pathlib import Path
 
-        init = Path(__file__).resolve().parents[1] / "patches" / "__init__.py"
-        spec = importlib.util.spec_from_file_location(f"{__package__}.patches", init,
+        init = Path(__file__).resolve().parents[2] / "patches" / "__init__.py"  # beside mirage_serve/
+        spec = importlib.util.spec_from_file_location("mirage_serve.patches", init,
                                                       submodule_search_locations=[str(init.parent)])
         patches = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = patches
@@ -109,7 +110,7 @@ def _open_cache(cache_dir, report: PatchReport):
     the shipped ``kernels_cache/``. Opened even without a search: its entries still serve searched
     μGraphs and their binaries."""
     try:
-        from .cache import KernelCache
+        from ..cache import KernelCache
         return KernelCache(cache_dir)
     except Exception as e:  # an unusable cache slows patch() down but must not stop it
         report.note = (report.note + "; " if report.note else "") + f"kernel cache unavailable: {e}"
@@ -134,8 +135,42 @@ def patch(model: torch.nn.Module, *, backend: str = "auto", cache_dir=None, sear
     residual adds, research mode); left out, each takes its default from ``mirage_serve.knobs``.
     """
     t0 = time.perf_counter()
+    call = _resolve(model, backend, options, cuda_graphs, decode_attention, batch_sizes)
+    report, stage = call.report, _Stages(call.report)
+    found = _find_sites(model, call, strict)
+    if found is None:
+        return report
+    family, layers_path, layers = found
+    stage("sites")
+    residual = _plan_residual(model, family, layers, call)
+    stage("residual plan")
+    plans = _prepare_sites(family, layers_path, layers, residual, call, cache_dir, search_budget)
+    stage("prepare")
+    _install(model, family, layers, residual, plans, call, stage)
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+@dataclass
+class _Call:
+    """One patch() call's arguments, checked and resolved, and the report it fills."""
+
+    device: torch.device
+    dtype: torch.dtype
+    backend: str
+    buckets: tuple[int, ...]
+    options: PatchOptions
+    cuda_graphs: bool
+    decode_attention: bool
+    shard: object            # tensor parallel (mirage_serve.tp): None on one GPU
+    report: PatchReport
+
+
+def _resolve(model, backend, options, cuda_graphs, decode_attention, batch_sizes) -> _Call:
+    """Check the model and the arguments (a ``PatchError`` before anything changes) and resolve the
+    defaults."""
     device, dtype = _check_model(model)
-    shard = _sharding(model)  # tensor parallel (mirage_serve.tp): None on one GPU
+    shard = _sharding(model)
     backend = backends.resolve(backend, device)
     if options is None:
         options = PatchOptions()
@@ -145,19 +180,30 @@ def patch(model: torch.nn.Module, *, backend: str = "auto", cache_dir=None, sear
         cuda_graphs = device.type == "cuda"
     elif cuda_graphs and device.type != "cuda":
         raise PatchError(f"cuda_graphs=True needs a model on a CUDA device; this one is on {device}")
+    if decode_attention is None:
+        decode_attention = device.type == "cuda" or interpreting()  # Triton kernels on CPU tensors (tests)
     buckets = _buckets(batch_sizes)
     model_type = getattr(getattr(model, "config", None), "model_type", None) or type(model).__name__
     report = PatchReport(str(model_type), backend, str(device), str(dtype).replace("torch.", ""), buckets)
     if backend == "torch":
         report.note = _CPU_NOTE
+    return _Call(device, dtype, backend, buckets, options, cuda_graphs, decode_attention, shard, report)
 
-    stage = _Stages(report)
+
+def _note(report: PatchReport, *lines: str) -> None:
+    report.note = "; ".join(x for x in (report.note, *lines) if x)
+
+
+def _find_sites(model, call: _Call, strict: bool):
+    """Stage "sites": (family, layer list path, layers) from the family's adapter, or from the
+    partition of its traced decoder layer; None (the reason in the report) when there are none."""
+    report, model_type = call.report, call.report.model_type
     family_for, supported_model_types = _adapters()
     family, traced = family_for(model_type), ""
     if family is None:  # no adapter: the sites come from the traced layer (patching.partition)
-        from .patching.partition import family_from_trace
-        family, traced = family_from_trace(model, str(model_type))
-        report.note = "; ".join(x for x in (report.note, _TRACED_NOTE.format(model_type) if family else "") if x)
+        from .partition import family_from_trace
+        family, traced = family_from_trace(model, model_type)
+        _note(report, _TRACED_NOTE.format(model_type) if family else "")
     found = find_layers(model, family) if family else None
     if found is None:
         why = (f"model type {model_type!r} is not supported: no adapter (adapters: "
@@ -166,23 +212,31 @@ def patch(model: torch.nn.Module, *, backend: str = "auto", cache_dir=None, sear
         if strict:
             raise PatchError(why + "; the model was left unchanged")
         report.supported, report.note = False, why + "; the model was left unchanged"
-        return report
-    layers_path, layers = found
-    stage("sites")
-    residual, why_not = _residual_plans(model, family, layers) if options.fused_residual else \
-        ([LayerPlan()] * len(layers), "residual adds stay in the layer (PatchOptions.fused_residual is off)")
-    if shard:  # how the shards are patched (the residual: rank 0 adds it before the all-reduce)
-        why_not = "; ".join(x for x in (why_not, shard.note()) if x)
-    left = "; ".join(f"{b}: {w}" for b, w in family.not_patched)
-    report.note = "; ".join(x for x in (report.note, left, why_not) if x)
+        return None
+    return (family, *found)
 
-    stage("residual plan")
+
+def _plan_residual(model, family, layers, call: _Call) -> list[LayerPlan]:
+    """Stage "residual plan": per layer, the residual adds that move into projection kernels."""
+    residual, why_not = _residual_plans(model, family, layers) if call.options.fused_residual else \
+        ([LayerPlan()] * len(layers), "residual adds stay in the layer (PatchOptions.fused_residual is off)")
+    if call.shard:  # how the shards are patched (the residual: rank 0 adds it before the all-reduce)
+        why_not = "; ".join(x for x in (why_not, call.shard.note()) if x)
+    _note(call.report, "; ".join(f"{b}: {w}" for b, w in family.not_patched), why_not)
+    return residual
+
+
+def _prepare_sites(family, layers_path, layers, residual, call: _Call, cache_dir, search_budget) -> list:
+    """Stage "prepare": every site of every layer extracted, chosen, verified, built and
+    self-checked (``prepare.Preparer``); returns (layer, site, runtime, SiteReport) of those ready.
+    A site that fails stays original, with its reason in its SiteReport."""
+    report, shard = call.report, call.shard
 
     def with_residual(i, site):  # the projection site takes its layer's residual add (patching.residual)
         return residual[i].site_for(site) if isinstance(site, ProjSite) else site
 
-    prep = Preparer(report, backend, dtype, buckets, search_budget, _open_cache(cache_dir, report), options,
-                    shard_tag=shard.tag if shard else "")
+    prep = Preparer(report, call.backend, call.dtype, call.buckets, search_budget, _open_cache(cache_dir, report),
+                    call.options, shard_tag=shard.tag if shard else "")
     plans = []
     try:
         # every unsigned cache entry's verification starts now, all programs at once (Preparer.prefetch)
@@ -210,12 +264,15 @@ def patch(model: torch.nn.Module, *, backend: str = "auto", cache_dir=None, sear
         prep.close()
     if shard is not None:  # tensor parallel: install a site only where every rank prepared it
         plans = shard.agree(plans, report.sites)
-    stage("prepare")
+    return plans
 
-    if decode_attention is None:
-        decode_attention = device.type == "cuda" or interpreting()  # Triton kernels on CPU tensors (tests)
+
+def _install(model, family, layers, residual, plans, call: _Call, stage) -> None:
+    """Stages "install" (every prepared site, and the layers' residual hand-off), "attention" and
+    "graphs": all of them or none (a failure undoes every swap)."""
+    report, shard = call.report, call.shard
     records: list[Record] = []
-    try:  # every swap, or none: a failure undoes all of them
+    try:
         slots: dict[int, tuple] = {}  # layer index -> (layer, {projection path: ResidualSlot})
         for layer, site, runtime, sr in plans:
             slot = None
@@ -229,15 +286,14 @@ def patch(model: torch.nn.Module, *, backend: str = "auto", cache_dir=None, sear
         if slots:
             projs = sorted({_fused_name(residual[i].site_for(ProjSite("", p))) for i, (_, by_proj) in slots.items()
                             for p in by_proj})
-            note = _RESIDUAL_NOTE.format(projs=", ".join(projs), n=len(slots), of=len(layers))
-            report.note = "; ".join(x for x in (report.note, note) if x)
+            _note(report, _RESIDUAL_NOTE.format(projs=", ".join(projs), n=len(slots), of=len(layers)))
         stage("install")
-        if decode_attention:
-            _install_attention(model, layers, family.attention, records, report, options.pdl,
+        if call.decode_attention:
+            _install_attention(model, layers, family.attention, records, report, call.options.pdl,
                                shard.config if shard else model.config)
             stage("attention")
-        if cuda_graphs:
-            from .decode import install_decode_graphs
+        if call.cuda_graphs:
+            from ..decode import install_decode_graphs
 
             install_decode_graphs(model, config=shard.config if shard else None)
             stage("graphs")
@@ -246,13 +302,11 @@ def patch(model: torch.nn.Module, *, backend: str = "auto", cache_dir=None, sear
         for *_, sr in plans:
             sr.patched = False
         raise
-    if cuda_graphs:
+    if call.cuda_graphs:
         report.cuda_graphs = True
-        report.note = "; ".join(x for x in (report.note, _GRAPHS_NOTE) if x)
-    if records or cuda_graphs:
+        _note(report, _GRAPHS_NOTE)
+    if records or call.cuda_graphs:
         _PATCHED[model] = records
-    report.seconds = time.perf_counter() - t0
-    return report
 
 
 class _Stages:
@@ -270,7 +324,7 @@ class _Stages:
 def _sharding(model):
     """The model's tensor-parallel ``Sharding`` (HF's tp_plan over torch.distributed), or None;
     a world size that does not split the heads evenly is refused before anything changes."""
-    from .tp.shards import divides, sharding_of
+    from ..tp.shards import divides, sharding_of
 
     shard = sharding_of(model)
     if shard is not None and not shard.simulated:
@@ -307,7 +361,7 @@ def _install_attention(model, layers, attn_name: str | None, records: list[Recor
                        pdl: bool, config) -> None:
     """Decode attention on ``layers[i].<attn_name>`` (a family with no adapter: the child the fast path
     recognises, ``find_attention``)."""
-    from .decode.attention_fast import find_attention, install_fast_attention
+    from ..decode.attention_fast import find_attention, install_fast_attention
 
     attn_name = attn_name or find_attention(layers[0], config)
     if attn_name is None:
@@ -318,7 +372,7 @@ def _install_attention(model, layers, attn_name: str | None, records: list[Recor
             f"{f'q/k RMSNorm ({normed} layers) + ' if normed else ''}RoPE + cache write + "
             f"flash-decoding kernels on static KV caches (hand-written, not searched; each checked "
             f"against its module's own forward on first use); other calls stay original")
-    report.note = "; ".join(x for x in (report.note, note) if x)
+    _note(report, note)
 
 
 def unpatch(model: torch.nn.Module) -> bool:
@@ -326,7 +380,7 @@ def unpatch(model: torch.nn.Module) -> bool:
     records = _PATCHED.pop(model, None)
     if records is None:
         return False
-    from .decode import uninstall_decode_graphs
+    from ..decode import uninstall_decode_graphs
 
     uninstall_decode_graphs(model)
     restore(records)

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .patch_prepare import PartsRuntime, SiteRuntime
-from .patching.handoff import ResidualSlot, hooked, post_forward, proj_forward
+from .prepare import PartsRuntime, SiteRuntime
+from .handoff import ResidualSlot, hooked, post_forward, proj_forward
 from .sites import NormSite, ProjSite
 
 _MISSING = object()
