@@ -1,4 +1,4 @@
-"""Sliding-window KV cache layers inside captured decode steps (Gemma-2/3, Mistral-style hybrids).
+"""Sliding-window KV cache layers inside captured decode steps (Gemma-2/3 hybrids, Phi-3).
 
 HF's ``StaticSlidingWindowLayer`` keeps its length twice: a device tensor (``cumulative_length``,
 which its writes index with) and a Python int (``cumulative_length_int``, which picks the branch of

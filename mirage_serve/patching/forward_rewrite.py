@@ -52,7 +52,7 @@ class _Ops(ast.NodeTransformer):
 
 @dataclass(frozen=True)
 class Rewritten:
-    factory: object         # factory(add) -> the rewritten forward, decorated, adds through ``add``
+    factory: object         # factory(add, scale) -> the rewritten forward, decorated, its arithmetic through them
     first_arg: str          # the hidden-states parameter (after self)
 
 
