@@ -112,7 +112,8 @@ class DecodeLoop:
         elif self.graph is not None:
             self.graph.replay()
             self.replays += 1
-            window_layers.advance(self.cache, 1)  # the host length of sliding layers (window_layers)
+            if self.sliding:
+                window_layers.advance(self.cache, 1)  # the host length of sliding layers (window_layers)
         elif not self.capture or (self.sliding and not window_layers.replayable(self.cache, 2)):
             # (the step a capture records is the next one: it must not fill a window either, or a
             # later call would replay a full window's step; this call's remaining steps run eagerly)
