@@ -91,9 +91,15 @@ def test_families_without_an_adapter_fuse_from_their_traced_layer(model_type, ad
 
 
 def test_a_scaled_branch_moves_into_the_kernel_with_its_add():
-    granite = plans_of(build(GraniteConfig(residual_multiplier=0.22, **TINY)))  # residual + out * 0.22
-    assert [p.fused for p in granite] == [(FusedAdd(0, "self_attn.o_proj", None, scale=(0, "mul", 0.22)),
-                                           FusedAdd(1, "mlp.down_proj", 0, scale=(1, "mul", 0.22)))] * 2
+    model = build(GraniteConfig(residual_multiplier=0.22, **TINY))  # residual + out * 0.22
+    assert [p.fused for p in plans_of(model)] == [(FusedAdd(0, "self_attn.o_proj", None, scale=(0, "mul", 0.22)),
+                                                   FusedAdd(1, "mlp.down_proj", 0, scale=(1, "mul", 0.22)))] * 2
+    ids = torch.tensor([[5, 9, 2, 7]])
+    want = model.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    report = mirage_serve.patch(model, backend="torch", search_budget=0, batch_sizes=(2,))
+    assert "in the kernels of mlp.down_proj (× 0.22), self_attn.o_proj (× 0.22) in 2/2 layers" in report.note
+    assert torch.equal(model.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=0), want)
+    mirage_serve.unpatch(model)
 
 
 def test_adds_of_an_output_changed_otherwise_stay():
