@@ -113,7 +113,7 @@ def _open_cache(cache_dir, report: PatchReport):
         from ..cache import KernelCache
         return KernelCache(cache_dir)
     except Exception as e:  # an unusable cache slows patch() down but must not stop it
-        report.note = (report.note + "; " if report.note else "") + f"kernel cache unavailable: {e}"
+        _note(report, f"kernel cache unavailable: {e}")
         return None
 
 
