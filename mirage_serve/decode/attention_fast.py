@@ -10,7 +10,7 @@ norms of another form (Gemma 3's ``1 + weight``) run as the module's own, before
 Every other call — prefill, dynamic caches, a full sliding window, training, ``torch.compile``
 tracing, a mask we cannot read — runs the module's original forward.
 
-This path is hand-written (RoPE in HF's rotate-half form, softmax attention with the module's
+This path is hand-written (RoPE in HF's rotate-half form, over the first rotary dims of each head, softmax attention with the module's
 ``scaling``), not extracted from the model's code, so it is never trusted blindly: the first
 eligible call of each module runs both paths on the same step and compares the attention output,
 the written cache slot and the cache's length (``patching.prepare.tolerance`` of the dtype). A module that
@@ -129,10 +129,11 @@ class FastAttention:
         b, d = x.shape[0], self.module.head_dim
         if keys.shape[0] != b or keys.shape[1] != self.hkv or keys.shape[3] != d or keys.dtype != x.dtype:
             return None
-        pe = kwargs.get("position_embeddings")
-        if not (isinstance(pe, tuple) and len(pe) == 2 and pe[0].shape[-1] == d and pe[0].dtype == x.dtype):
+        pe = kwargs.get("position_embeddings")  # cos, sin over the rotary dims: all of d, or fewer (partial)
+        if not (isinstance(pe, tuple) and len(pe) == 2 and pe[0].dtype == x.dtype
+                and 0 < pe[0].shape[-1] <= d and pe[0].shape[-1] % 2 == 0 and pe[1].shape == pe[0].shape):
             return None
-        cos, sin = (t.reshape(t.shape[0], d) for t in pe)
+        cos, sin = (t.reshape(t.shape[0], t.shape[-1]) for t in pe)
         if cos.shape[0] not in (1, b) or cos.stride(-1) != 1 or sin.stride() != cos.stride():
             return None
         mask = kwargs.get("attention_mask")
@@ -169,7 +170,7 @@ class FastAttention:
         q, k, v = self._projections(x)
         out = decode_attention(q, k, v, cos, sin, layer.keys, layer.values, pos, mask,
                                self.module.scaling, advance, qk_norm=self.qk_norm, pdl=self.pdl,
-                               softcap=self.softcap)
+                               softcap=self.softcap, rotary_dim=cos.shape[-1])
         window_layers.advance_layer(layer, 1)  # what HF's update() counts on the host (sliding layers)
         return self.module.o_proj(out.view(x.shape[0], 1, -1))
 

@@ -45,8 +45,8 @@ def _head(ptr, d, partner, ok, w_ptr, eps, D: tl.constexpr, NORM: tl.constexpr, 
 
 @triton.jit
 def _rope(x, xp, sign, cos, sin, dt):
-    """x·cos + rotate_half(x)·sin, with rotate_half(x)[i] = -x[i + D/2] (i < D/2) or x[i - D/2]
-    (``xp`` the partner, ``sign`` its sign); products and sum rounded to ``dt``."""
+    """x·cos + rotate_half(x)·sin, with rotate_half(x)[i] = -x[i + R/2] (i < R/2) or x[i - R/2]
+    over the R rotary dims (``xp`` the partner, ``sign`` its sign); products and sum rounded to ``dt``."""
     a = (x * cos).to(dt).to(tl.float32)
     b = (sign * xp * sin).to(dt).to(tl.float32)
     return (a + b).to(dt)
@@ -65,10 +65,13 @@ def _attend_split(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr
                   scale, eps, chunk,
                   HKV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr,
                   BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                  MASK_KIND: tl.constexpr, QK_NORM: tl.constexpr, PDL: tl.constexpr, SOFTCAP: tl.constexpr = 0.0):
+                  MASK_KIND: tl.constexpr, QK_NORM: tl.constexpr, PDL: tl.constexpr, ROT: tl.constexpr,
+                  SOFTCAP: tl.constexpr = 0.0):
     """MASK_KIND: 0 none (attend to every written slot), 1 boolean (True = attend), 2 additive.
     QK_NORM: q and k RMS-normalised per head before RoPE (weights ``qn_ptr``, ``kn_ptr``, ``eps``).
-    SOFTCAP: > 0: the scaled scores are soft-capped (``_softcap``) before the mask, as HF's Gemma-2 does.
+    ROT: the rotary dims, the first ROT of each head (D, or fewer: StableLM's partial rotary); the rest
+    pass through RoPE unchanged. SOFTCAP: > 0: the scaled scores are soft-capped (``_softcap``) before
+    the mask, as HF's Gemma-2 does.
     PDL: launched with programmatic dependent launch (superopt.runtime.grid_dependency)."""
     if PDL:  # nothing is read or written before the kernel before this one is complete
         tl.extra.cuda.gdc_wait()
@@ -86,11 +89,12 @@ def _attend_split(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr
     g_ok = g < GROUP
     d_ok = d < D
     dt = kc_ptr.dtype.element_ty
-    half = D // 2
-    partner = tl.where(d < half, d + half, d - half)
+    half = ROT // 2
+    partner = tl.where(d < half, d + half, tl.where(d < ROT, d - half, d))
     sign = tl.where(d < half, -1.0, 1.0)
-    cos = tl.load(cos_ptr + row * cs_sb + d, mask=d_ok, other=0.0).to(tl.float32)
-    sin = tl.load(sin_ptr + row * cs_sb + d, mask=d_ok, other=0.0).to(tl.float32)
+    rot_ok = d < ROT  # past the rotary dims: cos 1, sin 0, so RoPE gives the value back unchanged
+    cos = tl.load(cos_ptr + row * cs_sb + d, mask=rot_ok, other=1.0).to(tl.float32)
+    sin = tl.load(sin_ptr + row * cs_sb + d, mask=rot_ok, other=0.0).to(tl.float32)
     heads = kv * GROUP + g
     qd_ok = g_ok[:, None] & d_ok[None, :]
     qx, qp = _head(q_ptr + row * q_sb + heads[:, None] * D, d[None, :], partner[None, :], qd_ok,

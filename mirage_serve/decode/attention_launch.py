@@ -52,14 +52,17 @@ def split_plan(rows: int, kv_heads: int, capacity: int, sms: int, waves: int = D
 
 def decode_attention(q, k, v, cos, sin, keys, values, pos, mask, scale: float,
                      advance: torch.Tensor | None = None, qk_norm: tuple | None = None,
-                     plan: LaunchPlan = DEFAULT_PLAN, pdl: bool = True, softcap: float | None = None) -> torch.Tensor:
+                     plan: LaunchPlan = DEFAULT_PLAN, pdl: bool = True, softcap: float | None = None,
+                     rotary_dim: int | None = None) -> torch.Tensor:
     """One decode step: RoPE, cache write at ``pos``, attention over slots ``0..pos``.
 
     ``advance``: a device counter incremented by one after the step (the cache's own length), or
     None when the caller's cache keeps its length elsewhere. ``qk_norm``: (q weight [d], k weight
     [d], eps) of a per-head RMSNorm applied to q and k before RoPE, or None. ``plan``: how the first
     kernel is cut and launched. ``pdl``: with programmatic dependent launch where the GPU has it.
-    ``softcap``: Gemma-2's attention logit softcapping (``cap · tanh(s / cap)`` on the scaled scores)."""
+    ``softcap``: Gemma-2's attention logit softcapping (``cap · tanh(s / cap)`` on the scaled scores).
+    ``rotary_dim``: RoPE on the first that many dims of each head (cos, sin: [b or 1, rotary_dim]);
+    None: the whole head."""
     b, hkv, cap, d = keys.shape
     hq = q.shape[1] // d
     group = hq // hkv
@@ -84,7 +87,8 @@ def decode_attention(q, k, v, cos, sin, keys, values, pos, mask, scale: float,
         o_part.stride(0), o_part.stride(1), o_part.stride(2), m_part.stride(0), m_part.stride(1),
         float(scale), float(eps), chunk,
         HKV=hkv, GROUP=group, D=d, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d,
-        BLOCK_N=plan.block_n, MASK_KIND=kind, QK_NORM=qk_norm is not None, PDL=pdl, SOFTCAP=float(softcap or 0.0),
+        BLOCK_N=plan.block_n, MASK_KIND=kind, QK_NORM=qk_norm is not None, PDL=pdl, ROT=rotary_dim or d,
+        SOFTCAP=float(softcap or 0.0),
         num_warps=plan.num_warps, num_stages=plan.num_stages, **options)
 
     out = torch.empty(b, hq * d, dtype=q.dtype, device=dev)

@@ -6,19 +6,22 @@ so ``attention_interp_run`` can set TRITON_INTERPRET first.
 from __future__ import annotations
 
 import torch
-from transformers import (Gemma2Config, Gemma3TextConfig, GraniteConfig, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config,
+from transformers import (AutoConfig, Gemma2Config, Gemma3TextConfig, GraniteConfig, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config,
                           Qwen3Config)
 
-# (rows, q heads, kv heads, head dim, capacity, slot, mask kind, per-head q/k RMSNorm, logit softcap or 0)
+# (rows, q heads, kv heads, head dim, capacity, slot, mask kind, per-head q/k RMSNorm, logit softcap or 0,
+#  rotary dims or 0 for the whole head)
 KERNEL_CASES = {
-    "mha_first_slot": (1, 4, 4, 32, 64, 0, "none", False, 0.0),
-    "gqa7_bool_padded": (3, 14, 2, 64, 200, 131, "bool", False, 0.0),
-    "d96_additive_last_slot": (2, 6, 2, 96, 130, 129, "additive", False, 0.0),
-    "many_splits_broadcast_mask": (2, 3, 1, 16, 1000, 517, "bool1", False, 0.0),
-    "qk_norm_gqa4": (2, 8, 2, 64, 150, 77, "bool", True, 0.0),
-    "qk_norm_d96_padded_lanes": (1, 3, 1, 96, 70, 69, "none", True, 0.0),
+    "mha_first_slot": (1, 4, 4, 32, 64, 0, "none", False, 0.0, 0),
+    "gqa7_bool_padded": (3, 14, 2, 64, 200, 131, "bool", False, 0.0, 0),
+    "d96_additive_last_slot": (2, 6, 2, 96, 130, 129, "additive", False, 0.0, 0),
+    "many_splits_broadcast_mask": (2, 3, 1, 16, 1000, 517, "bool1", False, 0.0, 0),
+    "qk_norm_gqa4": (2, 8, 2, 64, 150, 77, "bool", True, 0.0, 0),
+    "qk_norm_d96_padded_lanes": (1, 3, 1, 96, 70, 69, "none", True, 0.0, 0),
     # scores of |s| ~ 3-10 (q scaled up) against a cap of 5: tanh far from linear, as Gemma-2's cap of 50 bites
-    "softcap_gqa2_bool": (2, 4, 2, 32, 150, 90, "bool", False, 5.0),
+    "softcap_gqa2_bool": (2, 4, 2, 32, 150, 90, "bool", False, 5.0, 0),
+    # StableLM-2: RoPE on the first quarter of each head, the rest passed through
+    "partial_rotary_quarter": (2, 8, 2, 64, 150, 77, "bool", False, 0.0, 16),
 }
 EPS = 1e-6
 
@@ -27,17 +30,20 @@ def _rms(x, w):  # x: [b, H, d]; HF's RMSNorm over the head dim, in float64
     return w * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS)
 
 
-def _rope(x, cos, sin):  # x: [b, H, d]; cos, sin: [b, d] — HF's rotate-half convention
-    half = x.shape[-1] // 2
-    rot = torch.cat((-x[..., half:], x[..., :half]), -1)
-    return x * cos[:, None] + rot * sin[:, None]
+def _rope(x, cos, sin):  # x: [b, H, d]; cos, sin: [b, r] — HF's rotate-half convention on the first r dims
+    r = cos.shape[-1]
+    xr, rest = x[..., :r], x[..., r:]
+    half = r // 2
+    turned = torch.cat((-xr[..., half:], xr[..., :half]), -1)
+    return torch.cat((xr * cos[:, None] + turned * sin[:, None], rest), -1)
 
 
-def kernel_case(rows, hq, hkv, d, cap, slot, kind, qk_norm, softcap, dtype, device="cpu", seed=0):
+def kernel_case(rows, hq, hkv, d, cap, slot, kind, qk_norm, softcap, rot, dtype, device="cpu", seed=0):
     g = torch.Generator().manual_seed(seed)
     rnd = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
     q, k, v = rnd(rows, hq * d), rnd(rows, hkv * d), rnd(rows, hkv * d)
-    ang = rnd(rows, d // 2).repeat(1, 2) * 3
+    rot = rot or d
+    ang = rnd(rows, rot // 2).repeat(1, 2) * 3
     cos, sin = ang.cos(), ang.sin()
     keys, values = rnd(rows, hkv, cap, d), rnd(rows, hkv, cap, d)
     qw, kw = 1.0 + 0.3 * rnd(d), 1.0 + 0.3 * rnd(d)
@@ -64,7 +70,7 @@ def kernel_case(rows, hq, hkv, d, cap, slot, kind, qk_norm, softcap, dtype, devi
     m4 = None if mask is None else (mask.to(t) if kind == "additive" else mask).to(device)
     norm = (args[7], args[8], EPS) if qk_norm else None
     out = decode_attention(*args[:5], kc, vc, counter, m4, d ** -0.5, advance=counter, qk_norm=norm,
-                           softcap=softcap).cpu()
+                           softcap=softcap, rotary_dim=rot).cpu()
     kc, vc, args = kc.cpu(), vc.cpu(), [x.cpu() for x in args]
 
     q, k = q.view(rows, hq, d), k.view(rows, hkv, d)
@@ -119,6 +125,9 @@ FAMILIES = {
 SMALL_WINDOW = Gemma3TextConfig(vocab_size=97, hidden_size=45, intermediate_size=67, num_hidden_layers=3,
                                 num_attention_heads=5, num_key_value_heads=1, head_dim=8, sliding_window=6,
                                 query_pre_attn_scalar=8, sliding_window_pattern=2)
+# a family with no adapter whose RoPE turns a quarter of each head (StableLM-2's partial rotary)
+STABLELM = AutoConfig.for_model("stablelm", vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                num_attention_heads=4, num_key_value_heads=2, pad_token_id=0)
 # a family with no adapter in patches/: patch() finds its attention module by what the fast path needs
 GRANITE = GraniteConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                         num_attention_heads=4, num_key_value_heads=2, attention_multiplier=0.25,

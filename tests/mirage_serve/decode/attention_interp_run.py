@@ -27,7 +27,7 @@ import sys
 
 os.environ["TRITON_INTERPRET"] = "1"
 
-from tests.mirage_serve.decode.attention_cases import (FAMILIES, GRANITE, KERNEL_CASES, SMALL_WINDOW,  # noqa: E402
+from tests.mirage_serve.decode.attention_cases import (FAMILIES, GRANITE, KERNEL_CASES, SMALL_WINDOW, STABLELM,  # noqa: E402
                                                        family_case, kernel_case)
 
 
@@ -44,7 +44,7 @@ def main() -> None:
               ("llama_patched_residual", FAMILIES["llama"], "patch_residual"),
               ("llama_unpadded", FAMILIES["llama"], "unpadded"), ("qwen3_patched", FAMILIES["qwen3"], "patch_residual"),
               ("gemma3_small_window", SMALL_WINDOW, "install"), ("granite_traced", GRANITE, "patch"),
-              ("gemma2_patched", FAMILIES["gemma2"], "patch_residual"),
+              ("gemma2_patched", FAMILIES["gemma2"], "patch_residual"), ("stablelm_traced", STABLELM, "patch"),
               ("phi3_window_patched", FAMILIES["phi3_window"], "patch_residual")]
     for name, config, how in cases:
         try:

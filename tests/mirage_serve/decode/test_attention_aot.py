@@ -29,6 +29,7 @@ def _compile(fn, types: dict, consts: dict, num_warps: int):
 CASES = [("bfloat16", 8, 4, 128, 1, False), ("bfloat16", 2, 7, 64, 2, False), ("float16", 32, 1, 96, 0, False),
          ("bfloat16", 1, 8, 256, 1, False), ("bfloat16", 8, 4, 128, 1, True)]
 SOFTCAP = {(1, 8, 256): 50.0}  # a Gemma head shape, with Gemma-2's attention logit softcapping
+ROT = {(2, 7, 64): 16}  # partial rotary (StableLM-2's quarter of the head) on one of them
 
 
 @pytest.mark.parametrize("dtype,hkv,group,d,mask,qk_norm", CASES)
@@ -44,7 +45,8 @@ def test_attention_kernels_compile_for_sm90(dtype, hkv, group, d, mask, qk_norm)
     pdl = mask != 0  # both ways: with programmatic dependent launch (as on sm_90+) and without
     k = _compile(_attend_split, types, dict(HKV=hkv, GROUP=group, D=d, BLOCK_G=max(16, _pow2(group)),
                                             BLOCK_D=block_d, BLOCK_N=BLOCK_N, MASK_KIND=mask, QK_NORM=qk_norm,
-                                            PDL=pdl, SOFTCAP=SOFTCAP.get((hkv, group, d), 0.0)), 4)
+                                            PDL=pdl, ROT=ROT.get((hkv, group, d), d),
+                                            SOFTCAP=SOFTCAP.get((hkv, group, d), 0.0)), 4)
     assert k.asm["cubin"] and "mma.sync" in k.asm["ptx"]  # q·Kᵀ and p·V on tensor cores
     c = _compile(_combine, {"o_ptr": "*fp32", "m_ptr": "*fp32", "l_ptr": "*fp32", "out_ptr": t, "len_ptr": "*i64"},
                  dict(HQ=hkv * group, D=d, SPLITS=5, BLOCK_S=8, BLOCK_D=block_d, ADVANCE=True, PDL=pdl), 1)
