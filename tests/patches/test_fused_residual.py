@@ -236,3 +236,22 @@ def test_the_layer_forward_is_the_original_one_when_the_option_is_off():
                                 options=PatchOptions(fused_residual=False))
     assert "residual adds: in the" not in report.note
     assert not any("forward" in layer.__dict__ for layer in model.model.layers)
+
+
+def test_a_forward_it_cannot_rewrite_keeps_its_adds_with_the_reason():
+    model = build(LlamaConfig(head_dim=8, **TINY))
+    layer_cls = type(model.model.layers[0])
+
+    class Wrapped(layer_cls):  # super() makes the forward a closure: its source cannot be recompiled alone
+        def forward(self, hidden_states, *args, **kwargs):
+            return super().forward(hidden_states, *args, **kwargs)
+
+    for layer in model.model.layers:
+        layer.__class__ = Wrapped
+    why = plan_residual_adds(model, model.model.layers, ["self_attn.o_proj", "mlp.down_proj"])
+    assert isinstance(why, str) and "uses a closure or super() (__class__)" in why
+    report = mirage_serve.patch(model, backend="torch", search_budget=0, batch_sizes=(2,))
+    assert "residual adds stay in the layer (" in report.note
+    assert "Wrapped.forward uses a closure or super() (__class__))" in report.note
+    assert not report.unpatched  # the sites themselves are patched as always
+    mirage_serve.unpatch(model)

@@ -128,3 +128,18 @@ def test_qk_norm_is_fused_only_in_hf_usual_form_and_the_model_dtype():
     assert fused_qk_norm(_attn(gemma3)) is None  # scales by 1 + weight
     assert fused_qk_norm(_attn(LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=48,
                                            num_hidden_layers=1, num_attention_heads=4))) is None
+
+
+def test_find_attention_takes_the_child_with_hf_attention_attributes():
+    from transformers import AutoConfig
+
+    from mirage_serve.decode.attention_fast import find_attention
+
+    def layer0(model_type, **extra):
+        cfg = AutoConfig.for_model(model_type, vocab_size=32, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=2, **extra)
+        from transformers import AutoModelForCausalLM
+        return AutoModelForCausalLM.from_config(cfg).model.layers[0], cfg
+
+    assert find_attention(*layer0("granite")) == "self_attn"
+    assert find_attention(*layer0("phi")) is None  # Phi-2: a `dense` output projection the kernels do not know
