@@ -39,12 +39,12 @@ def run(kind: str, stale: bool) -> list[float]:
     def init(self, forward, kwargs, pool, capture=True):  # eager first step; then what a capture counts
         real_init(self, forward, kwargs, pool, capture=False)
         if stale:
-            window_layers.advance(cache_of(self.static_in), 1)
+            window_layers.advance(cache_of(self.static_in).layers, 1)
 
     def call(self, kwargs):  # eager step (it counts its token); then what a replay leaves uncounted
         out = real_call(self, kwargs)
         if stale:
-            window_layers.advance(cache_of(self.static_in), -1)
+            window_layers.advance(cache_of(self.static_in).layers, -1)
         return out
 
     graph_step.GraphedStep.__init__, graph_step.GraphedStep.__call__ = init, call

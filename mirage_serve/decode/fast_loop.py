@@ -44,7 +44,7 @@ class DecodeLoop:
         with torch.inference_mode(False):  # normal tensors: updatable in and outside inference mode
             self._alloc(batch, cache_len, vocab, dev)
         self.graph = None
-        self.sliding = window_layers.has_sliding(cache)  # steps past a full window run eagerly
+        self.sliding = window_layers.sliding_layers(cache)  # steps past a full window run eagerly
         self.captures = 0
         self.replays = 0
         self.capture_error: str | None = None  # set if capture failed and the loop runs eagerly
@@ -107,14 +107,13 @@ class DecodeLoop:
 
     # ------------------------------------------------------------ one step
     def step(self) -> None:
-        if self.sliding and not window_layers.replayable(self.cache):
+        if self.sliding and not window_layers.replayable(self.sliding):
             self._step()  # a full sliding window rolls, which a graph cannot replay: HF's code runs it
         elif self.graph is not None:
             self.graph.replay()
             self.replays += 1
-            if self.sliding:
-                window_layers.advance(self.cache, 1)  # the host length of sliding layers (window_layers)
-        elif not self.capture or (self.sliding and not window_layers.replayable(self.cache, 2)):
+            window_layers.advance(self.sliding, 1)  # the host length of sliding layers (window_layers)
+        elif not self.capture or not window_layers.replayable(self.sliding, 2):
             # (the step a capture records is the next one: it must not fill a window either, or a
             # later call would replay a full window's step; this call's remaining steps run eagerly)
             self._step()
@@ -125,13 +124,13 @@ class DecodeLoop:
                 graph, _ = graph_step.capture_graph(self._step, self.pool)
             except Exception as e:  # capture records without running: the state is still exact
                 self.capture, self.capture_error = False, f"{type(e).__name__}: {e}"
-                window_layers.resync(self.cache)
+                window_layers.resync(self.sliding)
                 log.warning("mirage_serve: decode loop capture failed (%s); running it eagerly",
                             self.capture_error)
                 return
             self.graph = graph
             self.captures += 1
-            window_layers.advance(self.cache, -1)  # the capture counted a token it did not write
+            window_layers.advance(self.sliding, -1)  # the capture counted a token it did not write
 
     def _step(self) -> None:
         inputs = self.model.prepare_inputs_for_generation(

@@ -88,11 +88,12 @@ class GraphedStep:
         self.forward = forward
         self.static_in = _static_copy(kwargs)
         self._buffers = dict(_flatten(self.static_in))
+        self.sliding = window_layers.sliding_layers(cache_of(self.static_in))  # their host lengths follow replays
         self.graph = None
         if capture:
             self.first_output = run_on_side_stream(lambda: forward(**self.static_in))
             self.graph, self.static_out = capture_graph(lambda: forward(**self.static_in), pool)
-            window_layers.advance(cache_of(self.static_in), -1)  # counted, not written, by the capture
+            window_layers.advance(self.sliding, -1)  # counted, not written, by the capture
         else:  # CPU stand-in: same buffers, eager execution (tests the plumbing without a GPU)
             self.first_output = forward(**self.static_in)
             self.static_out = None
@@ -103,5 +104,5 @@ class GraphedStep:
         if self.graph is None:
             return self.forward(**self.static_in)
         self.graph.replay()
-        window_layers.advance(cache_of(self.static_in), 1)  # written on the device, not counted on the host
+        window_layers.advance(self.sliding, 1)  # written on the device, not counted on the host
         return self.static_out

@@ -130,7 +130,7 @@ class DecodeRunner:
     def _is_decode_step(self, kwargs: dict) -> bool:
         ids = kwargs.get("input_ids")
         return (isinstance(ids, torch.Tensor) and ids.ndim == 2 and ids.shape[1] == 1
-                and self.pool.owns(cache_of(kwargs)) and replayable(cache_of(kwargs))
+                and self.pool.owns(cache_of(kwargs)) and replayable(cache_of(kwargs).layers)
                 and not kwargs.get("output_attentions") and not kwargs.get("output_hidden_states")
                 and kwargs.get("inputs_embeds") is None and not self.model.training
                 and not torch.is_grad_enabled())
@@ -140,7 +140,7 @@ class DecodeRunner:
             return self._forward(*args, **kwargs)
         key = signature(kwargs)
         step = self.steps.get(key)
-        if step is None and not replayable(cache_of(kwargs), 2):  # the captured step must not fill a window
+        if step is None and not replayable(cache_of(kwargs).layers, 2):  # the captured step must not fill a window
             return self._forward(*args, **kwargs)
         if step is None:
             step = GraphedStep(self._forward, kwargs, self.graph_pool, capture=self.capture)

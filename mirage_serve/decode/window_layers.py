@@ -43,13 +43,15 @@ def why_not_graphable(cache, total_length: int) -> str | None:
     return None
 
 
-def has_sliding(cache) -> bool:
-    return any(sliding(layer) for layer in cache.layers)
+def sliding_layers(cache) -> list:
+    """The sliding layers of ``cache`` (or of none): the ones ``replayable`` and ``advance`` need look at
+    (a static layer is always replayable and keeps no host length), listed once by a graph's owner."""
+    return [layer for layer in getattr(cache, "layers", ()) if sliding(layer)]
 
 
-def replayable(cache, new_tokens: int = 1) -> bool:
-    """Whether a step writing ``new_tokens`` leaves every sliding layer of ``cache`` short of full."""
-    return all(layer_replayable(layer, new_tokens) for layer in cache.layers)
+def replayable(layers, new_tokens: int = 1) -> bool:
+    """Whether a step writing ``new_tokens`` leaves every sliding layer among ``layers`` short of full."""
+    return all(layer_replayable(layer, new_tokens) for layer in layers)
 
 
 def layer_replayable(layer, new_tokens: int = 1) -> bool:
@@ -57,18 +59,17 @@ def layer_replayable(layer, new_tokens: int = 1) -> bool:
     return type(layer) is _STATIC or (sliding(layer) and layer.cumulative_length_int + new_tokens <= layer.max_cache_len)
 
 
-def advance(cache, tokens: int) -> None:
-    """Move the host length of every sliding layer by ``tokens``: what ``tokens`` replays wrote on
-    the device (or, negative, what a capture counted without writing)."""
-    if tokens:
-        for layer in cache.layers:
-            advance_layer(layer, tokens)
+def advance(layers, tokens: int) -> None:
+    """Move the host length of every sliding layer among ``layers`` by ``tokens``: what ``tokens``
+    replays wrote on the device (or, negative, what a capture counted without writing)."""
+    for layer in layers:
+        advance_layer(layer, tokens)
 
 
-def resync(cache) -> None:
+def resync(layers) -> None:
     """Set every sliding layer's host length from its device tensor (one sync each): after a capture
     that failed part-way, when what the host counted is unknown."""
-    for layer in cache.layers:
+    for layer in layers:
         if sliding(layer):
             layer.cumulative_length_int = int(layer.cumulative_length)
 

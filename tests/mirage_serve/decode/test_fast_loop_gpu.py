@@ -84,24 +84,29 @@ def test_captured_loop_stops_at_eos_like_hf():
     uninstall_decode_graphs(model)
 
 
-@pytest.mark.gpu
-def test_captured_loop_on_a_sliding_window_cache_gives_hf_tokens_and_host_lengths():
-    from mirage_serve.decode import window_layers
+def _sliding_window_runs(window: int):
+    """A tiny bf16 Gemma-2 with ``window``: HF's static-cache tokens, then the graphed loop's twice."""
+    from .test_window_layers import tiny
 
-    from .test_window_layers import sliding, tiny
-
-    model = tiny("gemma2", window=128, dtype=torch.bfloat16).to("cuda")
+    model = tiny("gemma2", window=window, dtype=torch.bfloat16).to("cuda")
     ids, mask = _cuda_batch(model, [5, 9, 3])
     kw = dict(max_new_tokens=STEPS, min_new_tokens=STEPS, do_sample=False, pad_token_id=0)
     want = _hf_static(model, ids, mask, **kw)
     runner = install_decode_graphs(model)
-    got = model.generate(input_ids=ids, attention_mask=mask, **kw)
-    again = model.generate(input_ids=ids, attention_mask=mask, **kw)
-    assert runner.paths["fast"] == 2 and runner.paths["hf"] == 0, runner.paths
+    got = [model.generate(input_ids=ids, attention_mask=mask, **kw) for _ in range(2)]
     (loop,) = runner.loops.values()
+    return model, want, got, runner, loop
+
+
+@pytest.mark.gpu
+def test_captured_loop_on_a_sliding_window_cache_gives_hf_tokens_and_host_lengths():
+    from mirage_serve.decode import window_layers
+
+    model, want, (got, again), runner, loop = _sliding_window_runs(128)
+    assert runner.paths["fast"] == 2 and runner.paths["hf"] == 0, runner.paths
     assert loop.capture_error is None and loop.captures == 1 and loop.replays == 2 * (STEPS - 1) - 1
     assert torch.equal(got, want) and torch.equal(again, want)
-    layers = sliding(loop.cache)
+    layers = loop.sliding
     assert layers and all(layer.cumulative_length_int == int(layer.cumulative_length) for layer in layers)
     assert window_layers.why_not_graphable(loop.cache, 9 + STEPS) is None
     uninstall_decode_graphs(model)
@@ -109,19 +114,10 @@ def test_captured_loop_on_a_sliding_window_cache_gives_hf_tokens_and_host_length
 
 @pytest.mark.gpu
 def test_captured_loop_past_a_full_window_replays_then_runs_eagerly_with_hf_tokens():
-    from .test_window_layers import sliding, tiny
-
-    model = tiny("gemma2", window=32, dtype=torch.bfloat16).to("cuda")
-    ids, mask = _cuda_batch(model, [5, 9, 3])
-    kw = dict(max_new_tokens=STEPS, min_new_tokens=STEPS, do_sample=False, pad_token_id=0)
-    want = _hf_static(model, ids, mask, **kw)
-    runner = install_decode_graphs(model)
-    got = model.generate(input_ids=ids, attention_mask=mask, **kw)
-    again = model.generate(input_ids=ids, attention_mask=mask, **kw)
+    model, want, (got, again), runner, loop = _sliding_window_runs(32)
     assert runner.paths["fast"] == 2, runner.paths
-    (loop,) = runner.loops.values()
     # 9 prompt tokens + 64: the window of 32 fills at step 23; steps 2..22 replay, the rest run eagerly
     assert loop.capture_error is None and loop.captures == 1 and 0 < loop.replays < 2 * (STEPS - 1)
     assert torch.equal(got, want) and torch.equal(again, want)
-    assert all(layer.cumulative_length_int == int(layer.cumulative_length) for layer in sliding(loop.cache))
+    assert all(layer.cumulative_length_int == int(layer.cumulative_length) for layer in loop.sliding)
     uninstall_decode_graphs(model)

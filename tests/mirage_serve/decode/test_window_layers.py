@@ -32,34 +32,13 @@ def tiny(kind: str, window: int, seed: int = 0, dtype=torch.float32):
     return model.to(dtype)
 
 
-def sliding(cache):
-    return [layer for layer in cache.layers if window_layers.sliding(layer)]
-
-
 @pytest.mark.parametrize("kind", ["gemma2", "gemma3", "phi3"])
 @pytest.mark.parametrize("lengths", [[7], [5, 9, 3]])
-def test_a_generation_inside_the_window_runs_the_graphed_loop_with_hf_tokens(kind, lengths):
-    model = tiny(kind, window=40)
-    ids, mask = _left_padded(len(lengths), lengths, model.config.vocab_size)
-    kw = dict(input_ids=ids, attention_mask=mask, max_new_tokens=24, do_sample=False, pad_token_id=0,
-              eos_token_id=None)
-    want = model.generate(**kw)
-    runner = install_decode_graphs(model, capture=False)
-    got = model.generate(**kw)
-    assert runner.paths["fast"] == 1 and runner.paths["hf"] == 0, runner.paths
-    assert torch.equal(got, want)
-    (cache, _), = runner.pool._caches.values()
-    layers = sliding(cache)
-    assert layers and all(layer.cumulative_length_int == int(layer.cumulative_length) for layer in layers)
-    uninstall_decode_graphs(model)
-
-
-@pytest.mark.parametrize("kind", ["gemma2", "gemma3", "phi3"])
-@pytest.mark.parametrize("lengths", [[7], [5, 9, 3]])
-def test_a_generation_past_the_window_runs_the_loop_with_hf_tokens(kind, lengths):
-    # the loop's steps past a full window run eagerly (HF's code rolls the window): its mask and
-    # token buffers span the longest layer, not the window
-    model = tiny(kind, window=12)
+@pytest.mark.parametrize("window", [40, 12], ids=["inside", "past"])
+def test_the_loop_decodes_hf_tokens_inside_and_past_the_window(kind, lengths, window):
+    # past a full window the loop's steps run eagerly (HF's code rolls the window): its mask and
+    # token buffers span the generation, not the window
+    model = tiny(kind, window=window)
     ids, mask = _left_padded(len(lengths), lengths, model.config.vocab_size)
     kw = dict(input_ids=ids, attention_mask=mask, max_new_tokens=24, do_sample=False, pad_token_id=0,
               eos_token_id=None)
@@ -69,6 +48,8 @@ def test_a_generation_past_the_window_runs_the_loop_with_hf_tokens(kind, lengths
     assert runner.paths["fast"] == 1 and runner.paths["hf"] == 0, runner.paths
     (loop,) = runner.loops.values()
     assert loop.mask.shape[1] >= max(lengths) + 24 and loop.sliding
+    if window == 40:  # never full: host and device lengths agree (a full window's update moves only the host's)
+        assert all(layer.cumulative_length_int == int(layer.cumulative_length) for layer in loop.sliding)
     uninstall_decode_graphs(model)
 
 
@@ -77,11 +58,11 @@ def test_host_lengths_follow_what_replays_wrote_and_a_capture_counted():
     cache = StaticCache(config=model.config, max_cache_len=32)
     with torch.no_grad():
         model(torch.ones(1, 5, dtype=torch.long), **{CACHE_KWARG: cache})
-    layers = sliding(cache)
+    layers = window_layers.sliding_layers(cache)
     assert [layer.cumulative_length_int for layer in layers] == [5] * len(layers)
     assert window_layers.why_not_graphable(cache, 32) is None  # sliding layers: later steps run eagerly
     assert window_layers.why_not_graphable(cache, 33) == "cache shorter than max_length"  # a static layer
-    assert window_layers.replayable(cache, 3) and not window_layers.replayable(cache, 4)
-    window_layers.advance(cache, 2)  # two replays wrote positions 5 and 6 on the device
+    assert window_layers.replayable(cache.layers, 3) and not window_layers.replayable(cache.layers, 4)
+    window_layers.advance(cache.layers, 2)  # two replays wrote positions 5 and 6 on the device
     assert [layer.cumulative_length_int for layer in layers] == [7] * len(layers)
-    assert window_layers.replayable(cache, 1) and not window_layers.replayable(cache, 2)
+    assert window_layers.replayable(cache.layers, 1) and not window_layers.replayable(cache.layers, 2)
