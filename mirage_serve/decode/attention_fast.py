@@ -239,8 +239,8 @@ class FastAttention:
 
 
 def find_attention(layer: torch.nn.Module, config) -> str | None:
-    """The name of ``layer``'s direct child the fast path can take (a family with no adapter names
-    none), or None. Its contract is HF's attention attributes (q/k/v or qkv and o projections,
+    """The name of ``layer``'s direct child the fast path can take (for every family: adapters name
+    no attention module), or None. Its contract is HF's attention attributes (q/k/v or qkv and o projections,
     ``head_dim``, ``scaling``, ``layer_idx``); whether it computes what the kernels do is left to the
     first-use check against its own forward."""
     return next((name for name, child in layer.named_children() if unsupported(child, config) is None), None)

@@ -80,7 +80,7 @@ def family_from_trace(model: nn.Module, model_type: str = "") -> tuple[Family | 
     if not common:
         return None, "the decoder layers share no site (layers of different structure)"
     return Family(model_types=(model_type,), layers=(path,), sites=tuple(common),
-                  not_patched=tuple(not_patched), attention=None), ""
+                  not_patched=tuple(not_patched)), ""
 
 
 def _rel(path: str) -> str:

@@ -289,7 +289,7 @@ def _install(model, family, layers, residual, plans, call: _Call, stage) -> None
             _note(report, _RESIDUAL_NOTE.format(projs=", ".join(projs), n=len(slots), of=len(layers)))
         stage("install")
         if call.decode_attention:
-            _install_attention(model, layers, family.attention, records, report, call.options.pdl,
+            _install_attention(model, layers, records, report, call.options.pdl,
                                shard.config if shard else model.config)
             stage("attention")
         if call.cuda_graphs:
@@ -357,14 +357,15 @@ def _residual_plans(model, family, layers) -> tuple[list[LayerPlan], str]:
     return plans, "; ".join(f"{what} stays in the layer ({reason})" for what, reason in why.items())
 
 
-def _install_attention(model, layers, attn_name: str | None, records: list[Record], report: PatchReport,
-                       pdl: bool, config) -> None:
-    """Decode attention on ``layers[i].<attn_name>`` (a family with no adapter: the child the fast path
-    recognises, ``find_attention``)."""
+def _install_attention(model, layers, records: list[Record], report: PatchReport, pdl: bool, config) -> None:
+    """Decode attention on each layer's child the fast path recognises (``find_attention``), whatever
+    the family; each module is then checked against its own forward on first use."""
     from ..decode.attention_fast import find_attention, install_fast_attention
 
-    attn_name = attn_name or find_attention(layers[0], config)
+    attn_name = find_attention(layers[0], config)
     if attn_name is None:
+        _note(report, "decode attention: no module of the decoder layer has what the kernels take (q/k/v or qkv "
+                      "and o projections, head_dim, scaling, layer_idx); the model's own attention runs")
         return
     fast = install_fast_attention(layers, attn_name, config, records, pdl)
     normed = sum(f.qk_norm is not None for f in fast.values())

@@ -62,7 +62,6 @@ class Family:
     layers: tuple[str, ...]                       # candidate paths of the layer list, first found wins
     sites: tuple[NormSite | ProjSite, ...]
     not_patched: tuple[tuple[str, str], ...] = field(default=())  # (block, why) per layer
-    attention: str | None = None  # the layer's attention module, for the decode-attention fast path
 
 
 def llama_like(model_types: tuple[str, ...], mlp_norm: str = "post_attention_layernorm",
@@ -77,7 +76,6 @@ def llama_like(model_types: tuple[str, ...], mlp_norm: str = "post_attention_lay
             NormSite("mlp_in", mlp_norm, (Consumer("mlp", tail="down_proj"),)),
             ProjSite("mlp_out", "mlp.down_proj"),
         ),
-        attention="self_attn",
     )
 
 
