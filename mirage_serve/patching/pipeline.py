@@ -27,7 +27,7 @@ from .. import backends
 from ..options import PatchOptions
 from .prepare import Preparer, SiteError
 from .handoff import ResidualSlot
-from .residual import LayerPlan, plan_residual_adds
+from .residual import FusedAdd, LayerPlan, plan_residual_adds
 from .install import Record, install, restore, set_forward
 from ..report import PatchReport, SiteReport
 from .sites import ProjSite, find_layers
@@ -284,7 +284,7 @@ def _install(model, family, layers, residual, plans, call: _Call, stage) -> None
         for i, (layer, by_proj) in slots.items():  # the layer hands its residual to the projections
             set_forward(layer, residual[i].forward(layer, by_proj), records)
         if slots:
-            projs = sorted({_fused_name(residual[i].site_for(ProjSite("", p))) for i, (_, by_proj) in slots.items()
+            projs = sorted({_fused_name(residual[i].fused_into(p)) for i, (_, by_proj) in slots.items()
                             for p in by_proj})
             _note(report, _RESIDUAL_NOTE.format(projs=", ".join(projs), n=len(slots), of=len(layers)))
         stage("install")
@@ -334,13 +334,13 @@ def _sharding(model):
     return shard
 
 
-def _fused_name(site: ProjSite) -> str:
+def _fused_name(f: FusedAdd) -> str:
     """A projection with its residual add, as the report names it: ``o_proj (+ post_norm)``, ``o_proj (× 0.22)``."""
-    if site.post:
-        return f"{site.proj} (+ {site.post})"
-    if site.post_scale:
-        return f"{site.proj} ({'×' if site.post_scale[0] == 'mul' else '÷'} {site.post_scale[1]:g})"
-    return site.proj
+    if f.post:
+        return f"{f.proj} (+ {f.post})"
+    if f.scale:
+        return f"{f.proj} ({'×' if f.scale[1] == 'mul' else '÷'} {f.scale[2]:g})"
+    return f.proj
 
 
 def _residual_plans(model, family, layers) -> tuple[list[LayerPlan], str]:

@@ -84,13 +84,13 @@ class LayerPlan:
     why_not: dict[str, str] = field(default_factory=dict)  # what stays -> why (for the report)
     rewritten: Rewritten | None = None
 
-    @property
-    def projections(self) -> set[str]:
-        return {f.proj for f in self.fused}
+    def fused_into(self, proj: str) -> FusedAdd | None:
+        """The add this layer moves into projection ``proj`` (a path in the layer), if any."""
+        return next((f for f in self.fused if f.proj == proj), None)
 
     def site_for(self, site: ProjSite) -> ProjSite:
         """``site`` prepared with its residual add (and what comes before it), if this layer fuses it."""
-        f = next((f for f in self.fused if f.proj == site.proj and site.tail is None), None)
+        f = self.fused_into(site.proj) if site.tail is None else None
         if f is None:
             return site
         return replace(site, residual=True, post=f.post, post_scale=f.scale[1:] if f.scale else None)
