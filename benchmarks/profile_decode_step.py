@@ -84,11 +84,13 @@ def site_bandwidth(rows: list[tuple[str, float, float]], part_bytes: dict[str, i
 
 def _part_bytes(model) -> tuple[dict[str, int], dict[str, int]]:
     """Parameter bytes of each site program of the model's first decoder layer, and for each program
-    two parts of a layer run (k and v), its launches per step when they run apart."""
+    two parts of a layer run (k and v), its launches per step when they run apart. Sites as patch()
+    finds them: the family's adapter, else the partition of the traced layer (call before patching)."""
+    from mirage_serve.patching.partition import family_from_trace
     from mirage_serve.patching.pipeline import _adapters
     from mirage_serve.patching.sites import find_layers, site_module, site_parts
 
-    family = _adapters()[0](model.config.model_type)
+    family = _adapters()[0](model.config.model_type) or family_from_trace(model, model.config.model_type)[0]
     _, layers = find_layers(model, family)
     out, count = {}, defaultdict(int)
     for site in family.sites:
@@ -131,6 +133,7 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     bw = copy_bandwidth()
     lm = load(args.model, dtype="bf16", device="cuda")
+    part_bytes = _part_bytes(lm.model) if args.patch else None
     if args.patch:
         import mirage_serve
 
@@ -155,7 +158,7 @@ def main(argv=None) -> None:
         print(f"{name[:70]:<70} {n:>8.1f} {us:>9.1f} {100 * us / s['busy_us']:>5.1f}%")
     if args.patch:
         print(f"\n{'site program':<14} {'calls/step':>10} {'µs/call':>8} {'MB/call':>8} {'GB/s':>7} {'% copy':>7}")
-        for label, calls, us, nbytes, gbps in site_bandwidth(s["rows"], *_part_bytes(lm.model)):
+        for label, calls, us, nbytes, gbps in site_bandwidth(s["rows"], *part_bytes):
             print(f"{label:<14} {calls:>10.1f} {us:>8.1f} {nbytes / 1e6:>8.2f} {gbps:>7.0f} {100 * gbps * 1e9 / bw:>6.0f}%")
 
 

@@ -141,3 +141,37 @@ def test_research_replaces_the_shipped_graph_only_when_clearly_faster():
     # a shipped graph that failed to run cannot be kept
     failed = [ProfileResult(0, new, median_us=9.9), ProfileResult(1, shipped, error="OutOfResources")]
     assert optimize.incumbent_first(failed, shipped)[0].ugraph is new
+
+
+def _ship_program(tmp_path, program, key, meta: dict):
+    """A shipped cache holding ``program`` itself as the design, with ``meta`` (an older search's record)."""
+    from mirage_serve.cache import CacheEntry
+
+    maker = KernelCache(tmp_path / "maker", shipped_dir=False)
+    maker.put(key, CacheEntry(to_text(program), {}, {}, {"program_digest": digest(program), "source": "search",
+                                                          "verified": True, **meta}))
+    assert maker.export_shipped(tmp_path / "shipped") == 1
+    return KernelCache(tmp_path / "user", shipped_dir=tmp_path / "shipped")
+
+
+def test_a_shipped_unfused_program_is_searched_again_and_the_fused_winner_stored(tmp_path):
+    # an older search found nothing to beat the program (Gemma's gelu_tanh gate/up): the current one
+    # runs, the shipped program competes as the incumbent, and what wins goes to the user cache
+    program = _program()
+    key = CacheKey(digest(program), "b2", "bf16", "sm90", "triton", versions_now(), "mlp_in-m2")
+    cache = _ship_program(tmp_path, program, key, {"profile": "fastest of 1 timed: 52.1 µs (cost model's pick 52.1 µs)"})
+    offered = []
+
+    def pick(result):
+        cands = result.candidates()
+        offered.append(cands)
+        fused = next(c for c in cands if c != program)
+        return optimize.Pick(fused, {"k0": Launch(4, 3)}, 15.0, f"fastest of {len(cands)} timed")
+
+    choice = optimize.choose(program, budget=states_budget(), arch="sm_90", cache=cache, key=key, pick=pick)
+    assert choice.source == "search" and choice.graph != program and offered[0][0] == program
+    entry = cache.get(key)
+    assert entry.origin == "user" and entry.ugraph_text == to_text(choice.graph)
+    # the user entry is this search's own: believed from now on
+    assert optimize.choose(program, budget=states_budget(), arch="sm_90", cache=cache, key=key,
+                           pick=pick).source == "cache" and len(offered) == 1
