@@ -56,10 +56,19 @@ def unsupported(module: torch.nn.Module, config) -> str | None:
     return None
 
 
-def _rms_eps(norm: torch.nn.Module, d: int) -> float | None:
-    """eps, if ``norm`` computes HF's usual RMSNorm of its last dim (``weight * (x * rsqrt(mean(x²)
-    + eps)).to(dtype)`` with float32 statistics), else None. Judged on a probe input, since the
-    module's class says little: Gemma 3's per-head norm, same attributes, scales by 1 + weight."""
+# The per-head norms the kernel applies itself (attention_kernels._head): 1, HF's usual RMSNorm,
+# ``weight * (x * rsqrt(mean(x²) + eps)).to(dtype)``; 2, Gemma-3's, ``(x * rsqrt(…) * (1 + weight)).to(dtype)``,
+# both with float32 statistics.
+_NORM_FORMS = {
+    1: lambda xf, rs, w: w * (xf * rs).to(w.dtype),
+    2: lambda xf, rs, w: (xf * rs * (1.0 + w.float())).to(w.dtype),
+}
+
+
+def _rms_form(norm: torch.nn.Module, d: int) -> tuple[float, int] | None:
+    """(eps, form) if ``norm`` computes one of the RMSNorms of ``_NORM_FORMS`` over its last dim,
+    else None. Judged on a probe input, since the module's class says little (Gemma-3's per-head
+    norm has a Llama norm's attributes and scales by 1 + weight)."""
     w = getattr(norm, "weight", None)
     eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
     if not isinstance(w, torch.Tensor) or tuple(w.shape) != (d,) or not isinstance(eps, float):
@@ -69,17 +78,20 @@ def _rms_eps(norm: torch.nn.Module, d: int) -> float | None:
     with torch.no_grad():
         got = norm(x)
         xf = x.float()
-        want = w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(w.dtype)
-    if got.shape != want.shape or got.dtype != want.dtype:
-        return None
+        rs = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        wants = {form: f(xf, rs, w) for form, f in _NORM_FORMS.items()}
     tol = tolerance(w.dtype, w.is_cuda) or 1e-2
-    err = float((got.double() - want.double()).norm() / want.double().norm().clamp_min(1e-30))
-    return eps if err <= tol else None
+    for form, want in wants.items():
+        if got.shape == want.shape and got.dtype == want.dtype:
+            err = float((got.double() - want.double()).norm() / want.double().norm().clamp_min(1e-30))
+            if err <= tol:
+                return eps, form
+    return None
 
 
 def fused_qk_norm(module) -> tuple | None:
-    """(q weight, k weight, eps) when the decode kernel can apply ``module``'s q_norm and k_norm
-    itself (both HF's usual RMSNorm over the head dim, one eps), else None."""
+    """(q weight, k weight, eps, form) when the decode kernel can apply ``module``'s q_norm and k_norm
+    itself (both one RMSNorm form of ``_NORM_FORMS`` over the head dim, one eps), else None."""
     qn, kn = getattr(module, "q_norm", None), getattr(module, "k_norm", None)
     if qn is None or kn is None:
         return None
@@ -87,10 +99,11 @@ def fused_qk_norm(module) -> tuple | None:
     dtype = getattr(getattr(proj, "weight", None), "dtype", None)
     if any(getattr(getattr(n, "weight", None), "dtype", None) != dtype for n in (qn, kn)):
         return None  # e.g. float32 norm weights in a bf16 model: HF's output is then float32, the kernel's bf16
-    eps = {_rms_eps(n, module.head_dim) for n in (qn, kn)}
-    if len(eps) != 1 or None in eps:
+    found = {_rms_form(n, module.head_dim) for n in (qn, kn)}
+    if len(found) != 1 or None in found:
         return None
-    return qn.weight, kn.weight, eps.pop()
+    eps, form = found.pop()
+    return qn.weight, kn.weight, eps, form
 
 
 class FastAttention:

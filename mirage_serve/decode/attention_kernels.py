@@ -30,16 +30,21 @@ BLOCK_N = 64  # cache positions per loop iteration
 def _head(ptr, d, partner, ok, w_ptr, eps, D: tl.constexpr, NORM: tl.constexpr, AXIS: tl.constexpr, dt):
     """The head vector(s) at ``ptr`` ([..., D] indexed by ``d``, reduced along ``AXIS``) and their
     rotate-half partners, in float32. NORM: RMS-normalised first, as the module's q_norm / k_norm
-    does it in HF (float32 statistics, the normalised value rounded to ``dt``, times the weight,
-    rounded again); the partner is a permutation of the same head, so it shares the statistic."""
+    does it in HF, float32 statistics in both forms: 1, HF's usual RMSNorm (the normalised value
+    rounded to ``dt``, times the weight, rounded again); 2, Gemma-3's (times 1 + weight in float32,
+    rounded once). The partner is a permutation of the same head, so it shares the statistic."""
     x = tl.load(ptr + d, mask=ok, other=0.0).to(tl.float32)
     xp = tl.load(ptr + partner, mask=ok, other=0.0).to(tl.float32)
-    if NORM:
+    if NORM > 0:
         rs = tl.rsqrt(tl.sum(x * x, AXIS, keep_dims=True) / D + eps)
         w = tl.load(w_ptr + d, mask=ok, other=0.0).to(tl.float32)
         wp = tl.load(w_ptr + partner, mask=ok, other=0.0).to(tl.float32)
-        x = (w * (x * rs).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-        xp = (wp * (xp * rs).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+        if NORM == 1:
+            x = (w * (x * rs).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+            xp = (wp * (xp * rs).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+        else:
+            x = (x * rs * (1.0 + w)).to(dt).to(tl.float32)
+            xp = (xp * rs * (1.0 + wp)).to(dt).to(tl.float32)
     return x, xp
 
 
@@ -68,7 +73,8 @@ def _attend_split(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr
                   MASK_KIND: tl.constexpr, QK_NORM: tl.constexpr, PDL: tl.constexpr, ROT: tl.constexpr,
                   SOFTCAP: tl.constexpr = 0.0):
     """MASK_KIND: 0 none (attend to every written slot), 1 boolean (True = attend), 2 additive.
-    QK_NORM: q and k RMS-normalised per head before RoPE (weights ``qn_ptr``, ``kn_ptr``, ``eps``).
+    QK_NORM: 0 none, else q and k RMS-normalised per head before RoPE in that form of ``_head``
+    (weights ``qn_ptr``, ``kn_ptr``, ``eps``).
     ROT: the rotary dims, the first ROT of each head (D, or fewer: StableLM's partial rotary); the rest
     pass through RoPE unchanged. SOFTCAP: > 0: the scaled scores are soft-capped (``_softcap``) before
     the mask, as HF's Gemma-2 does.

@@ -58,7 +58,8 @@ def decode_attention(q, k, v, cos, sin, keys, values, pos, mask, scale: float,
 
     ``advance``: a device counter incremented by one after the step (the cache's own length), or
     None when the caller's cache keeps its length elsewhere. ``qk_norm``: (q weight [d], k weight
-    [d], eps) of a per-head RMSNorm applied to q and k before RoPE, or None. ``plan``: how the first
+    [d], eps, form) of a per-head RMSNorm applied to q and k before RoPE, or None; form 1 is HF's
+    usual RMSNorm, 2 Gemma-3's (1 + weight, in float32; ``attention_kernels._head``). ``plan``: how the first
     kernel is cut and launched. ``pdl``: with programmatic dependent launch where the GPU has it.
     ``softcap``: Gemma-2's attention logit softcapping (``cap · tanh(s / cap)`` on the scaled scores).
     ``rotary_dim``: RoPE on the first that many dims of each head (cos, sin: [b or 1, rotary_dim]);
@@ -79,7 +80,7 @@ def decode_attention(q, k, v, cos, sin, keys, values, pos, mask, scale: float,
         kind = 1 if mask.dtype == torch.bool else 2
         mask_t, mk_sb, mk_sn = mask, (mask.stride(0) if mask.shape[0] > 1 else 0), mask.stride(1)
     block_d = max(16, triton.next_power_of_2(d))  # tl.dot needs K ≥ 16
-    q_w, k_w, eps = qk_norm if qk_norm is not None else (q, k, 0.0)  # unread without QK_NORM
+    q_w, k_w, eps, form = qk_norm if qk_norm is not None else (q, k, 0.0, 0)  # weights unread at form 0
     _attend_split[(b * hkv, splits)](
         q, k, v, cos, sin, keys, values, pos, mask_t, o_part, m_part, l_part, q_w, k_w,
         q.stride(0), k.stride(0), v.stride(0), cos.stride(0) if cos.shape[0] > 1 else 0,
@@ -87,7 +88,7 @@ def decode_attention(q, k, v, cos, sin, keys, values, pos, mask, scale: float,
         o_part.stride(0), o_part.stride(1), o_part.stride(2), m_part.stride(0), m_part.stride(1),
         float(scale), float(eps), chunk,
         HKV=hkv, GROUP=group, D=d, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d,
-        BLOCK_N=plan.block_n, MASK_KIND=kind, QK_NORM=qk_norm is not None, PDL=pdl, ROT=rotary_dim or d,
+        BLOCK_N=plan.block_n, MASK_KIND=kind, QK_NORM=form, PDL=pdl, ROT=rotary_dim or d,
         SOFTCAP=float(softcap or 0.0),
         num_warps=plan.num_warps, num_stages=plan.num_stages, **options)
 

@@ -9,25 +9,27 @@ import torch
 from transformers import (AutoConfig, Gemma2Config, Gemma3TextConfig, GraniteConfig, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config,
                           Qwen3Config)
 
-# (rows, q heads, kv heads, head dim, capacity, slot, mask kind, per-head q/k RMSNorm, logit softcap or 0,
-#  rotary dims or 0 for the whole head)
+# (rows, q heads, kv heads, head dim, capacity, slot, mask kind, per-head q/k RMSNorm form (0 none, 1 HF's
+#  usual, 2 Gemma-3's 1 + weight), logit softcap or 0, rotary dims or 0 for the whole head)
 KERNEL_CASES = {
-    "mha_first_slot": (1, 4, 4, 32, 64, 0, "none", False, 0.0, 0),
-    "gqa7_bool_padded": (3, 14, 2, 64, 200, 131, "bool", False, 0.0, 0),
-    "d96_additive_last_slot": (2, 6, 2, 96, 130, 129, "additive", False, 0.0, 0),
-    "many_splits_broadcast_mask": (2, 3, 1, 16, 1000, 517, "bool1", False, 0.0, 0),
-    "qk_norm_gqa4": (2, 8, 2, 64, 150, 77, "bool", True, 0.0, 0),
-    "qk_norm_d96_padded_lanes": (1, 3, 1, 96, 70, 69, "none", True, 0.0, 0),
+    "mha_first_slot": (1, 4, 4, 32, 64, 0, "none", 0, 0.0, 0),
+    "gqa7_bool_padded": (3, 14, 2, 64, 200, 131, "bool", 0, 0.0, 0),
+    "d96_additive_last_slot": (2, 6, 2, 96, 130, 129, "additive", 0, 0.0, 0),
+    "many_splits_broadcast_mask": (2, 3, 1, 16, 1000, 517, "bool1", 0, 0.0, 0),
+    "qk_norm_gqa4": (2, 8, 2, 64, 150, 77, "bool", 1, 0.0, 0),
+    "qk_norm_d96_padded_lanes": (1, 3, 1, 96, 70, 69, "none", 1, 0.0, 0),
+    # Gemma-3's per-head norms: times 1 + weight, in float32 (weights near 0, as Gemma's are)
+    "qk_norm_one_plus_weight": (2, 8, 2, 64, 150, 77, "bool", 2, 0.0, 0),
     # scores of |s| ~ 3-10 (q scaled up) against a cap of 5: tanh far from linear, as Gemma-2's cap of 50 bites
-    "softcap_gqa2_bool": (2, 4, 2, 32, 150, 90, "bool", False, 5.0, 0),
+    "softcap_gqa2_bool": (2, 4, 2, 32, 150, 90, "bool", 0, 5.0, 0),
     # StableLM-2: RoPE on the first quarter of each head, the rest passed through
-    "partial_rotary_quarter": (2, 8, 2, 64, 150, 77, "bool", False, 0.0, 16),
+    "partial_rotary_quarter": (2, 8, 2, 64, 150, 77, "bool", 0, 0.0, 16),
 }
 EPS = 1e-6
 
 
-def _rms(x, w):  # x: [b, H, d]; HF's RMSNorm over the head dim, in float64
-    return w * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS)
+def _rms(x, w, form: int = 1):  # x: [b, H, d]; HF's RMSNorm over the head dim in that form, in float64
+    return (w if form == 1 else 1.0 + w) * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS)
 
 
 def _rope(x, cos, sin):  # x: [b, H, d]; cos, sin: [b, r] — HF's rotate-half convention on the first r dims
@@ -46,7 +48,7 @@ def kernel_case(rows, hq, hkv, d, cap, slot, kind, qk_norm, softcap, rot, dtype,
     ang = rnd(rows, rot // 2).repeat(1, 2) * 3
     cos, sin = ang.cos(), ang.sin()
     keys, values = rnd(rows, hkv, cap, d), rnd(rows, hkv, cap, d)
-    qw, kw = 1.0 + 0.3 * rnd(d), 1.0 + 0.3 * rnd(d)
+    qw, kw = (1.0 if qk_norm == 1 else 0.0) + 0.3 * rnd(d), (1.0 if qk_norm == 1 else 0.0) + 0.3 * rnd(d)
     if qk_norm:
         q, k = q * 3.0, k * 0.2  # heads with an RMS far from 1, so a missing norm would show
     if softcap:
@@ -68,14 +70,14 @@ def kernel_case(rows, hq, hkv, d, cap, slot, kind, qk_norm, softcap, rot, dtype,
     kc, vc = args[5].clone(), args[6].clone()
     counter = torch.tensor(slot, dtype=torch.int64, device=device)
     m4 = None if mask is None else (mask.to(t) if kind == "additive" else mask).to(device)
-    norm = (args[7], args[8], EPS) if qk_norm else None
+    norm = (args[7], args[8], EPS, qk_norm) if qk_norm else None
     out = decode_attention(*args[:5], kc, vc, counter, m4, d ** -0.5, advance=counter, qk_norm=norm,
                            softcap=softcap, rotary_dim=rot).cpu()
     kc, vc, args = kc.cpu(), vc.cpu(), [x.cpu() for x in args]
 
     q, k = q.view(rows, hq, d), k.view(rows, hkv, d)
     if qk_norm:
-        q, k = _rms(q, qw), _rms(k, kw)
+        q, k = _rms(q, qw, qk_norm), _rms(k, kw, qk_norm)
     qr = _rope(q, cos, sin)
     kr = _rope(k, cos, sin)
     keys[:, :, slot], values[:, :, slot] = kr, v.view(rows, hkv, d)

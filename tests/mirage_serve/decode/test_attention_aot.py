@@ -24,10 +24,10 @@ def _compile(fn, types: dict, consts: dict, num_warps: int):
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
 
 
-# (dtype, kv heads, group, head dim, mask kind, q/k norm): Llama-3-8B, Qwen2.5-0.5B, Phi-3 (d 96), Gemma (d 256),
-# Qwen3-8B
-CASES = [("bfloat16", 8, 4, 128, 1, False), ("bfloat16", 2, 7, 64, 2, False), ("float16", 32, 1, 96, 0, False),
-         ("bfloat16", 1, 8, 256, 1, False), ("bfloat16", 8, 4, 128, 1, True)]
+# (dtype, kv heads, group, head dim, mask kind, q/k norm form): Llama-3-8B, Qwen2.5-0.5B, Phi-3 (d 96), Gemma-2
+# (d 256), Qwen3-8B, Gemma-3-1B (d 256, 1 + weight)
+CASES = [("bfloat16", 8, 4, 128, 1, 0), ("bfloat16", 2, 7, 64, 2, 0), ("float16", 32, 1, 96, 0, 0),
+         ("bfloat16", 1, 8, 256, 1, 0), ("bfloat16", 8, 4, 128, 1, 1), ("bfloat16", 1, 4, 256, 1, 2)]
 SOFTCAP = {(1, 8, 256): 50.0}  # a Gemma head shape, with Gemma-2's attention logit softcapping
 ROT = {(2, 7, 64): 16}  # partial rotary (StableLM-2's quarter of the head) on one of them
 

@@ -55,8 +55,8 @@ def test_family_decodes_hf_tokens_through_the_fast_path(interp, name):
     assert r["fast_calls"] == 15 * len(r["verdicts"]), r
     # SDPA's boolean mask, or eager attention's additive one (Gemma-2 runs eager attention)
     assert r["masks"] == (["float32"] if name.startswith(("qwen2_eager_mask", "gemma2")) else ["bool"]), r["masks"]
-    # Qwen3's per-head q/k RMSNorms run inside the kernel; Gemma 3's (1 + weight) form stays the module's
-    assert r["qk_norm_fused"] == (len(r["verdicts"]) if name.startswith("qwen3") else 0), r
+    # per-head q/k RMSNorms run inside the kernel: Qwen3's, and Gemma-3's (1 + weight) form
+    assert r["qk_norm_fused"] == (len(r["verdicts"]) if name.startswith(("qwen3", "gemma3")) else 0), r
 
 
 def test_sliding_layers_with_a_full_window_keep_their_forward(interp):
@@ -111,21 +111,26 @@ def test_unsupported_attention_is_named():
     assert "no q/k/v" in unsupported(torch.nn.Linear(2, 2), llama)
 
 
-def test_qk_norm_is_fused_only_in_hf_usual_form_and_the_model_dtype():
+def test_qk_norm_is_fused_in_hf_usual_and_gemma3_forms_and_the_model_dtype():
     qwen3 = Qwen3Config(vocab_size=32, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-5)
     attn = _attn(qwen3)
     with torch.no_grad():
         attn.q_norm.weight.uniform_(0.5, 1.5)
-    q_w, k_w, eps = fused_qk_norm(attn)
-    assert q_w is attn.q_norm.weight and k_w is attn.k_norm.weight and eps == 1e-5
+    q_w, k_w, eps, form = fused_qk_norm(attn)
+    assert q_w is attn.q_norm.weight and k_w is attn.k_norm.weight and eps == 1e-5 and form == 1
     attn.to(torch.bfloat16)
     assert fused_qk_norm(attn) is not None
     attn.k_norm.float()  # float32 norm weights in a bf16 model: HF returns float32 there, the kernel would not
     assert fused_qk_norm(attn) is None
     gemma3 = Gemma3TextConfig(vocab_size=32, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
                               num_attention_heads=4, num_key_value_heads=2, head_dim=8)
-    assert fused_qk_norm(_attn(gemma3)) is None  # scales by 1 + weight
+    gemma3_attn = _attn(gemma3)
+    with torch.no_grad():
+        gemma3_attn.q_norm.weight.normal_(0.0, 0.3)
+    assert fused_qk_norm(gemma3_attn)[2:] == (gemma3.rms_norm_eps, 2)  # scales by 1 + weight, in float32
+    gemma3_attn.k_norm.eps = 1e-3
+    assert fused_qk_norm(gemma3_attn) is None  # one eps for both
     assert fused_qk_norm(_attn(LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=48,
                                            num_hidden_layers=1, num_attention_heads=4))) is None
 
