@@ -43,16 +43,31 @@ def unsupported(module: torch.nn.Module, config) -> str | None:
     for attr in ("head_dim", "scaling", "layer_idx"):
         if getattr(module, attr, None) is None:
             return f"attention module has no {attr}"
-    for name in ("q_norm", "k_norm"):  # per-head norms only (OLMo-2 normalises the whole projection)
-        w = getattr(getattr(module, name, None), "weight", None)
-        if isinstance(w, torch.Tensor) and w.numel() != module.head_dim:
-            return f"{name} over the whole projection, not per head"
     hq, hkv = getattr(config, "num_attention_heads", None), getattr(config, "num_key_value_heads", None)
     hkv = hkv or hq
+    if _norm_span(module, hq, hkv) is None:
+        return "q_norm / k_norm over neither one head nor the whole projection"
     if not hq or hq % hkv:
         return f"{hq} query heads are not a multiple of {hkv} kv heads"
     if module.head_dim % 2 or module.head_dim > 256:
         return f"head dim {module.head_dim} (even and at most 256 supported)"
+    return None
+
+
+def _norm_span(module, hq, hkv) -> str | None:
+    """What the module's q_norm and k_norm normalise: "none" (it has none), "head" (each head, Qwen3 and
+    Gemma-3: the kernel may apply them, ``fused_qk_norm``), "projection" (all heads at once, OLMo-2: the
+    module's own norms run on the projections before the kernels); None for anything else."""
+    sizes = [getattr(getattr(module, n, None), "weight", None) for n in ("q_norm", "k_norm")]
+    if all(w is None for w in sizes):
+        return "none"
+    if not all(isinstance(w, torch.Tensor) for w in sizes) or not hq:
+        return None
+    d = module.head_dim
+    if sizes[0].numel() == sizes[1].numel() == d:
+        return "head"
+    if (sizes[0].numel(), sizes[1].numel()) == (hq * d, hkv * d):
+        return "projection"
     return None
 
 
@@ -116,6 +131,7 @@ class FastAttention:
         self.hq = config.num_attention_heads
         self.hkv = getattr(config, "num_key_value_heads", None) or self.hq
         self.qk_norm = fused_qk_norm(module)  # None: the module's own norms run (if it has any)
+        self.whole_norms = _norm_span(module, self.hq, self.hkv) == "projection"  # OLMo-2's
         self.softcap = getattr(config, "attn_logit_softcapping", None)  # Gemma-2's, else None
         self.verdict: str | None = None  # None: not checked yet; "ok" or why not
         self.cpu_ok = interpreting()  # Triton's CPU interpreter runs the kernels on CPU tensors (tests)
@@ -172,10 +188,10 @@ class FastAttention:
             q, k, v = qkv.split((self.hq * d, self.hkv * d, self.hkv * d), dim=-1)
         else:
             q, k, v = m.q_proj(x), m.k_proj(x), m.v_proj(x)
-        if self.qk_norm is None and getattr(m, "q_norm", None) is not None:
-            q = m.q_norm(q.view(b, 1, self.hq, d))
-        if self.qk_norm is None and getattr(m, "k_norm", None) is not None:
-            k = m.k_norm(k.view(b, 1, self.hkv, d))
+        if self.whole_norms:  # over all heads at once, as HF's forward runs them, before the head split
+            q, k = m.q_norm(q), m.k_norm(k)
+        elif self.qk_norm is None and getattr(m, "q_norm", None) is not None:
+            q, k = m.q_norm(q.view(b, 1, self.hq, d)), m.k_norm(k.view(b, 1, self.hkv, d))
         return (t.reshape(b, -1) for t in (q, k, v))
 
     def fast(self, step) -> torch.Tensor:

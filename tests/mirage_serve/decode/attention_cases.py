@@ -119,6 +119,9 @@ FAMILIES = {
     "gemma2": Gemma2Config(vocab_size=97, hidden_size=48, intermediate_size=67, num_hidden_layers=2,
                            num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=32,
                            query_pre_attn_scalar=16, attn_logit_softcapping=50.0, final_logit_softcapping=30.0),
+    # q_norm / k_norm over the whole projection (not per head): the module's norms, then the kernels
+    "olmo2": AutoConfig.for_model("olmo2", vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2),
     "mistral": MistralConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                              num_attention_heads=4, num_key_value_heads=1, head_dim=16, sliding_window=None),
 }

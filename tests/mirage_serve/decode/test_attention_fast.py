@@ -107,7 +107,10 @@ def test_unsupported_attention_is_named():
     from transformers import AutoConfig
     olmo2 = AutoConfig.for_model("olmo2", vocab_size=32, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
                                  num_attention_heads=4, num_key_value_heads=2)
-    assert "over the whole projection" in unsupported(_attn(olmo2), olmo2)
+    assert unsupported(_attn(olmo2), olmo2) is None  # its whole-projection q/k norms run before the kernels
+    odd = _attn(olmo2)
+    odd.k_norm = torch.nn.Identity()  # a q_norm without a k_norm of either span
+    assert "q_norm / k_norm" in unsupported(odd, olmo2)
     assert "no q/k/v" in unsupported(torch.nn.Linear(2, 2), llama)
 
 
