@@ -187,6 +187,9 @@ def correctness_line(r: dict) -> str:
     head = "OK (near-tie)" if c.get("near_tie") else "FAILED"
     gap = (f"; eager's logit gap between them {c['logit_gap']:.3g}, tie tolerance {c['tie_tolerance']:.3g}"
            if "logit_gap" in c else "")
+    if "float32_gap" in c:
+        gap += (f"; re-scored in float32: gap {c['float32_gap']:.3g}, eager's own error on it {c['eager_error']:.3g} "
+                f"({'a tie at the model dtype' if c['near_tie'] else 'eager is right beyond that error'})")
     return (f"{head}: greedy tokens diverge from eager at step {d['step']} (batch {d['batch']}, "
             f"row {d['row']}: expected {d['expected']}, got {d['got']}) within {where}{gap}")
 

@@ -161,39 +161,56 @@ def test_bench_reports_first_divergence(tmp_path, capsys, monkeypatch):
     assert d["near_tie"] is False and d["logit_gap"] > 100 * d["tie_tolerance"] > 0
 
 
-class _FixedLogits:
-    """A stand-in model whose next-token logits are fixed: [0.5, 0.5 + delta, 0.1, ...] in bf16."""
+class _FixedLogits(__import__("torch").nn.Module):
+    """A stand-in model whose logits are fixed: [0.5, 0.5 + delta, 0.1, ...] in bf16, and
+    [0.5, 0.5 + delta32, 0.1, ...] once ``bench_sampling.reference`` widens it to float32."""
 
-    def __init__(self, delta: float):
+    def __init__(self, delta: float, delta32: float | None = None):
         import torch
 
+        super().__init__()
         self.config = type("C", (), {"vocab_size": 11})()
-        self.weight = torch.zeros(1, dtype=torch.bfloat16)
-        self.delta = delta
+        self.weight = torch.nn.Parameter(torch.zeros(1, dtype=torch.bfloat16), requires_grad=False)
+        self.delta, self.delta32 = delta, delta if delta32 is None else delta32
 
-    def parameters(self):
-        return iter([self.weight])
-
-    def __call__(self, seq):
+    def forward(self, seq, attention_mask=None):
         import torch
 
         logits = torch.full((1, seq.shape[1], 11), 0.1)
-        logits[0, -1, 0], logits[0, -1, 1] = 0.5, 0.5 + self.delta
+        wide = self.weight.dtype == torch.float32
+        logits[0, :, 0], logits[0, :, 1] = 0.5, 0.5 + (self.delta32 if wide else self.delta)  # at every position
         return type("O", (), {"logits": logits})()
 
 
-@pytest.mark.parametrize("delta, tie", [(0.0, True), (0.003, True), (0.05, False)])
-def test_tie_check_uses_ulps_of_the_top_logit(delta, tie):
+def _tie(model):
     import torch
 
     opts = bench.BenchOptions(model=None, batches=[2], prompt_len=4, new_tokens=5, dtype="bf16",
                               baselines=["eager"], backend="torch", device="cpu")
     ref = torch.tensor([[3, 4, 1, 1, 1], [3, 4, 1, 1, 1]])
     d = {"batch": 2, "row": 1, "step": 2, "expected": 1, "got": 0}
-    out = bench._tie_check(_FixedLogits(delta), opts, {"eager": {2: (0.0, ref)}}, d)
+    return bench._tie_check(model, opts, {"eager": {2: (0.0, ref)}}, d)
+
+
+@pytest.mark.parametrize("delta, tie", [(0.0, True), (0.003, True), (0.05, False)])
+def test_tie_check_uses_ulps_of_the_top_logit(delta, tie):
+    out = _tie(_FixedLogits(delta))
     assert out["logit_gap"] == pytest.approx(delta, abs=1e-6)
     # 2 ulps of bf16 (eps 2^-7) at a top logit of ~0.5: 0.0078 (up to delta's own size).
     assert out["tie_tolerance"] == pytest.approx(2 * 2 ** -7 * (0.5 + delta))
+    assert out["near_tie"] is tie
+    # past the ulps, float32 agreeing with bf16 leaves it a divergence
+    assert ("float32_gap" in out) is (not tie)
+
+
+@pytest.mark.parametrize("delta32, tie", [(0.048, False), (0.02, True), (-0.01, True)])
+def test_a_divergence_past_the_ulps_is_re_scored_in_float32(delta32, tie):
+    # eager's bf16 gap 0.05: float32 0.048 (eager's own error 0.002, far below the gap) keeps it a
+    # divergence; float32 0.02 (eager off by 0.03, more than the pair's separation) or float32
+    # preferring the other token makes it a tie at bf16
+    out = _tie(_FixedLogits(0.05, delta32))
+    assert out["float32_gap"] == pytest.approx(delta32, abs=1e-6)
+    assert out["eager_error"] == pytest.approx(abs(0.05 - delta32), abs=1e-3)
     assert out["near_tie"] is tie
 
 
