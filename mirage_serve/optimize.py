@@ -215,8 +215,8 @@ def _choose(program: KernelGraph, budget, arch: str, cache, key, seed, pick, res
         cached = _hit(program, entry, cache, key, pick, t0) if entry is not None else None
         if cached is not None:
             # Research re-searches shipped entries only: a user entry's key holds the digest of the
-            # superopt source that made it, so it is this search's own result already. So does a
-            # shipped entry that only records an older search having had nothing to fuse.
+            # superopt source that made it, so it is this search's own result already. A shipped entry
+            # holding the unfused program is searched again even without research (``unfused_shipped``).
             if (not research or entry.origin != "shipped") and not unfused_shipped(program, cached.graph, entry):
                 return cached
             incumbent = cached.graph
