@@ -122,7 +122,7 @@ while [ $# -gt 0 ]; do
               --compile-budget-s $((limit - 45)) --workers "${BLOCKS_WORKERS:-12}" --out "$OUT/blocks.md" ;;  # the baselines compile ahead: time them all
     bench) for m in ${BENCH_MODELS:?set BENCH_MODELS to registry names}; do  # the user's command, one JSON a model
              j="$OUT/bench_$m.json"; n=2; while [ -e "$j" ]; do j="$OUT/bench_$m.$n.json"; n=$((n + 1)); done
-             step "bench_$m" 300 mirage-serve bench "$m" --batch "${BENCH_BATCH:-1,8}" \
+             step "bench_$m" 420 mirage-serve bench "$m" --batch "${BENCH_BATCH:-1,8}" \
                --baselines "${BENCH_BASELINES:-static-compile}" --json "$j"
            done ;;
     *) echo "unknown step $1" ;;
