@@ -129,11 +129,13 @@ def _hit(program: KernelGraph, entry, cache, key, pick, t0: float) -> "Choice | 
             meta["render_sha256"] = render_digest(graph, launch)
     if not current:
         # profiled on code the generator no longer renders: reuse the μGraph, time its launches again
+        # (a μGraph with no generated kernel, the program itself, has no launch to time)
         launch, profile = None, ""
         for stale in ("launch", "render_sha256", "median_us", "profile", "timings"):
             meta.pop(stale, None)
-        note += "; launch profiled again (generated code changed)" if pick else "; stale launch dropped"
-        if pick is not None:
+        timed = pick is not None and bool(graph.customized_nodes())
+        note += "; launch profiled again (generated code changed)" if timed else "; stale launch dropped"
+        if timed:
             chosen = pick(_Only(graph))
             if chosen.graph == graph and chosen.launch:
                 launch, profile, ver = chosen.launch, chosen.note, chosen.verification

@@ -58,7 +58,8 @@ class Rewritten:
 
 @functools.lru_cache(maxsize=None)
 def rewrite(cls: type) -> Rewritten | str:
-    """``cls.forward`` with every ``+`` routed through ``_mirage_add``, or why it cannot be."""
+    """``cls.forward`` with every ``+`` routed through ``_mirage_add`` and every ``*``, ``/`` through
+    ``_mirage_scale``, or why it cannot be."""
     fn = inspect.unwrap(cls.forward)
     where = f"{cls.__qualname__}.forward"
     if getattr(fn, "__code__", None) is None:
