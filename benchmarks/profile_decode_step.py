@@ -86,11 +86,10 @@ def _part_bytes(model) -> tuple[dict[str, int], dict[str, int]]:
     """Parameter bytes of each site program of the model's first decoder layer, and for each program
     two parts of a layer run (k and v), its launches per step when they run apart. Sites as patch()
     finds them: the family's adapter, else the partition of the traced layer (call before patching)."""
-    from mirage_serve.patching.partition import family_from_trace
-    from mirage_serve.patching.pipeline import _adapters
+    from mirage_serve.patching.pipeline import family_of
     from mirage_serve.patching.sites import find_layers, site_module, site_parts
 
-    family = _adapters()[0](model.config.model_type) or family_from_trace(model, model.config.model_type)[0]
+    family, _ = family_of(model, model.config.model_type)
     _, layers = find_layers(model, family)
     out, count = {}, defaultdict(int)
     for site in family.sites:

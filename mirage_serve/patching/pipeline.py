@@ -198,22 +198,29 @@ def _find_sites(model, call: _Call, strict: bool):
     """Stage "sites": (family, layer list path, layers) from the family's adapter, or from the
     partition of its traced decoder layer; None (the reason in the report) when there are none."""
     report, model_type = call.report, call.report.model_type
-    family_for, supported_model_types = _adapters()
-    family, traced = family_for(model_type), ""
-    if family is None:  # no adapter: the sites come from the traced layer (patching.partition)
-        from .partition import family_from_trace
-        family, traced = family_from_trace(model, model_type)
+    family, traced = family_of(model, model_type)
+    if traced is not None:
         _note(report, _TRACED_NOTE.format(model_type) if family else "")
     found = find_layers(model, family) if family else None
     if found is None:
         why = (f"model type {model_type!r} is not supported: no adapter (adapters: "
-               f"{', '.join(supported_model_types())}) and {traced}" if family is None else
+               f"{', '.join(_adapters()[1]())}) and {traced}" if family is None else
                f"no decoder layer list found at {' or '.join(family.layers)}")
         if strict:
             raise PatchError(why + "; the model was left unchanged")
         report.supported, report.note = False, why + "; the model was left unchanged"
         return None
     return (family, *found)
+
+
+def family_of(model, model_type: str):
+    """(family, None) from the model type's adapter; else (family or None, why not) from the partition
+    of its traced decoder layer (patching.partition). The sites patch() would use."""
+    family = _adapters()[0](model_type)
+    if family is not None:
+        return family, None
+    from .partition import family_from_trace
+    return family_from_trace(model, model_type)
 
 
 def _plan_residual(model, family, layers, call: _Call) -> list[LayerPlan]:
