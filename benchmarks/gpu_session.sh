@@ -2,7 +2,7 @@
 # One device call: the integrated GPU checks, each step time-boxed, logs under $OUT.
 #   bash benchmarks/gpu_session.sh STEP [STEP ...]      (steps below; $OUT must be set)
 # Steps: tests | tests-pdl | registry | warm-patch | trust-patch | cold | overhead | alone-rounds | alone | decode-qwen | decode-llama | decode-qwen3 | {nopdl,unpaired,unfused}-{qwen,llama,qwen3} | profile-qwen | profile-llama | profile-qwen3 | profile-attn | sweep-attn | probe-gemv |
-# blocks | research | unship | warm | bench. Every step's limit is cut to what is left before DEADLINE (default 560 s: a device command may run 600 s,
+# blocks | research | unship | warm | bench | diagnose. Every step's limit is cut to what is left before DEADLINE (default 560 s: a device command may run 600 s,
 # and the tars at the end need a few seconds); a step with under 20 s left is skipped.
 # (environment: MIRAGE_SERVE_PDL, MIRAGE_SERVE_PAIRED_LAUNCH, MIRAGE_SERVE_FUSED_RESIDUAL, NEW_TOKENS, LLAMA_BATCH, BASELINES; overhead: OVERHEAD (MODEL:BATCH ...); unship: UNSHIP (MODEL:LABELS ..., shipped entries to delete in this copy, so later steps search them); warm: WARM_MODELS, WARM_BATCH; it leaves $OUT/shipped.tar,
 # entries in kernels_cache/ form to untar into the repo's kernels_cache/; blocks: BLOCKS_LIMIT (s, default 400), BLOCKS_SUITE (llama, paper, all), BLOCKS_ONLY (row label substrings), BLOCKS_DTYPES (the paper suite's), BLOCKS_WORKERS (build processes, default 12); bench: BENCH_MODELS, BENCH_BATCH (default 1,8), BENCH_BASELINES (default static-compile), a JSON a model and run). The kernel cache is $MIRAGE_SERVE_CACHE_DIR
@@ -120,6 +120,9 @@ while [ $# -gt 0 ]; do
             step blocks "$limit" env PYTHONPATH="$PWD" python benchmarks/bench_blocks.py --suite "${BLOCKS_SUITE:-llama}" \
               --paper-dtypes "${BLOCKS_DTYPES:-bfloat16,float16}" --deadline-s $((limit - 45)) --only "${BLOCKS_ONLY:-}" \
               --compile-budget-s $((limit - 45)) --workers "${BLOCKS_WORKERS:-12}" --out "$OUT/blocks.md" ;;  # the baselines compile ahead: time them all
+    diagnose) for m in ${DIAG_MODELS:?set DIAG_MODELS to registry names}; do  # a greedy divergence: kernels, loop or noise
+                step "diagnose_$m" 200 python benchmarks/diagnose_greedy.py "$m" --batch "${DIAG_BATCH:-8}" --steps 16
+              done ;;
     bench) for m in ${BENCH_MODELS:?set BENCH_MODELS to registry names}; do  # the user's command, one JSON a model
              j="$OUT/bench_$m.json"; n=2; while [ -e "$j" ]; do j="$OUT/bench_$m.$n.json"; n=$((n + 1)); done
              step "bench_$m" 420 mirage-serve bench "$m" --batch "${BENCH_BATCH:-1,8}" \

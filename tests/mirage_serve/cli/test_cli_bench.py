@@ -234,6 +234,37 @@ def test_out_of_memory_reports_largest_batch(capsys, monkeypatch):
                    "(try --batch 3 or --layers N)"]
 
 
+def test_eager_not_asked_for_runs_once_untimed(tmp_path, monkeypatch):
+    """With --baselines static-compile, eager's greedy tokens are still the correctness reference, but
+    eager is generated once a batch and never timed (no row, no warm-up, no repeats)."""
+    from mirage_serve import bench_timing
+
+    timed = []
+
+    def fake(model, ids, new_tokens, cache, *a, **kw):  # no torch.compile on the CPU: static runs eagerly
+        timed.append(cache)
+        return 1e-3, bench_timing.generate(model, ids, new_tokens, "static-eager" if cache == "static" else cache)
+
+    monkeypatch.setattr(bench, "decode_step_time", fake)
+    generated = []
+    real_generate = bench.generate
+
+    def counted(model, ids, new_tokens, cache):
+        generated.append(cache)
+        return real_generate(model, ids, new_tokens, cache)
+
+    monkeypatch.setattr(bench, "generate", counted)
+    j = tmp_path / "r.json"
+    assert main(tiny_bench_args("--baselines", "static-compile", "--json", str(j),
+                                "--cache-dir", str(tmp_path / "kc"))) == E.EXIT_OK
+    doc = json.loads(j.read_text())
+    assert timed == ["static", "static", "default", "default"]  # batches 1 and 3; never "dynamic"
+    assert generated == ["dynamic", "dynamic"]  # eager's tokens, once per batch
+    assert [(r["batch"], r["run"]) for r in doc["rows"]] == [(1, "ours"), (1, "static-compile"), (3, "ours"),
+                                                             (3, "static-compile")]
+    assert doc["correctness"]["checked"] and doc["correctness"]["identical"]
+
+
 def _tiny_json_argv(j) -> list[str]:
     """A one-layer SmolLM2 shrunk by TINY_SET, on the CPU, writing its record to ``j``."""
     argv = ["bench", "SmolLM2-135M", "--layers", "1", "--batch", "1", "--new-tokens", "2", "--prompt-len", "3",

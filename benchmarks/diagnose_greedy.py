@@ -1,0 +1,109 @@
+"""Why a bench's greedy check diverges from eager: kernels, or the graphed loop, or bf16 noise?
+
+    python benchmarks/diagnose_greedy.py Gemma-3-1B --batch 8 --steps 16
+
+The bench's prompts and weights (``bench._prompt``, ``bench_load``, seed 0), then four greedy runs of
+``--steps`` tokens on the same prompts:
+
+* eager (HF, unpatched) with its logits, and those logits' float32 reference along eager's tokens
+  (``bench_sampling.reference``: the unpatched model widened to float32, teacher-forced);
+* patched, plain ``generate()``: the graphed decode loop, as the bench's greedy check runs it;
+* patched with ``output_logits``: HF's own loop over the same patched kernels (what the sampling
+  check compares), so a divergence only the graphed loop shows points at the loop, not the kernels;
+* patched at batch 1, the first divergent row alone: the batch-1 kernels on that row's history.
+
+Then per step, while eager and the patched HF-loop run share their history: each run's relative
+logit error against float32 (worst row), and at the graphed loop's first divergence the float32 gap
+between the two tokens with each bf16 run's error on it. Meant for a CUDA GPU (``--device cpu
+--layers 2`` to try it).
+"""
+from __future__ import annotations
+
+import argparse
+
+
+def _greedy(model, ids, steps: int, with_logits: bool):
+    """(tokens [B, steps], float32 logits [B, steps, V] on the CPU or None)."""
+    import torch
+
+    kwargs = dict(attention_mask=torch.ones_like(ids), max_new_tokens=steps, min_new_tokens=steps,
+                  do_sample=False, pad_token_id=0, temperature=None, top_p=None, top_k=None)
+    if with_logits:
+        kwargs.update(return_dict_in_generate=True, output_logits=True)
+    with torch.inference_mode():
+        out = model.generate(ids, **kwargs)
+    if not with_logits:
+        return out[:, ids.shape[1]:], None
+    return out.sequences[:, ids.shape[1]:], torch.stack(out.logits, dim=1).float().cpu()
+
+
+def _rel(a, b) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+def _divergence(ref, got) -> tuple[int, int] | None:
+    from mirage_serve.bench_timing import first_divergence
+
+    d = first_divergence(ref.cpu(), got.cpu())
+    return None if d is None else (d["step"], d["row"])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model", help="registry name, e.g. Gemma-3-1B")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=None, help="cut the model to N layers (a quick try)")
+    ap.add_argument("--device", default="cuda")
+    args = ap.parse_args()
+
+    from mirage_serve import bench, bench_sampling
+    from mirage_serve.bench_load import load
+    from mirage_serve.patching.pipeline import patch
+
+    lm = load(args.model, dtype="bf16", device=args.device, layers=args.layers, seed=0)
+    model, b = lm.model, args.batch
+    ids = bench._prompt(b, args.prompt_len, model.config.vocab_size, 0, args.device)
+    eager, eager_logits = _greedy(model, ids, args.steps, True)
+    wide = bench_sampling.reference(model, ids, eager)  # [B, S, V]
+    patch(model, batch_sizes=(1, b))
+    graphed, _ = _greedy(model, ids, args.steps, False)
+    looped, looped_logits = _greedy(model, ids, args.steps, True)
+
+    print(f"== {args.model} b{b}, {args.steps} greedy steps, prompt {args.prompt_len}")
+    for name, toks in (("patched, graphed loop", graphed), ("patched, HF loop", looped)):
+        d = _divergence(eager, toks)
+        print(f"{name:24s}: " + ("identical to eager" if d is None else f"diverges at step {d[0]}, row {d[1]}"))
+    d = _divergence(eager, looped)
+    shared = args.steps if d is None else d[0] + 1  # steps whose logits saw the same history
+    print("step  eager vs f32  patched(HF loop) vs f32  patched vs eager   (relative, worst row)")
+    for s in range(shared):
+        e = max(_rel(eager_logits[r, s], wide[r, s]) for r in range(b))
+        o = max(_rel(looped_logits[r, s], wide[r, s]) for r in range(b))
+        x = max(_rel(looped_logits[r, s], eager_logits[r, s]) for r in range(b))
+        print(f"{s:4d}  {e:12.3e}  {o:23.3e}  {x:16.3e}")
+    g = _divergence(eager, graphed)
+    if g is None:
+        return
+    s, r = g
+    want, got = int(eager[r, s]), int(graphed[r, s])
+    gap32 = float(wide[r, s, want] - wide[r, s, got])
+    gap_e = float(eager_logits[r, s, want] - eager_logits[r, s, got])
+    print(f"graphed divergence step {s} row {r}: eager {want}, patched {got}; float32 gap {gap32:.4f}, "
+          f"eager's bf16 gap {gap_e:.4f} (error {abs(gap_e - gap32):.4f})")
+    if s < shared:
+        gap_o = float(looped_logits[r, s, want] - looped_logits[r, s, got])
+        print(f"  patched HF loop's gap there {gap_o:.4f} (error {abs(gap_o - gap32):.4f}); its top token "
+              f"{int(looped_logits[r, s].argmax())}")
+    # the spread of bf16 gap errors at that step: eager against float32 over the top 64 float32 tokens
+    top = wide[r, s].topk(64).indices
+    errs = ((eager_logits[r, s, top] - eager_logits[r, s, want]) - (wide[r, s, top] - wide[r, s, want])).abs()
+    print(f"  eager's gap errors to the top-64 float32 tokens: median {errs.median():.4f}, max {errs.max():.4f}")
+    alone, _ = _greedy(model, ids[r:r + 1], args.steps, False)
+    a = _divergence(eager[r:r + 1], alone)
+    print(f"row {r} alone at batch 1 (graphed): " + ("identical to eager" if a is None else f"diverges at step {a[0]}"))
+
+
+if __name__ == "__main__":
+    main()
