@@ -10,6 +10,8 @@ The bench's prompts and weights (``bench._prompt``, ``bench_load``, seed 0), the
 * patched, plain ``generate()``: the graphed decode loop, as the bench's greedy check runs it;
 * patched with ``output_logits``: HF's own loop over the same patched kernels (what the sampling
   check compares), so a divergence only the graphed loop shows points at the loop, not the kernels;
+  once on HF's default cache (the model's own attention: a dynamic cache takes no decode-attention
+  kernel) and once on HF's static cache (the decode-attention kernels, no CUDA graphs);
 * patched at batch 1, the first divergent row alone: the batch-1 kernels on that row's history.
 
 Then per step, while eager and the patched HF-loop run share their history: each run's relative
@@ -22,12 +24,15 @@ from __future__ import annotations
 import argparse
 
 
-def _greedy(model, ids, steps: int, with_logits: bool):
-    """(tokens [B, steps], float32 logits [B, steps, V] on the CPU or None)."""
+def _greedy(model, ids, steps: int, with_logits: bool, static: bool = False):
+    """(tokens [B, steps], float32 logits [B, steps, V] on the CPU or None); ``static``: HF's static
+    cache without its auto-compile (the decode-attention kernels run on it, without CUDA graphs)."""
     import torch
 
     kwargs = dict(attention_mask=torch.ones_like(ids), max_new_tokens=steps, min_new_tokens=steps,
                   do_sample=False, pad_token_id=0, temperature=None, top_p=None, top_k=None)
+    if static:
+        kwargs.update(cache_implementation="static", disable_compile=True)
     if with_logits:
         kwargs.update(return_dict_in_generate=True, output_logits=True)
     with torch.inference_mode():
@@ -69,20 +74,26 @@ def main() -> None:
     wide = bench_sampling.reference(model, ids, eager)  # [B, S, V]
     patch(model, batch_sizes=(1, b))
     graphed, _ = _greedy(model, ids, args.steps, False)
-    looped, looped_logits = _greedy(model, ids, args.steps, True)
+    looped = {"HF loop": _greedy(model, ids, args.steps, True),
+              "HF loop, static cache": _greedy(model, ids, args.steps, True, static=True)}
 
     print(f"== {args.model} b{b}, {args.steps} greedy steps, prompt {args.prompt_len}")
-    for name, toks in (("patched, graphed loop", graphed), ("patched, HF loop", looped)):
+    runs = {"graphed loop": graphed} | {name: toks for name, (toks, _) in looped.items()}
+    for name, toks in runs.items():
         d = _divergence(eager, toks)
-        print(f"{name:24s}: " + ("identical to eager" if d is None else f"diverges at step {d[0]}, row {d[1]}"))
-    d = _divergence(eager, looped)
-    shared = args.steps if d is None else d[0] + 1  # steps whose logits saw the same history
-    print("step  eager vs f32  patched(HF loop) vs f32  patched vs eager   (relative, worst row)")
-    for s in range(shared):
+        verdict = "identical to eager" if d is None else f"diverges at step {d[0]}, row {d[1]}"
+        print(f"patched, {name:22s}: {verdict}")
+    print("relative logit error against float32 (worst row), while the run's history is eager's:")
+    print("step  eager     " + "  ".join(f"{name:22s}" for name in looped))
+    shared = {}
+    for name, (toks, _) in looped.items():
+        d = _divergence(eager, toks)
+        shared[name] = args.steps if d is None else d[0] + 1  # steps whose logits saw eager's history
+    for s in range(args.steps):
         e = max(_rel(eager_logits[r, s], wide[r, s]) for r in range(b))
-        o = max(_rel(looped_logits[r, s], wide[r, s]) for r in range(b))
-        x = max(_rel(looped_logits[r, s], eager_logits[r, s]) for r in range(b))
-        print(f"{s:4d}  {e:12.3e}  {o:23.3e}  {x:16.3e}")
+        cells = [f"{max(_rel(lg[r, s], wide[r, s]) for r in range(b)):<22.3e}" if s < shared[name] else f"{'-':22s}"
+                 for name, (_, lg) in looped.items()]
+        print(f"{s:4d}  {e:.3e} " + "  ".join(cells))
     g = _divergence(eager, graphed)
     if g is None:
         return
@@ -92,10 +103,12 @@ def main() -> None:
     gap_e = float(eager_logits[r, s, want] - eager_logits[r, s, got])
     print(f"graphed divergence step {s} row {r}: eager {want}, patched {got}; float32 gap {gap32:.4f}, "
           f"eager's bf16 gap {gap_e:.4f} (error {abs(gap_e - gap32):.4f})")
-    if s < shared:
-        gap_o = float(looped_logits[r, s, want] - looped_logits[r, s, got])
-        print(f"  patched HF loop's gap there {gap_o:.4f} (error {abs(gap_o - gap32):.4f}); its top token "
-              f"{int(looped_logits[r, s].argmax())}")
+    for name, (_, lg) in looped.items():
+        if s < shared[name]:
+            gap_o = float(lg[r, s, want] - lg[r, s, got])
+            print(f"  patched {name}: gap there {gap_o:.4f} (error {abs(gap_o - gap32):.4f}), its top token "
+                  f"{int(lg[r, s].argmax())}, relative error {_rel(lg[r, s], wide[r, s]):.3e} "
+                  f"(eager {_rel(eager_logits[r, s], wide[r, s]):.3e})")
     # the spread of bf16 gap errors at that step: eager against float32 over the top 64 float32 tokens
     top = wide[r, s].topk(64).indices
     errs = ((eager_logits[r, s, top] - eager_logits[r, s, want]) - (wide[r, s, top] - wide[r, s, want])).abs()

@@ -121,7 +121,8 @@ while [ $# -gt 0 ]; do
               --paper-dtypes "${BLOCKS_DTYPES:-bfloat16,float16}" --deadline-s $((limit - 45)) --only "${BLOCKS_ONLY:-}" \
               --compile-budget-s $((limit - 45)) --workers "${BLOCKS_WORKERS:-12}" --out "$OUT/blocks.md" ;;  # the baselines compile ahead: time them all
     diagnose) for m in ${DIAG_MODELS:?set DIAG_MODELS to registry names}; do  # a greedy divergence: kernels, loop or noise
-                step "diagnose_$m" 200 python benchmarks/diagnose_greedy.py "$m" --batch "${DIAG_BATCH:-8}" --steps 16
+                step "diagnose_$m" 200 python benchmarks/diagnose_greedy.py "$m" --batch "${DIAG_BATCH:-8}" \
+                  --steps "${DIAG_STEPS:-16}"
               done ;;
     bench) for m in ${BENCH_MODELS:?set BENCH_MODELS to registry names}; do  # the user's command, one JSON a model
              j="$OUT/bench_$m.json"; n=2; while [ -e "$j" ]; do j="$OUT/bench_$m.$n.json"; n=$((n + 1)); done
