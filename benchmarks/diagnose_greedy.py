@@ -8,10 +8,11 @@ The bench's prompts and weights (``bench._prompt``, ``bench_load``, seed 0), the
 * eager (HF, unpatched) with its logits, and those logits' float32 reference along eager's tokens
   (``bench_sampling.reference``: the unpatched model widened to float32, teacher-forced);
 * patched, plain ``generate()``: the graphed decode loop, as the bench's greedy check runs it;
-* patched with ``output_logits``: HF's own loop over the same patched kernels (what the sampling
-  check compares), so a divergence only the graphed loop shows points at the loop, not the kernels;
-  once on HF's default cache (the model's own attention: a dynamic cache takes no decode-attention
-  kernel) and once on HF's static cache (the decode-attention kernels, no CUDA graphs);
+* patched with ``output_logits``: HF's own loop over the same patched kernels, on the patch's own
+  static cache (so the decode-attention kernels and the per-step CUDA graphs run too; what the
+  sampling check compares): a divergence only the graphed loop shows points at the loop, not the kernels;
+* the graphed loop's code without CUDA graphs (``DecodeLoop`` run step by step), with its logits:
+  against the HF loop's, a difference is the loop's inputs (mask, positions), not the graph;
 * patched at batch 1, the first divergent row alone: the batch-1 kernels on that row's history.
 
 Then per step, while eager and the patched HF-loop run share their history: each run's relative
@@ -24,15 +25,12 @@ from __future__ import annotations
 import argparse
 
 
-def _greedy(model, ids, steps: int, with_logits: bool, static: bool = False):
-    """(tokens [B, steps], float32 logits [B, steps, V] on the CPU or None); ``static``: HF's static
-    cache without its auto-compile (the decode-attention kernels run on it, without CUDA graphs)."""
+def _greedy(model, ids, steps: int, with_logits: bool):
+    """(tokens [B, steps], float32 logits [B, steps, V] on the CPU or None)."""
     import torch
 
     kwargs = dict(attention_mask=torch.ones_like(ids), max_new_tokens=steps, min_new_tokens=steps,
                   do_sample=False, pad_token_id=0, temperature=None, top_p=None, top_k=None)
-    if static:
-        kwargs.update(cache_implementation="static", disable_compile=True)
     if with_logits:
         kwargs.update(return_dict_in_generate=True, output_logits=True)
     with torch.inference_mode():
@@ -40,6 +38,31 @@ def _greedy(model, ids, steps: int, with_logits: bool, static: bool = False):
     if not with_logits:
         return out[:, ids.shape[1]:], None
     return out.sequences[:, ids.shape[1]:], torch.stack(out.logits, dim=1).float().cpu()
+
+
+def _loop_uncaptured(model, ids, steps: int):
+    """The graphed loop's own code (``DecodeLoop``) run step by step without CUDA graphs (the
+    runner's ``capture`` off), with the float32 logits each step chose from [B, steps, V]."""
+    import torch
+
+    from mirage_serve.decode import fast_loop
+    from mirage_serve.decode.runner import _ATTR
+
+    runner, real, seen = getattr(model, _ATTR), fast_loop.DecodeLoop._advance, []
+
+    def record(loop, logits):
+        seen.append(logits.float().cpu())
+        real(loop, logits)
+
+    saved = runner.capture, runner.loops, runner.steps
+    runner.capture, runner.loops, runner.steps = False, {}, {}
+    fast_loop.DecodeLoop._advance = record
+    try:
+        tokens, _ = _greedy(model, ids, steps, False)
+    finally:
+        fast_loop.DecodeLoop._advance = real
+        runner.capture, runner.loops, runner.steps = saved
+    return tokens, torch.stack(seen[:steps], dim=1)
 
 
 def _rel(a, b) -> float:
@@ -73,27 +96,32 @@ def main() -> None:
     eager, eager_logits = _greedy(model, ids, args.steps, True)
     wide = bench_sampling.reference(model, ids, eager)  # [B, S, V]
     patch(model, batch_sizes=(1, b))
+    if args.device == "cpu":  # no CUDA graphs off the GPU: the runner alone, so the loop still runs
+        from mirage_serve.decode.runner import install_decode_graphs
+        install_decode_graphs(model, capture=False)
     graphed, _ = _greedy(model, ids, args.steps, False)
-    looped = {"HF loop": _greedy(model, ids, args.steps, True),
-              "HF loop, static cache": _greedy(model, ids, args.steps, True, static=True)}
+    looped, looped_logits = _greedy(model, ids, args.steps, True)
+    plain, plain_logits = _loop_uncaptured(model, ids, args.steps)
 
     print(f"== {args.model} b{b}, {args.steps} greedy steps, prompt {args.prompt_len}")
-    runs = {"graphed loop": graphed} | {name: toks for name, (toks, _) in looped.items()}
-    for name, toks in runs.items():
+    for name, toks in (("patched, graphed loop", graphed), ("patched, HF loop", looped),
+                       ("patched, loop uncaptured", plain)):
         d = _divergence(eager, toks)
         verdict = "identical to eager" if d is None else f"diverges at step {d[0]}, row {d[1]}"
-        print(f"patched, {name:22s}: {verdict}")
-    print("relative logit error against float32 (worst row), while the run's history is eager's:")
-    print("step  eager     " + "  ".join(f"{name:22s}" for name in looped))
-    shared = {}
-    for name, (toks, _) in looped.items():
-        d = _divergence(eager, toks)
-        shared[name] = args.steps if d is None else d[0] + 1  # steps whose logits saw eager's history
-    for s in range(args.steps):
+        print(f"{name:24s}: {verdict}")
+    d = _divergence(eager, looped)
+    shared = args.steps if d is None else d[0] + 1  # steps whose logits saw the same history
+    print("step  eager vs f32  patched(HF loop) vs f32  patched vs eager   (relative, worst row)")
+    for s in range(shared):
         e = max(_rel(eager_logits[r, s], wide[r, s]) for r in range(b))
-        cells = [f"{max(_rel(lg[r, s], wide[r, s]) for r in range(b)):<22.3e}" if s < shared[name] else f"{'-':22s}"
-                 for name, (_, lg) in looped.items()]
-        print(f"{s:4d}  {e:.3e} " + "  ".join(cells))
+        o = max(_rel(looped_logits[r, s], wide[r, s]) for r in range(b))
+        x = max(_rel(looped_logits[r, s], eager_logits[r, s]) for r in range(b))
+        print(f"{s:4d}  {e:12.3e}  {o:23.3e}  {x:16.3e}")
+    d = _divergence(looped, plain)
+    both = args.steps if d is None else d[0] + 1
+    diffs = [float((plain_logits[:, t] - looped_logits[:, t]).abs().max()) for t in range(both)]
+    print("uncaptured loop's logits against the HF loop's, max |diff| per step: "
+          + " ".join(f"{x:.3g}" for x in diffs))
     g = _divergence(eager, graphed)
     if g is None:
         return
@@ -103,12 +131,10 @@ def main() -> None:
     gap_e = float(eager_logits[r, s, want] - eager_logits[r, s, got])
     print(f"graphed divergence step {s} row {r}: eager {want}, patched {got}; float32 gap {gap32:.4f}, "
           f"eager's bf16 gap {gap_e:.4f} (error {abs(gap_e - gap32):.4f})")
-    for name, (_, lg) in looped.items():
-        if s < shared[name]:
-            gap_o = float(lg[r, s, want] - lg[r, s, got])
-            print(f"  patched {name}: gap there {gap_o:.4f} (error {abs(gap_o - gap32):.4f}), its top token "
-                  f"{int(lg[r, s].argmax())}, relative error {_rel(lg[r, s], wide[r, s]):.3e} "
-                  f"(eager {_rel(eager_logits[r, s], wide[r, s]):.3e})")
+    if s < shared:
+        gap_o = float(looped_logits[r, s, want] - looped_logits[r, s, got])
+        print(f"  patched HF loop's gap there {gap_o:.4f} (error {abs(gap_o - gap32):.4f}); its top token "
+              f"{int(looped_logits[r, s].argmax())}")
     # the spread of bf16 gap errors at that step: eager against float32 over the top 64 float32 tokens
     top = wide[r, s].topk(64).indices
     errs = ((eager_logits[r, s, top] - eager_logits[r, s, want]) - (wide[r, s, top] - wide[r, s, want])).abs()
