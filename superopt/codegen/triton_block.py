@@ -46,6 +46,14 @@ def _viewed(idx: str, view: tuple, d: int) -> str:
     return idx
 
 
+SUM_CHUNK_ELEMENTS = 4096  # a cross-block sum reads its slots at most this many float32 values at a time
+
+
+def _pow2(n: int) -> int:
+    """The least power of two ≥ n."""
+    return 1 << max(0, (n - 1).bit_length())
+
+
 def _ar(p: int, d: int, rank: int) -> str:
     """tl.arange over dim ``d`` of a rank-``rank`` tile, with broadcast axes elsewhere."""
     r = f"tl.arange(0, {p})"
@@ -193,30 +201,41 @@ class BlockWriter:
                     first: int) -> None:
         """After the blocks of one tile of the outputs ``summed`` (all summed over grid axes
         ``reduced``) stored their parts in their slots of workspaces ``w{j}`` (``store``): the last of
-        them to count itself in (counters from ``first`` on, one per tile) adds the slots up in slot
-        order and stores the sums into ``o{j}``, then leaves its counter zero.
+        them to count itself in (counters from ``first`` on, one per tile) adds the slots up in a
+        fixed order and stores the sums into ``o{j}``, then leaves its counter zero.
 
-        Adding in a fixed order makes the sum the same on every launch: atomic adds into one slot
-        (the earlier design) summed in whatever order the blocks finished, so one bf16 output in a
-        few thousand rounded the other way from run to run — enough to flip Gemma's greedy tokens
-        between two runs of the same patched model. The barrier puts every thread's stores before
-        the count; the count is an acquire-release atomic at GPU scope, so the last block's loads,
-        at L2 (``.cg``, never a stale L1 line), see every other block's stores (CUTLASS's split-K
-        semaphore, and ``_emit_chained``, use the same pattern). Every launch writes every slot
-        before it is read, so the workspaces need no reset. The loop over the slots is unrolled, so
-        its loads are issued back to back rather than one L2 round trip after another."""
+        A fixed order makes the sum the same on every launch: atomic adds into one slot (the earlier
+        design) summed in whatever order the blocks finished, so one bf16 output in a few thousand
+        rounded the other way from run to run — enough to flip Gemma's greedy tokens between two runs
+        of the same patched model. The slots are read ``chunk`` at a time as one [chunk, tile] load
+        summed over its first axis (its loads in flight together, a fixed reduction tree), chunk
+        after chunk. The barrier puts every thread's stores before the count; the count is an
+        acquire-release atomic at GPU scope, so the last block's loads, at L2 (``.cg``, never a stale
+        L1 line), see every other block's stores (CUTLASS's split-K semaphore, and ``_emit_chained``,
+        use the same pattern). Every launch writes every slot before it is read: no reset."""
         b = self.b
         parts = math.prod(b.grid[a] for a in reduced)
         cnt = self.count_in([a for a in range(3) if a not in reduced and b.grid[a] > 1], first, parts)
         for j, o, shape in summed:
             ptrs, mask = self.tile_ptrs(f"w{j}_ptr", o, shape)
-            m = f", mask={mask}" if mask else ""
-            size = math.prod(shape)
-            self.emit(f"sum{j} = tl.load({ptrs}{m}, cache_modifier=\".cg\")", 2)
-            self.emit(f"for part in tl.static_range(1, {parts}):", 2)  # unrolled: the loads overlap
-            self.emit(f"sum{j} += tl.load(part * {size} + {ptrs}{m}, cache_modifier=\".cg\")", 3)
+            pad = list(self.pad[o.value])
+            tile = math.prod(pad)
+            room = max(1, SUM_CHUNK_ELEMENTS // tile)
+            chunk = min(16, _pow2(parts), 1 << (room.bit_length() - 1))  # powers of two: Triton's aranges
+            rank = len(pad)
+            lead = "[:" + ", None" * rank + "]"           # the slot axis in front of the tile's
+            tail = "[None" + ", :" * rank + "]"
+            slot_mask = f"(part < {parts}){lead}" if parts % chunk else None
+            both = " & ".join(f"({m})" for m in (slot_mask, f"({mask}){tail}" if mask else None) if m)
+            m = f", mask={both}, other=0.0" if both else ""
+            self.emit(f"sum{j} = tl.zeros({pad}, tl.float32)", 2)
+            self.emit(f"for first_part in range(0, {parts}, {chunk}):  # in order: the same sum every launch", 2)
+            self.emit(f"part = first_part + tl.arange(0, {chunk})", 3)
+            self.emit(f"sum{j} += tl.sum(tl.load(({ptrs}){tail} + (part * {math.prod(shape)}){lead}{m}, "
+                      f"cache_modifier=\".cg\"), axis=0)", 3)
             optrs, _ = self.tile_ptrs(f"o{j}_ptr", o, shape)
-            self.emit(f"tl.store({optrs}, sum{j}.to(o{j}_ptr.dtype.element_ty){m})", 2)
+            om = f", mask={mask}" if mask else ""
+            self.emit(f"tl.store({optrs}, sum{j}.to(o{j}_ptr.dtype.element_ty){om})", 2)
         self.emit(f"tl.store({cnt}, 0)", 2)
 
     def count_in(self, axes: list[int], first: int, parts: int) -> str:
