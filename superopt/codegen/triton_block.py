@@ -209,7 +209,8 @@ class BlockWriter:
         rounded the other way from run to run — enough to flip Gemma's greedy tokens between two runs
         of the same patched model. The slots are read ``chunk`` at a time as one [chunk, tile] load
         summed over its first axis (its loads in flight together, a fixed reduction tree), chunk
-        after chunk. The barrier puts every thread's stores before the count; the count is an
+        after chunk; a chunk holds up to ``SUM_CHUNK_ELEMENTS`` values, so the usual 4–64 slots of a
+        decode GEMV's tile take one L2 round trip, as the atomic design's read-back did. The barrier puts every thread's stores before the count; the count is an
         acquire-release atomic at GPU scope, so the last block's loads, at L2 (``.cg``, never a stale
         L1 line), see every other block's stores (CUTLASS's split-K semaphore, and ``_emit_chained``,
         use the same pattern). Every launch writes every slot before it is read: no reset."""
@@ -221,7 +222,7 @@ class BlockWriter:
             pad = list(self.pad[o.value])
             tile = math.prod(pad)
             room = max(1, SUM_CHUNK_ELEMENTS // tile)
-            chunk = min(16, _pow2(parts), 1 << (room.bit_length() - 1))  # powers of two: Triton's aranges
+            chunk = min(_pow2(parts), 1 << (room.bit_length() - 1))  # powers of two: Triton's aranges
             rank = len(pad)
             lead = "[:" + ", None" * rank + "]"           # the slot axis in front of the tile's
             tail = "[None" + ", :" * rank + "]"
