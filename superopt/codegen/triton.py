@@ -4,10 +4,10 @@ The kernel of a block graph (ir/graph.py) is the block graph itself, written out
 program per threadblock of the ``grid``; loop-invariant nodes before a ``for`` over the
 ``forloop`` range; inside it the fmap'd tile loads, the loop-variant nodes and the accumulators
 in graph order (as ``interp.evaluate`` runs them); after it the nodes that read final values;
-then one masked store per output. Blocks summed into one output tile (``reduce sum``) finish the sum
-themselves (``BlockWriter.finish_sums``): each stores its part in its own slot of a float32 workspace
-and counts itself in; the last one of its tile adds the slots up in a fixed order (the same sum on
-every launch, unlike atomic adds), resets the counter and stores the sum in the output's dtype — one
+then one masked store per output, an atomic add where blocks must be summed (``reduce sum``).
+Blocks summed into one output tile finish the sum themselves (``BlockWriter.finish_sums``): each adds its
+part into a float32 workspace and counts itself in; the last one of its tile reads the sum back,
+resets the workspace and the counter to zero, and stores the sum in the output's dtype — one
 launch, where a zeroing before and a cast after would be two more. As a launch variant a
 kernel can also run its consumer's blocks in its last block of each group (``ir.chain``,
 ``_emit_chained``): a split kernel and its combine in one launch. The lines of each block graph
@@ -48,7 +48,7 @@ class KernelSpec:
     args: tuple[str, ...]      # kernel-graph tensors read, in launcher order
     outs: tuple[str, ...]      # kernel-graph tensors written, in launcher order
     workspaces: tuple[int, ...]  # indices into ``outs`` that blocks sum (``BlockWriter.finish_sums``) in a
-                                 # float32 workspace w{j} of ``parts`` slots, one output's size each
+                                 # float32 workspace w{j}
     num_warps: int             # defaults: block_threads / 32, and the most stages (≤ 3) whose shared
     num_stages: int            # memory estimate (ir.smem) fits sm_90; the profiler may change them
     paired: bool = False       # two instances in one launch: every pointer twice, the second set's
@@ -58,7 +58,6 @@ class KernelSpec:
                                # launch leaves them (and the workspaces) so
     tail: int = -1             # the consumer node this kernel also runs (``ir.chain``), or -1: then
                                # ``args`` / ``outs`` continue with the consumer's
-    parts: tuple[int, ...] = ()  # per workspace: the blocks summed into one tile (its slots)
 
     def params(self) -> list[str]:
         """The launcher's tensor parameters, in order (one instance's; ``paired`` takes them twice)."""
@@ -148,6 +147,7 @@ def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph, prefetch: b
         k.emit(PDL_WAIT, 1)
         k.emit(PDL_SIGNAL, 1)
     reduced = [reduced_axes(o, b.grid) for o in b.outputs]
+    atomic = [bool(r) for r in reduced]
     # outputs summed over the same grid axes share counters: one per tile of theirs (the product
     # of the other axes), after those of the sets before
     sets = list(dict.fromkeys(r for r in reduced if r))
@@ -158,10 +158,9 @@ def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph, prefetch: b
         args += tuple(tail.args[s] for s in chain.extra_args)
         outs += tuple(v.name for v in tail.outs)
     spec = KernelSpec(kname, f"launch_{kname}", idx, tuple(b.grid), args, outs,
-                      tuple(j for j, r in enumerate(reduced) if r), max(1, b.block_threads // 32),
+                      tuple(j for j, a in enumerate(atomic) if a), max(1, b.block_threads // 32),
                       default_stages(b) or 1, paired, sum(tiles) + (chain.groups if chain else 0),
-                      chain.consumer if chain else -1,
-                      tuple(math.prod(b.grid[a] for a in r) for r in reduced if r))
+                      chain.consumer if chain else -1)
     params = [f"{p_}_ptr" for p_ in spec.params()]
     grid = tuple(b.grid)
     pids = [a for a in range(3) if b.grid[a] > 1]
@@ -181,8 +180,8 @@ def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph, prefetch: b
         params = params + [f"{p_}_b" for p_ in params]
     for a in pids:
         k.emit(f"pid{a} = tl.program_id({a})", 1)
-    _emit_block(k, node, g, [f"w{j}_ptr" if reduced[j] else f"o{j}_ptr" for j in range(len(b.outputs))],
-                reduced, prefetch)
+    _emit_block(k, node, g, [f"w{j}_ptr" if atomic[j] else f"o{j}_ptr" for j in range(len(b.outputs))],
+                atomic, prefetch)
     if sets:
         k.emit("tl.debug_barrier()", 1)
     for r, first in zip(sets, itertools.accumulate([0] + tiles)):
@@ -195,11 +194,10 @@ def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph, prefetch: b
     return spec, text + "\n" + _launcher(spec) + "\n"
 
 
-def _emit_block(k: BlockWriter, node: Node, g: KernelGraph, stores: list[str], summed: list[tuple[int, ...]],
+def _emit_block(k: BlockWriter, node: Node, g: KernelGraph, stores: list[str], atomic: list[bool],
                 prefetch: bool) -> None:
     """The block graph of ``node`` from its loads to its stores (output j through pointer
-    ``stores[j]``, into this block's workspace slot where blocks along grid axes ``summed[j]`` sum
-    into one tile), in ``k``'s indentation."""
+    ``stores[j]``, added atomically where ``atomic[j]``), in ``k``'s indentation."""
     b: BlockGraph = node.block
     var = block_variance(b)
     arg_shapes = [g.type_of(a).shape for a in node.args]
@@ -267,7 +265,7 @@ def _emit_block(k: BlockWriter, node: Node, g: KernelGraph, stores: list[str], s
         if var[n.out.name] == Variance.POST and op_info(n.op).category is not Category.ACCUM:
             k.node(n, 1)
     for j, o in enumerate(b.outputs):
-        k.store(stores[j], o, node.outs[j].type.shape, tuple(summed[j]))
+        k.store(stores[j], o, node.outs[j].type.shape, atomic[j])
 
 
 def _emit_chained(k: BlockWriter, chain: Chain, g: KernelGraph, n_args: int, n_outs: int, first: int) -> None:
@@ -288,7 +286,7 @@ def _emit_chained(k: BlockWriter, chain: Chain, g: KernelGraph, n_args: int, n_o
     for b_axis in chain.free:
         t.emit(f"for {t.pid}{b_axis} in range({tail.block.grid[b_axis]}):", 1)
         t.base += 1
-    _emit_block(t, tail, g, [f"o{n_outs + j}_ptr" for j in range(len(tail.outs))], [()] * len(tail.outs), False)
+    _emit_block(t, tail, g, [f"o{n_outs + j}_ptr" for j in range(len(tail.outs))], [False] * len(tail.outs), False)
     k.lines += t.lines
     k.emit(f"tl.store({cnt}, 0)", 2)
 

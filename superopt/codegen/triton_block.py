@@ -46,14 +46,6 @@ def _viewed(idx: str, view: tuple, d: int) -> str:
     return idx
 
 
-SUM_CHUNK_ELEMENTS = 4096  # a cross-block sum reads its slots at most this many float32 values at a time
-
-
-def _pow2(n: int) -> int:
-    """The least power of two ≥ n."""
-    return 1 << max(0, (n - 1).bit_length())
-
-
 def _ar(p: int, d: int, rank: int) -> str:
     """tl.arange over dim ``d`` of a rank-``rank`` tile, with broadcast axes elsewhere."""
     r = f"tl.arange(0, {p})"
@@ -178,65 +170,38 @@ class BlockWriter:
             terms.append(f"({idx})" + (f" * {stride}" if stride != 1 else ""))
         return f"{ptr} + " + " + ".join(terms), tile_mask(tile, pad)
 
-    def store(self, ptr: str, o, out_shape: tuple[int, ...], summed: tuple[int, ...] = ()) -> None:
-        """Store the block's tile of output ``o``; ``summed``: the grid axes whose blocks sum into that
-        tile, then ``ptr`` is the float32 workspace and the tile goes to this block's own slot of it
-        (``part_slot``), for ``finish_sums`` to add up."""
-        base = f"{ptr} + {self.part_slot(summed, out_shape)}" if summed else ptr
-        ptrs, mask = self.tile_ptrs(base, o, out_shape)
+    def store(self, ptr: str, o, out_shape: tuple[int, ...], atomic: bool) -> None:
+        ptrs, mask = self.tile_ptrs(ptr, o, out_shape)
         val = f"{self.f32(o.value)}.to({ptr}.dtype.element_ty)"
-        self.emit(f"tl.store({', '.join([ptrs, val] + ([f'mask={mask}'] if mask else []))})", 1)
-
-    def part_slot(self, summed: tuple[int, ...], out_shape: tuple[int, ...]) -> str:
-        """The offset of this block's slot in a workspace of ``parts(summed)`` copies of the output:
-        its index over the ``summed`` grid axes times the output's size."""
-        index, stride = [], 1
-        for a in summed:
-            if self.b.grid[a] > 1:
-                index.append(f"{self.pid}{a} * {stride}" if stride > 1 else f"{self.pid}{a}")
-                stride *= self.b.grid[a]
-        return f"({' + '.join(index) or '0'}) * {math.prod(out_shape)}"
+        fn = "tl.atomic_add" if atomic else "tl.store"
+        args = [ptrs, val] + ([f"mask={mask}"] if mask else []) + (['sem="relaxed"'] if atomic else [])
+        self.emit(f"{fn}({', '.join(args)})", 1)
 
     def finish_sums(self, summed: list[tuple[int, object, tuple[int, ...]]], reduced: tuple[int, ...],
                     first: int) -> None:
         """After the blocks of one tile of the outputs ``summed`` (all summed over grid axes
-        ``reduced``) stored their parts in their slots of workspaces ``w{j}`` (``store``): the last of
-        them to count itself in (counters from ``first`` on, one per tile) adds the slots up in a
-        fixed order and stores the sums into ``o{j}``, then leaves its counter zero.
+        ``reduced``) added their parts into workspaces ``w{j}``: the last of them to count itself in
+        (counters from ``first`` on, one per tile) stores the sums into ``o{j}`` and leaves the
+        workspaces and its counter zero.
 
-        A fixed order makes the sum the same on every launch: atomic adds into one slot (the earlier
-        design) summed in whatever order the blocks finished, so one bf16 output in a few thousand
-        rounded the other way from run to run — enough to flip Gemma's greedy tokens between two runs
-        of the same patched model. The slots are read ``chunk`` at a time as one [chunk, tile] load
-        summed over its first axis (its loads in flight together, a fixed reduction tree), chunk
-        after chunk; a chunk holds up to ``SUM_CHUNK_ELEMENTS`` values, so the usual 4–64 slots of a
-        decode GEMV's tile take one L2 round trip, as the atomic design's read-back did. The barrier puts every thread's stores before the count; the count is an
-        acquire-release atomic at GPU scope, so the last block's loads, at L2 (``.cg``, never a stale
-        L1 line), see every other block's stores (CUTLASS's split-K semaphore, and ``_emit_chained``,
-        use the same pattern). Every launch writes every slot before it is read: no reset."""
+        The barrier puts every thread's adds before the count; the count is an acquire-release
+        atomic at GPU scope, so the last block's reads (atomic adds of zero, at L2 as the adds
+        were, never a stale L1 line) see every other block's adds. No other block touches the
+        workspace or the counter again in this launch, so plain stores reset them. The adds and
+        the reads are relaxed atomics: the count alone orders them (CUTLASS's split-K semaphore
+        is the same pattern). Triton's default, acq_rel on every one, makes each vector add a
+        returning atomic that waits for the thread's earlier memory operations: a round trip to
+        L2 per 16 bytes of partial sums, in series."""
         b = self.b
-        parts = math.prod(b.grid[a] for a in reduced)
-        cnt = self.count_in([a for a in range(3) if a not in reduced and b.grid[a] > 1], first, parts)
+        cnt = self.count_in([a for a in range(3) if a not in reduced and b.grid[a] > 1], first,
+                            math.prod(b.grid[a] for a in reduced))
         for j, o, shape in summed:
             ptrs, mask = self.tile_ptrs(f"w{j}_ptr", o, shape)
-            pad = list(self.pad[o.value])
-            tile = math.prod(pad)
-            room = max(1, SUM_CHUNK_ELEMENTS // tile)
-            chunk = min(_pow2(parts), 1 << (room.bit_length() - 1))  # powers of two: Triton's aranges
-            rank = len(pad)
-            lead = "[:" + ", None" * rank + "]"           # the slot axis in front of the tile's
-            tail = "[None" + ", :" * rank + "]"
-            slot_mask = f"(part < {parts}){lead}" if parts % chunk else None
-            both = " & ".join(f"({m})" for m in (slot_mask, f"({mask}){tail}" if mask else None) if m)
-            m = f", mask={both}, other=0.0" if both else ""
-            self.emit(f"sum{j} = tl.zeros({pad}, tl.float32)", 2)
-            self.emit(f"for first_part in range(0, {parts}, {chunk}):  # in order: the same sum every launch", 2)
-            self.emit(f"part = first_part + tl.arange(0, {chunk})", 3)
-            self.emit(f"sum{j} += tl.sum(tl.load(({ptrs}){tail} + (part * {math.prod(shape)}){lead}{m}, "
-                      f"cache_modifier=\".cg\"), axis=0)", 3)
+            m = f", mask={mask}" if mask else ""
+            self.emit(f"sum{j} = tl.atomic_add({ptrs}, 0.0{m}, sem=\"relaxed\")", 2)
+            self.emit(f"tl.store({ptrs}, 0.0{m})", 2)
             optrs, _ = self.tile_ptrs(f"o{j}_ptr", o, shape)
-            om = f", mask={mask}" if mask else ""
-            self.emit(f"tl.store({optrs}, sum{j}.to(o{j}_ptr.dtype.element_ty){om})", 2)
+            self.emit(f"tl.store({optrs}, sum{j}.to(o{j}_ptr.dtype.element_ty){m})", 2)
         self.emit(f"tl.store({cnt}, 0)", 2)
 
     def count_in(self, axes: list[int], first: int, parts: int) -> str:

@@ -88,17 +88,16 @@ class CompiledGraph:
                 self.sums[idx] = self._summed(idx, n)
 
     def _summed(self, idx: int, n) -> "_Summed":
-        """Node ``idx``'s float32 workspaces of cross-block sums (``spec.parts`` slots of the output's
-        shape each), as views of one buffer, and its zeroed counters: its kernel writes every slot
-        before reading it and leaves the counters zero after every launch (``KernelSpec``)."""
+        """Node ``idx``'s float32 workspaces of cross-block sums, as views of one zeroed buffer, and
+        its zeroed counters: its kernel leaves both zero after every launch (``KernelSpec``)."""
         spec = self.kernels[idx][1]
-        sizes = [p * math.prod(n.outs[j].type.shape) for j, p in zip(spec.workspaces, spec.parts)]
+        sizes = [math.prod(n.outs[j].type.shape) for j in spec.workspaces]
         # every view starts 16-byte aligned (offsets in multiples of 8 elements), as Triton's
         # stored kernels were specialised for: a misaligned pointer would need another compile
         starts = [sum(-(-size // 8) * 8 for size in sizes[:i]) for i in range(len(sizes))]
         ws = torch.zeros(starts[-1] + sizes[-1] if sizes else 0, dtype=torch.float32, device=self.device)
         for j, at, size in zip(spec.workspaces, starts, sizes):
-            self.workspace[(idx, j)] = ws[at:at + size].view(-1, *n.outs[j].type.shape)
+            self.workspace[(idx, j)] = ws[at:at + size].view(n.outs[j].type.shape)
         return _Summed(ws, torch.zeros(spec.counters, dtype=torch.int32, device=self.device))
 
     def finish_args(self, idx: int) -> list[torch.Tensor]:

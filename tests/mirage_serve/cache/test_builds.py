@@ -231,5 +231,6 @@ def test_patch_with_a_warm_cache_searches_and_compiles_nothing(tmp_path):
     assert warm["unpatched"] == 0 and warm["searches"] == 0 and warm["reinstantiated"] == 0
     assert warm["compiles"] == 0, warm["report"]
     assert warm["cache_hits"] == cold["searches"] + cold["reinstantiated"]
+    # (tokens are not compared: kernels with atomic cross-block sums are not bitwise deterministic)
     assert any(i.binaries for i in KernelCache(cache, shipped_dir=False).ls(("user",)))
 
