@@ -89,7 +89,8 @@ def _largest_fit(model, opts: BenchOptions, failed: int, done: list[int]) -> int
 
 
 def _measure(lm: LoadedModel, opts: BenchOptions, cache: str, prog: Progress, timed: bool = True):
-    """{batch: (seconds per step, tokens [B, N])} for one run over all batch sizes (ascending).
+    """{batch: (seconds per step, tokens [B, N], first divergence between its timed runs or None)}
+    for one run over all batch sizes (ascending).
 
     ``timed=False``: one generate() a batch, seconds None — eager's reference tokens when eager is not
     a requested baseline (timing it cost a warm-up and 3 repeats for a row not shown: ~100 s a model
@@ -103,9 +104,12 @@ def _measure(lm: LoadedModel, opts: BenchOptions, cache: str, prog: Progress, ti
         ids = _prompt(b, opts.prompt_len, lm.model.config.vocab_size, opts.seed, opts.device)
         try:
             if timed:
-                out[b] = decode_step_time(lm.model, ids, opts.new_tokens, cache, opts.device, opts.repeats, prog)
+                runs: list = []
+                sec, tokens = decode_step_time(lm.model, ids, opts.new_tokens, cache, opts.device, opts.repeats,
+                                               prog, every_run=runs)
+                out[b] = (sec, tokens, _repeat_divergence(runs))
             else:
-                out[b] = (None, generate(lm.model, ids, opts.new_tokens, cache))
+                out[b] = (None, generate(lm.model, ids, opts.new_tokens, cache), None)
                 prog.step("reference tokens")
         except Exception as err:
             if not _is_oom(err):
@@ -137,6 +141,21 @@ def environment(device: str) -> dict:
     else:
         env["device_name"] = platform.processor() or platform.machine()
     return env
+
+
+def _repeat_divergence(runs: list) -> dict | None:
+    """Where the timed runs of one prompt first disagree with the first run (None: all the same).
+    Greedy decoding repeats itself only where every kernel gives the same bits on every launch; a
+    sum whose order changes from launch to launch (atomic adds across blocks) can flip a near-tied
+    token, and then everything after it."""
+    first = runs[0].cpu() if runs else None
+    return next((d for t in runs[1:] if (d := first_divergence(first, t.cpu())) is not None), None)
+
+
+def _repeats(opts: BenchOptions, measured: dict) -> dict:
+    """{run: {batch: first divergence between its timed runs or None}} for every timed run."""
+    return {name: {str(b): per_batch[b][2] for b in opts.batches}
+            for name, per_batch in measured.items() if any(v[0] is not None for v in per_batch.values())}
 
 
 def run(lm: LoadedModel, opts: BenchOptions) -> dict[str, Any]:
@@ -179,6 +198,7 @@ def run(lm: LoadedModel, opts: BenchOptions) -> dict[str, Any]:
     result["sampling"] = result["patch"].pop("sampling", {})
     result["rows"] = _rows(opts, measured, result["floor_ms"])
     result["correctness"] = _correctness(opts, measured)
+    result["repeats"] = _repeats(opts, measured)
     if result["correctness"]["first_divergence"]:
         first = result["correctness"]["first_divergence"]
         result["correctness"].update(_tie_check(lm.model, opts, measured, first))

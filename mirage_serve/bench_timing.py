@@ -69,11 +69,12 @@ def _timed(model, ids, n: int, cache: str, device: str) -> tuple[float, object]:
 
 
 def decode_step_time(model, ids, new_tokens: int, cache: str, device: str, repeats: int,
-                     progress: Progress | None = None):
+                     progress: Progress | None = None, every_run: list | None = None):
     """(seconds per decode step, new token ids [B, new_tokens]) — median over `repeats`.
 
     Warm-up (and compile) at both lengths on GPU and for the static cache; CPU eager has nothing to
-    warm, and skipping it halves the default CPU run.
+    warm, and skipping it halves the default CPU run. ``every_run``: a list that receives the new
+    tokens of each timed run (the same prompt each time: whether the run repeats itself).
     """
     if device.startswith("cuda") or cache.startswith("static"):
         _timed(model, ids, new_tokens, cache, device)
@@ -83,6 +84,8 @@ def decode_step_time(model, ids, new_tokens: int, cache: str, device: str, repea
     longs, shorts, tokens = [], [], None
     for _ in range(repeats):
         t_long, tokens = _timed(model, ids, new_tokens, cache, device)
+        if every_run is not None:
+            every_run.append(tokens)
         t_short, _ = _timed(model, ids, 1, cache, device)
         longs.append(t_long)
         shorts.append(t_short)

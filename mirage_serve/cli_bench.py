@@ -130,6 +130,8 @@ def format_result(r: dict) -> str:
                      f"{_f(row['tok_per_s'], '.1f'):>9} {_f(row['pct_of_floor'], '.1f'):>8}" +
                      "".join(f" {_ratio(row['speedup'].get(b)):>18}" for b in bases))
     lines += ["", "correctness " + correctness_line(r)]
+    if r.get("repeats"):
+        lines.append("repeats     " + repeats_line(r))
     if "sampling" in r:
         lines.append("sampling    " + sampling_line(r))
     lines += [f"note        {n}" for n in r["notes"]]
@@ -168,6 +170,8 @@ def format_markdown(r: dict) -> str:
                      f"{_f(row['tok_per_s'], '.1f')} | {pct} | "
                      + " | ".join(_ratio(row["speedup"].get(b)) for b in s["baselines"]) + " |")
     lines += ["", "correctness: " + correctness_line(r)]
+    if r.get("repeats"):
+        lines += ["", "repeats: " + repeats_line(r)]
     if r.get("speed_note"):
         lines += ["", r["speed_note"]]
     if "sampling" in r:
@@ -192,6 +196,18 @@ def correctness_line(r: dict) -> str:
                 f"({'a tie at the model dtype' if c['near_tie'] else 'eager is right beyond that error'})")
     return (f"{head}: greedy tokens diverge from eager at step {d['step']} (batch {d['batch']}, "
             f"row {d['row']}: expected {d['expected']}, got {d['got']}) within {where}{gap}")
+
+
+def repeats_line(r: dict) -> str:
+    """Whether each timed run gave the same greedy tokens every time it ran (bench._repeats)."""
+    n = r["settings"]["repeats"]
+    parts = []
+    for name, per_batch in r["repeats"].items():
+        moved = [(b, d) for b, d in per_batch.items() if d is not None]
+        parts.append(f"{name} the same tokens in all {n} timed runs" if not moved else
+                     f"{name} NOT repeatable: " + ", ".join(f"batch {b} differs from its first run at step "
+                                                           f"{d['step']} (row {d['row']})" for b, d in moved))
+    return "; ".join(parts)
 
 
 def sampling_line(r: dict) -> str:

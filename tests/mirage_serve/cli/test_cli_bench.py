@@ -241,9 +241,11 @@ def test_eager_not_asked_for_runs_once_untimed(tmp_path, monkeypatch):
 
     timed = []
 
-    def fake(model, ids, new_tokens, cache, *a, **kw):  # no torch.compile on the CPU: static runs eagerly
+    def fake(model, ids, new_tokens, cache, *a, every_run=None, **kw):  # no torch.compile on the CPU
         timed.append(cache)
-        return 1e-3, bench_timing.generate(model, ids, new_tokens, "static-eager" if cache == "static" else cache)
+        tokens = bench_timing.generate(model, ids, new_tokens, "static-eager" if cache == "static" else cache)
+        every_run.extend([tokens, tokens])
+        return 1e-3, tokens
 
     monkeypatch.setattr(bench, "decode_step_time", fake)
     generated = []
@@ -263,6 +265,29 @@ def test_eager_not_asked_for_runs_once_untimed(tmp_path, monkeypatch):
     assert [(r["batch"], r["run"]) for r in doc["rows"]] == [(1, "ours"), (1, "static-compile"), (3, "ours"),
                                                              (3, "static-compile")]
     assert doc["correctness"]["checked"] and doc["correctness"]["identical"]
+    assert doc["repeats"] == {"static-compile": {"1": None, "3": None}, "ours": {"1": None, "3": None}}
+
+
+def test_a_run_whose_timed_runs_disagree_is_reported_not_repeatable(tmp_path, capsys, monkeypatch):
+    """Greedy tokens that change between two timed runs of one prompt (a sum whose order changes
+    from launch to launch) are named in the table and the record; correctness is judged apart."""
+    real = bench.decode_step_time
+
+    def fake(model, ids, *a, every_run=None, **kw):
+        step, tokens = real(model, ids, *a, every_run=every_run, **kw)
+        if ids.shape[0] == 3 and every_run is not None:  # batch 3: the last timed run moves row 2, step 4
+            every_run[-1] = every_run[-1].clone()
+            every_run[-1][2, 4] += 1
+        return step, tokens
+
+    monkeypatch.setattr(bench, "decode_step_time", fake)
+    j = tmp_path / "r.json"
+    assert main(tiny_bench_args("--json", str(j), "--cache-dir", str(tmp_path / "kc"))) == E.EXIT_OK
+    moved = {"step": 4, "row": 2}
+    for run in ("eager", "ours"):
+        rec = json.loads(j.read_text())["repeats"][run]
+        assert rec["1"] is None and {k: rec["3"][k] for k in moved} == moved
+    assert "ours NOT repeatable: batch 3 differs from its first run at step 4 (row 2)" in capsys.readouterr().out
 
 
 def _tiny_json_argv(j) -> list[str]:
