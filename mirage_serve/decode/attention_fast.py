@@ -121,6 +121,11 @@ def fused_qk_norm(module) -> tuple | None:
     return qn.weight, kn.weight, eps, form
 
 
+def _unit_rows(t: torch.Tensor) -> torch.Tensor:
+    """``t`` [rows, n] with unit stride along each row (``attention_launch``'s layout): as it is, or a copy."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
 class FastAttention:
     """The fast path of one attention module and its first-use verdict."""
 
@@ -158,8 +163,10 @@ class FastAttention:
         b, d = x.shape[0], self.module.head_dim
         if keys.shape[0] != b or keys.shape[1] != self.hkv or keys.shape[3] != d or keys.dtype != x.dtype:
             return None
-        pe = kwargs.get("position_embeddings")  # cos, sin over the rotary dims: all of d, or fewer (partial)
-        if not (isinstance(pe, tuple) and len(pe) == 2 and pe[0].dtype == x.dtype
+        # cos, sin over the rotary dims (all of d, or fewer: partial), in x's dtype or in float32 (OLMo-2's
+        # rotary embedding keeps them wide, and its RoPE then computes in float32: the kernel does too)
+        pe = kwargs.get("position_embeddings")
+        if not (isinstance(pe, tuple) and len(pe) == 2 and pe[0].dtype in (x.dtype, torch.float32)
                 and 0 < pe[0].shape[-1] <= d and pe[0].shape[-1] % 2 == 0 and pe[1].shape == pe[0].shape):
             return None
         cos, sin = (t.reshape(t.shape[0], t.shape[-1]) for t in pe)
@@ -192,7 +199,9 @@ class FastAttention:
             q, k = m.q_norm(q), m.k_norm(k)
         elif self.qk_norm is None and getattr(m, "q_norm", None) is not None:
             q, k = m.q_norm(q.view(b, 1, self.hq, d)), m.k_norm(k.view(b, 1, self.hkv, d))
-        return (t.reshape(b, -1) for t in (q, k, v))
+        # the kernels read each row with unit stride; a projection site may hand back another layout
+        # (OLMo-2's projections alone at 2+ rows: [b, N] with strides (1, b)), which is copied then
+        return (_unit_rows(t.reshape(b, -1)) for t in (q, k, v))
 
     def fast(self, step) -> torch.Tensor:
         x, cos, sin, layer, mask, pos, advance = step

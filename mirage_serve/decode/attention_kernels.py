@@ -49,9 +49,13 @@ def _head(ptr, d, partner, ok, w_ptr, eps, D: tl.constexpr, NORM: tl.constexpr, 
 
 
 @triton.jit
-def _rope(x, xp, sign, cos, sin, dt):
+def _rope(x, xp, sign, cos, sin, dt, WIDE: tl.constexpr):
     """x·cos + rotate_half(x)·sin, with rotate_half(x)[i] = -x[i + R/2] (i < R/2) or x[i - R/2]
-    over the R rotary dims (``xp`` the partner, ``sign`` its sign); products and sum rounded to ``dt``."""
+    over the R rotary dims (``xp`` the partner, ``sign`` its sign). WIDE 0: products and sum each
+    rounded to ``dt``, as HF's eager ops round them when cos/sin come in the model's dtype; 1: all in
+    float32, rounded once, as HF computes it when cos/sin come in float32 (OLMo-2)."""
+    if WIDE:
+        return (x * cos + sign * xp * sin).to(dt)
     a = (x * cos).to(dt).to(tl.float32)
     b = (sign * xp * sin).to(dt).to(tl.float32)
     return (a + b).to(dt)
@@ -71,13 +75,13 @@ def _attend_split(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr
                   HKV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr,
                   BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                   MASK_KIND: tl.constexpr, QK_NORM: tl.constexpr, PDL: tl.constexpr, ROT: tl.constexpr,
-                  SOFTCAP: tl.constexpr = 0.0):
+                  SOFTCAP: tl.constexpr = 0.0, ROPE_WIDE: tl.constexpr = 0):
     """MASK_KIND: 0 none (attend to every written slot), 1 boolean (True = attend), 2 additive.
     QK_NORM: 0 none, else q and k RMS-normalised per head before RoPE in that form of ``_head``
     (weights ``qn_ptr``, ``kn_ptr``, ``eps``).
     ROT: the rotary dims, the first ROT of each head (D, or fewer: StableLM's partial rotary); the rest
     pass through RoPE unchanged. SOFTCAP: > 0: the scaled scores are soft-capped (``_softcap``) before
-    the mask, as HF's Gemma-2 does.
+    the mask, as HF's Gemma-2 does. ROPE_WIDE: RoPE in float32, rounded once (``_rope``).
     PDL: launched with programmatic dependent launch (superopt.runtime.grid_dependency)."""
     if PDL:  # nothing is read or written before the kernel before this one is complete
         tl.extra.cuda.gdc_wait()
@@ -105,12 +109,12 @@ def _attend_split(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr
     qd_ok = g_ok[:, None] & d_ok[None, :]
     qx, qp = _head(q_ptr + row * q_sb + heads[:, None] * D, d[None, :], partner[None, :], qd_ok,
                    qn_ptr, eps, D, QK_NORM, 1, dt)
-    q = _rope(qx, qp, sign[None, :], cos[None, :], sin[None, :], dt)             # [BLOCK_G, BLOCK_D]
+    q = _rope(qx, qp, sign[None, :], cos[None, :], sin[None, :], dt, ROPE_WIDE)  # [BLOCK_G, BLOCK_D]
     # The new token's k and v (only the program whose slice holds its slot uses them) are loaded
     # here, not where they are used: that program is the kernel's critical path, and its loads
     # then overlap the cache tiles' instead of following them.
     kx, kp = _head(k_ptr + row * k_sb + kv * D, d, partner, d_ok, kn_ptr, eps, D, QK_NORM, 0, dt)
-    k_new = _rope(kx, kp, sign, cos, sin, dt)                                         # [BLOCK_D]
+    k_new = _rope(kx, kp, sign, cos, sin, dt, ROPE_WIDE)                              # [BLOCK_D]
     v_new = tl.load(v_ptr + row * v_sb + kv * D + d, mask=d_ok, other=0.0)
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)

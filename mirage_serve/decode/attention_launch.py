@@ -2,7 +2,7 @@
 
 Shapes (b rows, Hq query heads, Hkv kv heads, d head dim, L cache capacity):
 q, k, v: [b, Hq·d], [b, Hkv·d], [b, Hkv·d] (row stride free, unit stride inside a row);
-cos, sin: [b or 1, d]; keys, values: the cache layer's [b, Hkv, L, d]; pos: int64 device scalar
+cos, sin: [b or 1, d] (q's dtype or float32); keys, values: the cache layer's [b, Hkv, L, d]; pos: int64 device scalar
 (the slot the new token is written to); mask: None or [b or 1, L] (bool: True attends; float:
 added to the scores). Returns the attention output [b, Hq·d] in q's dtype.
 """
@@ -63,7 +63,8 @@ def decode_attention(q, k, v, cos, sin, keys, values, pos, mask, scale: float,
     kernel is cut and launched. ``pdl``: with programmatic dependent launch where the GPU has it.
     ``softcap``: Gemma-2's attention logit softcapping (``cap · tanh(s / cap)`` on the scaled scores).
     ``rotary_dim``: RoPE on the first that many dims of each head (cos, sin: [b or 1, rotary_dim]);
-    None: the whole head."""
+    None: the whole head. cos and sin in float32 with q narrower: RoPE is computed in float32 and
+    rounded once (HF's OLMo-2), else each product is rounded to q's dtype."""
     b, hkv, cap, d = keys.shape
     hq = q.shape[1] // d
     group = hq // hkv
@@ -89,7 +90,7 @@ def decode_attention(q, k, v, cos, sin, keys, values, pos, mask, scale: float,
         float(scale), float(eps), chunk,
         HKV=hkv, GROUP=group, D=d, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d,
         BLOCK_N=plan.block_n, MASK_KIND=kind, QK_NORM=form, PDL=pdl, ROT=rotary_dim or d,
-        SOFTCAP=float(softcap or 0.0),
+        SOFTCAP=float(softcap or 0.0), ROPE_WIDE=int(cos.dtype == torch.float32 and q.dtype != torch.float32),
         num_warps=plan.num_warps, num_stages=plan.num_stages, **options)
 
     out = torch.empty(b, hq * d, dtype=q.dtype, device=dev)

@@ -10,20 +10,22 @@ from transformers import (AutoConfig, Gemma2Config, Gemma3TextConfig, GraniteCon
                           Qwen3Config)
 
 # (rows, q heads, kv heads, head dim, capacity, slot, mask kind, per-head q/k RMSNorm form (0 none, 1 HF's
-#  usual, 2 Gemma-3's 1 + weight), logit softcap or 0, rotary dims or 0 for the whole head)
+#  usual, 2 Gemma-3's 1 + weight), logit softcap or 0, rotary dims or 0 for the whole head, cos/sin in float32)
 KERNEL_CASES = {
-    "mha_first_slot": (1, 4, 4, 32, 64, 0, "none", 0, 0.0, 0),
-    "gqa7_bool_padded": (3, 14, 2, 64, 200, 131, "bool", 0, 0.0, 0),
-    "d96_additive_last_slot": (2, 6, 2, 96, 130, 129, "additive", 0, 0.0, 0),
-    "many_splits_broadcast_mask": (2, 3, 1, 16, 1000, 517, "bool1", 0, 0.0, 0),
-    "qk_norm_gqa4": (2, 8, 2, 64, 150, 77, "bool", 1, 0.0, 0),
-    "qk_norm_d96_padded_lanes": (1, 3, 1, 96, 70, 69, "none", 1, 0.0, 0),
+    "mha_first_slot": (1, 4, 4, 32, 64, 0, "none", 0, 0.0, 0, False),
+    "gqa7_bool_padded": (3, 14, 2, 64, 200, 131, "bool", 0, 0.0, 0, False),
+    "d96_additive_last_slot": (2, 6, 2, 96, 130, 129, "additive", 0, 0.0, 0, False),
+    "many_splits_broadcast_mask": (2, 3, 1, 16, 1000, 517, "bool1", 0, 0.0, 0, False),
+    "qk_norm_gqa4": (2, 8, 2, 64, 150, 77, "bool", 1, 0.0, 0, False),
+    "qk_norm_d96_padded_lanes": (1, 3, 1, 96, 70, 69, "none", 1, 0.0, 0, False),
     # Gemma-3's per-head norms: times 1 + weight, in float32 (weights near 0, as Gemma's are)
-    "qk_norm_one_plus_weight": (2, 8, 2, 64, 150, 77, "bool", 2, 0.0, 0),
+    "qk_norm_one_plus_weight": (2, 8, 2, 64, 150, 77, "bool", 2, 0.0, 0, False),
     # scores of |s| ~ 3-10 (q scaled up) against a cap of 5: tanh far from linear, as Gemma-2's cap of 50 bites
-    "softcap_gqa2_bool": (2, 4, 2, 32, 150, 90, "bool", 0, 5.0, 0),
+    "softcap_gqa2_bool": (2, 4, 2, 32, 150, 90, "bool", 0, 5.0, 0, False),
     # StableLM-2: RoPE on the first quarter of each head, the rest passed through
-    "partial_rotary_quarter": (2, 8, 2, 64, 150, 77, "bool", 0, 0.0, 16),
+    "partial_rotary_quarter": (2, 8, 2, 64, 150, 77, "bool", 0, 0.0, 16, False),
+    # OLMo-2: cos and sin in float32 beside fp16 / bf16 q and k, RoPE computed in float32 and rounded once
+    "rope_in_float32": (2, 8, 2, 64, 150, 77, "bool", 0, 0.0, 0, True),
 }
 EPS = 1e-6
 
@@ -40,7 +42,7 @@ def _rope(x, cos, sin):  # x: [b, H, d]; cos, sin: [b, r] — HF's rotate-half c
     return torch.cat((xr * cos[:, None] + turned * sin[:, None], rest), -1)
 
 
-def kernel_case(rows, hq, hkv, d, cap, slot, kind, qk_norm, softcap, rot, dtype, device="cpu", seed=0):
+def kernel_case(rows, hq, hkv, d, cap, slot, kind, qk_norm, softcap, rot, wide_rope, dtype, device="cpu", seed=0):
     g = torch.Generator().manual_seed(seed)
     rnd = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
     q, k, v = rnd(rows, hq * d), rnd(rows, hkv * d), rnd(rows, hkv * d)
@@ -65,7 +67,8 @@ def kernel_case(rows, hq, hkv, d, cap, slot, kind, qk_norm, softcap, rot, dtype,
     from mirage_serve.decode.attention_launch import decode_attention
 
     t = getattr(torch, dtype)
-    args = [x.to(t).to(device) for x in (q, k, v, cos, sin, keys, values, qw, kw)]
+    args = [x.to(torch.float32 if wide_rope and i in (3, 4) else t).to(device)
+            for i, x in enumerate((q, k, v, cos, sin, keys, values, qw, kw))]
     q, k, v, cos, sin, keys, values, qw, kw = (x.double().cpu() for x in args)  # the reference sees the rounded inputs
     kc, vc = args[5].clone(), args[6].clone()
     counter = torch.tensor(slot, dtype=torch.int64, device=device)
@@ -133,6 +136,10 @@ SMALL_WINDOW = Gemma3TextConfig(vocab_size=97, hidden_size=45, intermediate_size
 # a family with no adapter whose RoPE turns a quarter of each head (StableLM-2's partial rotary)
 STABLELM = AutoConfig.for_model("stablelm", vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                                 num_attention_heads=4, num_key_value_heads=2, pad_token_id=0)
+# OLMo-2 wide enough that the searched designs of its q/k/v projection sites (projections alone: it has no
+# input norm) hand back [rows, n] in another layout than row-major (strides (1, rows)); the kernels read a copy
+OLMO2_SEARCHED = AutoConfig.for_model("olmo2", vocab_size=97, hidden_size=128, intermediate_size=96,
+                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
 # a family with no adapter in patches/: patch() finds its attention module by what the fast path needs
 GRANITE = GraniteConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                         num_attention_heads=4, num_key_value_heads=2, attention_multiplier=0.25,
@@ -161,10 +168,13 @@ def family_case(name, config, how="install"):
         ids, mask = ids1, None
     with torch.no_grad():
         ref_seq, ref_logits = _decode(model, ids, mask)
-        if how in ("patch", "patch_residual"):
-            fused = how == "patch_residual"  # the layer's residual adds inside o_proj/down_proj too
-            report = mirage_serve.patch(model, backend="torch", search_budget=0, batch_sizes=(4,),
-                                        options=PatchOptions(fused_residual=fused))
+        if how in ("patch", "patch_residual", "patch_searched"):
+            fused = how != "patch"  # the layer's residual adds inside o_proj/down_proj too
+            # searched: the sites' μGraphs are searched designs (their outputs' layouts are theirs),
+            # else the programs themselves (library ops), which keeps the interpreter run short
+            budget = {} if how == "patch_searched" else {"search_budget": 0}
+            report = mirage_serve.patch(model, backend="torch", batch_sizes=(4,),
+                                        options=PatchOptions(fused_residual=fused), **budget)
             assert report.patched, str(report)
             assert ("residual adds: in the" in report.note) == fused, report.note
         else:
@@ -189,7 +199,7 @@ def family_case(name, config, how="install"):
            "logits_err": float((logits - ref_logits).norm() / ref_logits.norm()),
            "fast_calls": len(calls), "masks": sorted(set(calls)), "verdicts": attention_verdicts(model),
            "qk_norm_fused": fused_norms}
-    if how in ("patch", "patch_residual"):  # unpatch takes the attention forwards away with the sites
+    if how.startswith("patch"):  # unpatch takes the attention forwards away with the sites
         mirage_serve.unpatch(model)
         with torch.no_grad():
             again, again_logits = _decode(model, ids, mask)

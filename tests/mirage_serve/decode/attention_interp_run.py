@@ -27,8 +27,8 @@ import sys
 
 os.environ["TRITON_INTERPRET"] = "1"
 
-from tests.mirage_serve.decode.attention_cases import (FAMILIES, GRANITE, KERNEL_CASES, SMALL_WINDOW, STABLELM,  # noqa: E402
-                                                       family_case, kernel_case)
+from tests.mirage_serve.decode.attention_cases import (FAMILIES, GRANITE, KERNEL_CASES, OLMO2_SEARCHED,  # noqa: E402
+                                                       SMALL_WINDOW, STABLELM, family_case, kernel_case)
 
 
 def main() -> None:
@@ -45,7 +45,8 @@ def main() -> None:
               ("llama_unpadded", FAMILIES["llama"], "unpadded"), ("qwen3_patched", FAMILIES["qwen3"], "patch_residual"),
               ("gemma3_small_window", SMALL_WINDOW, "install"), ("granite_traced", GRANITE, "patch"),
               ("gemma2_patched", FAMILIES["gemma2"], "patch_residual"), ("stablelm_traced", STABLELM, "patch"),
-              ("phi3_window_patched", FAMILIES["phi3_window"], "patch_residual")]
+              ("phi3_window_patched", FAMILIES["phi3_window"], "patch_residual"),
+              ("olmo2_patched", OLMO2_SEARCHED, "patch_searched")]
     for name, config, how in cases:
         try:
             result[f"family/{name}"] = family_case(name, config, how)

@@ -44,7 +44,7 @@ def test_kernels_match_float64(interp, case, dtype):
 
 @pytest.mark.parametrize("name", list(FAMILIES) + ["llama_patched", "llama_patched_residual", "llama_unpadded",
                                                    "qwen3_patched", "granite_traced", "stablelm_traced", "gemma2_patched",
-                                                   "phi3_window_patched"])
+                                                   "phi3_window_patched", "olmo2_patched"])
 def test_family_decodes_hf_tokens_through_the_fast_path(interp, name):
     r = interp[f"family/{name}"]
     assert not isinstance(r, str), r
