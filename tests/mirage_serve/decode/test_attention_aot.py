@@ -25,11 +25,13 @@ def _compile(fn, types: dict, consts: dict, num_warps: int):
 
 
 # (dtype, kv heads, group, head dim, mask kind, q/k norm form): Llama-3-8B, Qwen2.5-0.5B, Phi-3 (d 96), Gemma-2
-# (d 256), Qwen3-8B, Gemma-3-1B (d 256, 1 + weight)
+# (d 256), Qwen3-8B, Gemma-3-1B (d 256, 1 + weight), OLMo-2-1B (MHA, cos/sin in float32)
 CASES = [("bfloat16", 8, 4, 128, 1, 0), ("bfloat16", 2, 7, 64, 2, 0), ("float16", 32, 1, 96, 0, 0),
-         ("bfloat16", 1, 8, 256, 1, 0), ("bfloat16", 8, 4, 128, 1, 1), ("bfloat16", 1, 4, 256, 1, 2)]
+         ("bfloat16", 1, 8, 256, 1, 0), ("bfloat16", 8, 4, 128, 1, 1), ("bfloat16", 1, 4, 256, 1, 2),
+         ("bfloat16", 16, 1, 128, 1, 0)]
 SOFTCAP = {(1, 8, 256): 50.0}  # a Gemma head shape, with Gemma-2's attention logit softcapping
 ROT = {(2, 7, 64): 16}  # partial rotary (StableLM-2's quarter of the head) on one of them
+WIDE_ROPE = {(16, 1, 128)}  # RoPE in float32 from float32 cos/sin (OLMo-2's)
 
 
 @pytest.mark.parametrize("dtype,hkv,group,d,mask,qk_norm", CASES)
@@ -39,14 +41,16 @@ def test_attention_kernels_compile_for_sm90(dtype, hkv, group, d, mask, qk_norm)
 
     t = PTR[dtype]
     block_d = max(16, _pow2(d))
+    wide = (hkv, group, d) in WIDE_ROPE
     types = {n: t for n in ("q_ptr", "k_ptr", "v_ptr", "cos_ptr", "sin_ptr", "kc_ptr", "vc_ptr", "qn_ptr", "kn_ptr")}
+    types.update({"cos_ptr": "*fp32", "sin_ptr": "*fp32"} if wide else {})
     types.update({"pos_ptr": "*i64", "mask_ptr": {0: "*i64", 1: "*i1", 2: t}[mask],
                   "o_ptr": "*fp32", "m_ptr": "*fp32", "l_ptr": "*fp32", "scale": "fp32", "eps": "fp32"})
     pdl = mask != 0  # both ways: with programmatic dependent launch (as on sm_90+) and without
     k = _compile(_attend_split, types, dict(HKV=hkv, GROUP=group, D=d, BLOCK_G=max(16, _pow2(group)),
                                             BLOCK_D=block_d, BLOCK_N=BLOCK_N, MASK_KIND=mask, QK_NORM=qk_norm,
                                             PDL=pdl, ROT=ROT.get((hkv, group, d), d),
-                                            SOFTCAP=SOFTCAP.get((hkv, group, d), 0.0)), 4)
+                                            SOFTCAP=SOFTCAP.get((hkv, group, d), 0.0), ROPE_WIDE=int(wide)), 4)
     assert k.asm["cubin"] and "mma.sync" in k.asm["ptx"]  # q·Kᵀ and p·V on tensor cores
     c = _compile(_combine, {"o_ptr": "*fp32", "m_ptr": "*fp32", "l_ptr": "*fp32", "out_ptr": t, "len_ptr": "*i64"},
                  dict(HQ=hkv * group, D=d, SPLITS=5, BLOCK_S=8, BLOCK_D=block_d, ADVANCE=True, PDL=pdl), 1)
