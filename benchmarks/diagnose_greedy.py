@@ -2,7 +2,7 @@
 
     python benchmarks/diagnose_greedy.py Gemma-3-1B --batch 8 --steps 16
 
-The bench's prompts and weights (``bench._prompt``, ``bench_load``, seed 0), then four greedy runs of
+The bench's prompts and weights (``bench._prompt``, ``bench_load``, seed 0), then five greedy runs of
 ``--steps`` tokens on the same prompts:
 
 * eager (HF, unpatched) with its logits, and those logits' float32 reference along eager's tokens
@@ -12,7 +12,8 @@ The bench's prompts and weights (``bench._prompt``, ``bench_load``, seed 0), the
   static cache (so the decode-attention kernels and the per-step CUDA graphs run too; what the
   sampling check compares): a divergence only the graphed loop shows points at the loop, not the kernels;
 * the graphed loop's code without CUDA graphs (``DecodeLoop`` run step by step), with its logits:
-  against the HF loop's, a difference is the loop's inputs (mask, positions), not the graph;
+  against the HF loop's (the same kernels), a difference is the loop's inputs (mask, positions) or
+  kernels that do not give the same bits on every launch (atomic cross-block sums), not the graph;
 * patched at batch 1, the first divergent row alone: the batch-1 kernels on that row's history.
 
 Then per step, while eager and the patched HF-loop run share their history: each run's relative
