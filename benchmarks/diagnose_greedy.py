@@ -100,6 +100,9 @@ def main() -> None:
     if args.device == "cpu":  # no CUDA graphs off the GPU: the runner alone, so the loop still runs
         from mirage_serve.decode.runner import install_decode_graphs
         install_decode_graphs(model, capture=False)
+    # the decode-attention kernels' first-use check runs on the first decode step after patch(), and the
+    # original forward's output stands for that step: spend it here, so every run below is the kernels'
+    _greedy(model, ids, 2, False)
     graphed, _ = _greedy(model, ids, args.steps, False)
     looped, looped_logits = _greedy(model, ids, args.steps, True)
     plain, plain_logits = _loop_uncaptured(model, ids, args.steps)
