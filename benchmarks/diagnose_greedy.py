@@ -66,10 +66,6 @@ def _loop_uncaptured(model, ids, steps: int):
     return tokens, torch.stack(seen[:steps], dim=1)
 
 
-def _rel(a, b) -> float:
-    return float((a.double() - b.double()).norm() / b.double().norm())
-
-
 def _divergence(ref, got) -> tuple[int, int] | None:
     from mirage_serve.bench_timing import first_divergence
 
@@ -88,6 +84,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from mirage_serve import bench, bench_sampling
+    from mirage_serve.bench_sampling import _rel  # the sampling check's relative error
     from mirage_serve.bench_load import load
     from mirage_serve.patching.pipeline import patch
 
