@@ -140,6 +140,15 @@ def main() -> None:
     top = wide[r, s].topk(64).indices
     errs = ((eager_logits[r, s, top] - eager_logits[r, s, want]) - (wide[r, s, top] - wide[r, s, want])).abs()
     print(f"  eager's gap errors to the top-64 float32 tokens: median {errs.median():.4f}, max {errs.max():.4f}")
+    p = _divergence(eager, plain)
+    if p is None or p[0] >= s:  # the uncaptured loop saw eager's history up to step s: its logits there
+        gap_p = float(plain_logits[r, s, want] - plain_logits[r, s, got])
+        ours = ((plain_logits[r, s, top] - plain_logits[r, s, want]) - (wide[r, s, top] - wide[r, s, want])).abs()
+        print(f"  uncaptured loop's gap there {gap_p:.4f} (error {abs(gap_p - gap32):.4f}); its gap errors to the "
+              f"top-64 float32 tokens: median {ours.median():.4f}, max {ours.max():.4f}")
+    same = _divergence(plain, graphed)
+    print("graphed loop's tokens against the uncaptured loop's: "
+          + ("identical" if same is None else f"diverge at step {same[0]}, row {same[1]}"))
     alone, _ = _greedy(model, ids[r:r + 1], args.steps, False)
     a = _divergence(eager[r:r + 1], alone)
     print(f"row {r} alone at batch 1 (graphed): " + ("identical to eager" if a is None else f"diverges at step {a[0]}"))

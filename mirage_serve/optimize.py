@@ -218,8 +218,9 @@ def _choose(program: KernelGraph, budget, arch: str, cache, key, seed, pick, res
         if cached is not None:
             # Research re-searches shipped entries only: a user entry's key holds the digest of the
             # superopt source that made it, so it is this search's own result already. A shipped entry
-            # holding the unfused program is searched again even without research (``unfused_shipped``).
-            if (not research or entry.origin != "shipped") and not unfused_shipped(program, cached.graph, entry):
+            # holding the unfused program is searched again even without research (``unproven_program``).
+            if ((not research or entry.origin != "shipped")
+                    and not unproven_program(program, cached.graph, entry, pick is not None)):
                 return cached
             incumbent = cached.graph
 
@@ -251,13 +252,20 @@ def _choose(program: KernelGraph, budget, arch: str, cache, key, seed, pick, res
     return done(best, "search", "searched", result)
 
 
-def unfused_shipped(program: KernelGraph, graph: KernelGraph, entry) -> bool:
-    """Whether a shipped cache entry holds the program itself (library kernels, nothing fused): a
-    claim, made by an older search, that nothing it offered beat the library. The search since has
-    grown (Gemma's gelu_tanh gate/up: 3 candidates timed then, the program won at 34.8 µs on the
-    H100; 33 now, the best one kernel at 15.2 µs), so such a hit is searched again once, its μGraph
-    the incumbent as in research mode, and the winner is stored in the user's cache."""
-    return entry.origin == "shipped" and graph == program
+def unproven_program(program: KernelGraph, graph: KernelGraph, entry, profiled: bool) -> bool:
+    """Whether a cache hit holds the program itself (library kernels, nothing fused) without the
+    GPU's word that nothing beat it: searched again once, its μGraph the incumbent as in research
+    mode, and the winner stored in the user's cache (with its time, so the check passes from then).
+
+    A shipped entry's claim was made by an older search, and the search has grown (Gemma's gelu_tanh
+    gate/up: 3 candidates timed then, the program won at 34.8 µs on the H100; 33 now, the best one
+    kernel at 15.2 µs). A user entry never timed on the GPU (no ``median_us``: written where no
+    profiler ran) says nothing either, once a profiler (``profiled``) can decide: one such entry held
+    Gemma-3-1B's gate/up at 16 library launches through a whole session's benches, 38 µs a layer
+    where the search's best takes 13."""
+    if graph != program:
+        return False
+    return entry.origin == "shipped" or (profiled and entry.meta.get("median_us") is None)
 
 
 # Research mode replaces a shipped μGraph only when a new one is at least 5% faster: below that,

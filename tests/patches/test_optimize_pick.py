@@ -175,3 +175,44 @@ def test_a_shipped_unfused_program_is_searched_again_and_the_fused_winner_stored
     # the user entry is this search's own: believed from now on
     assert optimize.choose(program, budget=states_budget(), arch="sm_90", cache=cache, key=key,
                            pick=pick).source == "cache" and len(offered) == 1
+
+
+def test_a_user_entry_holding_the_program_untimed_is_searched_again_where_a_profiler_can_decide(tmp_path):
+    # written where no profiler ran: the program, with no GPU time; a patch with the profiler searches
+    # once more (the entry the incumbent), stores the timed winner, and believes that from then on
+    from mirage_serve.cache import CacheEntry
+
+    program = _program()
+    key = CacheKey(digest(program), "b2", "bf16", "sm90", "triton", versions_now(), "mlp_in-m2")
+    cache = KernelCache(tmp_path / "user", shipped_dir=False)
+    cache.put(key, CacheEntry(to_text(program), {}, {}, {"program_digest": digest(program), "source": "search",
+                                                          "verified": True}))
+    # without a profiler nothing can say more than the entry does: it is used
+    assert optimize.choose(program, budget=states_budget(), arch="sm_90", cache=cache, key=key).source == "cache"
+    offered = []
+
+    def pick(result):
+        cands = result.candidates()
+        offered.append(cands)
+        fused = next(c for c in cands if c != program)
+        return optimize.Pick(fused, {"k0": Launch(4, 3)}, 15.0, f"fastest of {len(cands)} timed")
+
+    choice = optimize.choose(program, budget=states_budget(), arch="sm_90", cache=cache, key=key, pick=pick)
+    assert choice.source == "search" and choice.graph != program and offered[0][0] == program
+    assert cache.get(key).ugraph_text == to_text(choice.graph) and cache.get(key).meta["median_us"] == 15.0
+    assert optimize.choose(program, budget=states_budget(), arch="sm_90", cache=cache, key=key,
+                           pick=pick).source == "cache" and len(offered) == 1
+
+
+def test_a_user_entry_holding_the_program_that_won_on_the_gpu_is_believed(tmp_path):
+    from mirage_serve.cache import CacheEntry
+
+    program = _program()
+    key = CacheKey(digest(program), "b2", "bf16", "sm90", "triton", versions_now(), "mlp_in-m2")
+    cache = KernelCache(tmp_path / "user", shipped_dir=False)
+    cache.put(key, CacheEntry(to_text(program), {}, {}, {"program_digest": digest(program), "source": "search",
+                                                          "verified": True, "median_us": 9.0}))
+    offered = []
+    choice = optimize.choose(program, budget=states_budget(), arch="sm_90", cache=cache, key=key,
+                             pick=lambda r: offered.append(r))
+    assert choice.source == "cache" and choice.graph == program and not offered
