@@ -66,6 +66,36 @@ def _loop_uncaptured(model, ids, steps: int):
     return tokens, torch.stack(seen[:steps], dim=1)
 
 
+def _loop_graphed(model, ids, steps: int):
+    """The graphed loop again, in fresh loops, with the float32 logits of every step [B, steps, V]:
+    each step copies its logits into a device buffer at the step's index (``t``, on the device), a copy
+    the capture records with the rest of the step, so replays keep it."""
+    import torch
+
+    from mirage_serve.decode import fast_loop
+    from mirage_serve.decode.runner import _ATTR
+
+    runner, real, bufs = getattr(model, _ATTR), fast_loop.DecodeLoop._advance, {}
+
+    def record(loop, logits):
+        if id(loop) not in bufs:  # first called from start(), outside any capture
+            bufs[id(loop)] = torch.zeros(steps, *logits.shape, dtype=torch.float32, device=logits.device)
+        buf = bufs[id(loop)]
+        buf.index_copy_(0, loop.t.clamp(max=steps - 1).view(1), logits.float()[None])
+        real(loop, logits)
+
+    saved = runner.loops, runner.steps
+    runner.loops, runner.steps = {}, {}
+    fast_loop.DecodeLoop._advance = record
+    try:
+        tokens, _ = _greedy(model, ids, steps, False)
+    finally:
+        fast_loop.DecodeLoop._advance = real
+        runner.loops, runner.steps = saved
+    (buf,) = bufs.values()
+    return tokens, buf.transpose(0, 1).cpu()
+
+
 def _divergence(ref, got) -> tuple[int, int] | None:
     from mirage_serve.bench_timing import first_divergence
 
@@ -103,6 +133,7 @@ def main() -> None:
     graphed, _ = _greedy(model, ids, args.steps, False)
     looped, looped_logits = _greedy(model, ids, args.steps, True)
     plain, plain_logits = _loop_uncaptured(model, ids, args.steps)
+    graphed2, graphed_logits = _loop_graphed(model, ids, args.steps)
 
     print(f"== {args.model} b{b}, {args.steps} greedy steps, prompt {args.prompt_len}")
     for name, toks in (("patched, graphed loop", graphed), ("patched, HF loop", looped),
@@ -123,6 +154,19 @@ def main() -> None:
     diffs = [float((plain_logits[:, t] - looped_logits[:, t]).abs().max()) for t in range(both)]
     print("uncaptured loop's logits against the HF loop's, max |diff| per step: "
           + " ".join(f"{x:.3g}" for x in diffs))
+    d = _divergence(plain, graphed2)
+    both = args.steps if d is None else d[0] + 1
+    diffs = [float((graphed_logits[:, t] - plain_logits[:, t]).abs().max()) for t in range(both)]
+    print("graphed loop's logits (fresh capture, " + ("same tokens as the first graphed run" if
+          _divergence(graphed, graphed2) is None else "OTHER tokens than the first graphed run")
+          + ") against the uncaptured loop's, max |diff| per step: " + " ".join(f"{x:.3g}" for x in diffs))
+    g2 = _divergence(eager, graphed2)
+    shared2 = args.steps if g2 is None else g2[0] + 1
+    print("step  graphed vs f32  uncaptured vs f32   (relative, worst row; eager's history)")
+    for s in range(shared2):
+        gr = max(_rel(graphed_logits[r, s], wide[r, s]) for r in range(b))
+        un = max(_rel(plain_logits[r, s], wide[r, s]) for r in range(b))
+        print(f"{s:4d}  {gr:14.3e}  {un:17.3e}")
     g = _divergence(eager, graphed)
     if g is None:
         return
@@ -145,6 +189,11 @@ def main() -> None:
         gap_p = float(plain_logits[r, s, want] - plain_logits[r, s, got])
         ours = ((plain_logits[r, s, top] - plain_logits[r, s, want]) - (wide[r, s, top] - wide[r, s, want])).abs()
         print(f"  uncaptured loop's gap there {gap_p:.4f} (error {abs(gap_p - gap32):.4f}); its gap errors to the "
+              f"top-64 float32 tokens: median {ours.median():.4f}, max {ours.max():.4f}")
+    if g2 is None or g2[0] >= s:  # the fresh graphed loop saw eager's history up to step s
+        gap_g = float(graphed_logits[r, s, want] - graphed_logits[r, s, got])
+        ours = ((graphed_logits[r, s, top] - graphed_logits[r, s, want]) - (wide[r, s, top] - wide[r, s, want])).abs()
+        print(f"  graphed loop's gap there {gap_g:.4f} (error {abs(gap_g - gap32):.4f}); its gap errors to the "
               f"top-64 float32 tokens: median {ours.median():.4f}, max {ours.max():.4f}")
     same = _divergence(plain, graphed)
     print("graphed loop's tokens against the uncaptured loop's: "

@@ -177,7 +177,8 @@ class FastAttention:
             if not isinstance(mask, torch.Tensor) or mask.ndim != 4 or mask.shape[1:3] != (1, 1) \
                     or mask.shape[0] not in (1, b) or mask.shape[3] != keys.shape[2]:
                 return None
-            mask = mask[:, 0, 0, :]
+            # a sliding layer's mask bounds the query by a host length a captured step would freeze
+            mask = window_layers.lift_causal_bound(mask, layer) if window_layers.sliding(layer) else mask[:, 0, 0, :]
         counter = getattr(layer, "cumulative_length", None)
         if isinstance(counter, torch.Tensor) and counter.numel() == 1 and counter.device == x.device:
             pos, advance = counter, counter

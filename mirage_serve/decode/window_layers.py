@@ -3,10 +3,17 @@
 HF's ``StaticSlidingWindowLayer`` keeps its length twice: a device tensor (``cumulative_length``,
 which its writes index with) and a Python int (``cumulative_length_int``, which picks the branch of
 ``update``, the mask sizes and ``get_seq_length``). Until the window is full, ``update`` writes at
-the tensor's position and the masks are a plain static layer's (offset 0, the window's length),
-so a captured step replays exactly. Once full it rolls the window and the mask offset moves with
+the tensor's position and the mask sizes are a plain static layer's (offset 0, the window's length),
+so a captured step's cache writes replay exactly (its mask does not: below). Once full it rolls the window and the mask offset moves with
 every token, which a graph cannot follow: a step is replayed only while every sliding layer has
 room for it (``replayable``); later steps run eagerly, through HF's code.
+
+HF builds a sliding layer's mask with the query at the layer's *host* length (``get_seq_length`` is
+``cumulative_length_int``: masking_utils' ``q_offset``), so a captured step's mask keeps the capture's
+bound and every replay masks the tokens written since (transformers 5.17 and 5.24 alike). The
+decode-attention kernels read the mask through ``lift_causal_bound``, which removes that bound; HF's
+own attention on a sliding layer inside a replayed step would still read the stale mask (where a layer
+keeps HF's forward: its first-use check failed, or the kernels cannot take it).
 
 A replay advances the tensor but not the int, and a capture advances the int but not the tensor
 (it records without running), so the owner of the graph keeps the int in step on the host
@@ -79,3 +86,31 @@ def advance_layer(layer, tokens: int) -> None:
     ``update``) leaves for the host to count. A no-op on static layers."""
     if sliding(layer):
         layer.cumulative_length_int += tokens
+
+
+class _Lifted:
+    """The last mask ``lift_causal_bound`` lifted: the sliding layers of one forward share one mask object
+    and one host length, so the lift runs once a step (two small kernels), not once a layer."""
+    mask = host = lifted = None
+
+
+def lift_causal_bound(mask: torch.Tensor, layer) -> torch.Tensor:
+    """A sliding layer's 4D decode mask [b or 1, 1, 1, window] as the [b or 1, window] the decode-attention
+    kernels read, with every slot from the layer's host length on set to attend.
+
+    While the window is not full (the only time the kernels run on it: ``layer_replayable``), slot i
+    holds position i, so the slots from the host length on hold tokens generated after HF built the
+    mask (the prompt and its padding lie before it); the kernel stops at the current slot itself.
+    Eagerly the host length is the current slot, and nothing changes. Inside a captured step it is the
+    capture's, frozen like HF's bound, and the lift then covers what the replays write: without it
+    Gemma-3-1B's graphed logits went from 1.8e-2 relative error (bf16's own) at the first replay to
+    0.17, 0.29, 0.36 at the next three (H100, ``benchmarks/diagnose_greedy.py``), and greedy tokens
+    flipped at batch 8."""
+    host = layer.cumulative_length_int
+    if _Lifted.mask is mask and _Lifted.host == host:
+        return _Lifted.lifted
+    later = torch.arange(mask.shape[-1], device=mask.device) >= host  # [window]
+    flat = mask[:, 0, 0, :]
+    lifted = flat | later if flat.dtype == torch.bool else flat.masked_fill(later, 0.0)
+    _Lifted.mask, _Lifted.host, _Lifted.lifted = mask, host, lifted
+    return lifted

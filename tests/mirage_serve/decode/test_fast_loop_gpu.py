@@ -124,3 +124,28 @@ def test_captured_loop_past_a_full_window_replays_then_runs_eagerly_with_hf_toke
     lengths = {(layer.cumulative_length_int, int(layer.cumulative_length)) for layer in loop.sliding}
     assert lengths == {(9 + STEPS - 1, 32)}, lengths
     uninstall_decode_graphs(model)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["gemma2", "gemma3"])
+def test_patched_sliding_layers_in_replayed_steps_give_hf_tokens(kind):
+    # The decode-attention kernels on sliding layers inside replays. HF bounds a sliding layer's mask by
+    # the layer's host length, frozen at the capture (window_layers.lift_causal_bound); float32, so any
+    # difference from HF's own loop is a bug, not rounding. Two calls: the second replays the first's graph.
+    import mirage_serve
+    from mirage_serve.decode.attention_fast import attention_verdicts
+    from mirage_serve.decode.runner import _ATTR
+
+    from .test_window_layers import tiny
+
+    model = tiny(kind, window=128).to("cuda")
+    ids, mask = _cuda_batch(model, [5, 9, 3])
+    kw = dict(max_new_tokens=STEPS, min_new_tokens=STEPS, do_sample=False, pad_token_id=0)
+    want = _hf_static(model, ids, mask, **kw)
+    mirage_serve.patch(model, search_budget=0, batch_sizes=(1, 4))
+    got = [model.generate(input_ids=ids, attention_mask=mask, **kw) for _ in range(2)]
+    (loop,) = getattr(model, _ATTR).loops.values()
+    assert loop.capture_error is None and loop.replays > STEPS
+    assert set(attention_verdicts(model).values()) == {"ok"}, attention_verdicts(model)
+    assert torch.equal(got[0], want) and torch.equal(got[1], want)
+    mirage_serve.unpatch(model)

@@ -66,3 +66,36 @@ def test_host_lengths_follow_what_replays_wrote_and_a_capture_counted():
     window_layers.advance(cache.layers, 2)  # two replays wrote positions 5 and 6 on the device
     assert [layer.cumulative_length_int for layer in layers] == [7] * len(layers)
     assert window_layers.replayable(cache.layers, 1) and not window_layers.replayable(cache.layers, 2)
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])  # a boolean mask, an additive one
+def test_a_lifted_mask_from_an_earlier_step_is_the_current_steps_mask(impl):
+    # HF bounds a sliding layer's decode mask by the layer's host length; a captured step keeps the
+    # capture's. Lifted, that older mask must equal the current step's on every slot up to the current
+    # one (left padding included), which is all the kernels read.
+    from transformers.masking_utils import create_sliding_window_causal_mask
+
+    model = tiny("gemma3", window=16)
+    model.config._attn_implementation = impl
+    ids, mask2d = _left_padded(3, [5, 9, 3], model.config.vocab_size)
+    full = torch.cat([mask2d, torch.ones(3, 16 - mask2d.shape[1], dtype=mask2d.dtype)], dim=1)
+    cache = StaticCache(config=model.config, max_cache_len=32)
+    with torch.no_grad():
+        model(ids, attention_mask=mask2d, **{CACHE_KWARG: cache})
+    layer = window_layers.sliding_layers(cache)[0]
+    embeds = torch.zeros(3, 1, model.config.hidden_size)
+
+    def hf_mask():
+        at = torch.full((3, 1), layer.cumulative_length_int)
+        return create_sliding_window_causal_mask(config=model.config, inputs_embeds=embeds, attention_mask=full,
+                                                 **{CACHE_KWARG: cache}, position_ids=at)
+
+    then = hf_mask()  # the mask a capture at the prompt's end would freeze
+    lifted = window_layers.lift_causal_bound(then, layer)
+    assert window_layers.lift_causal_bound(then, layer) is lifted  # once a step, shared by the layers
+    for _ in range(4):  # four steps later (as replays write them: the host length moves too)
+        window_layers.advance(cache.layers, 1)
+        now = hf_mask()[:, 0, 0, :]
+        upto = layer.cumulative_length_int + 1
+        assert not torch.equal(then[:, 0, 0, :upto], now[:, :upto])  # the frozen bound is wrong ...
+        assert torch.equal(lifted[:, :upto], now[:, :upto])         # ... and the lift is right
