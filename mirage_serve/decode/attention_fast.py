@@ -304,3 +304,9 @@ def attention_verdicts(model: torch.nn.Module) -> dict[str, str]:
     """Module path -> first-use verdict ("ok", "not checked yet", or why it kept the original)."""
     return {name: fast.verdict or "not checked yet" for name, m in model.named_modules()
             if isinstance(fast := m.__dict__.get("forward"), FastAttention)}
+
+
+def kernel_layers(model: torch.nn.Module) -> set[int]:
+    """The layer indices whose attention runs the decode-attention kernels (first-use check passed)."""
+    return {fast.module.layer_idx for m in model.modules()
+            if isinstance(fast := m.__dict__.get("forward"), FastAttention) and fast.verdict == "ok"}

@@ -27,7 +27,7 @@ import logging
 import torch
 
 from ..hf_names import CACHE_KWARG
-from . import graph_step, window_layers
+from . import attention_fast, graph_step, window_layers
 from .token_choice import TokenChooser
 
 log = logging.getLogger("mirage_serve")
@@ -120,6 +120,13 @@ class DecodeLoop:
         else:
             # First step of this signature: run it eagerly (it *is* the step), then capture.
             graph_step.run_on_side_stream(self._step)
+            frozen = window_layers.frozen_mask_layers(self.cache, attention_fast.kernel_layers(self.model))
+            if frozen:  # (that step ran every first-use check: the verdicts are in)
+                self.capture = False
+                self.capture_error = (f"sliding layers {frozen} keep HF's attention, whose mask a capture would "
+                                      f"freeze (window_layers)")
+                log.warning("mirage_serve: decode loop runs eagerly: %s", self.capture_error)
+                return
             try:
                 graph, _ = graph_step.capture_graph(self._step, self.pool)
             except Exception as e:  # capture records without running: the state is still exact

@@ -12,8 +12,8 @@ HF builds a sliding layer's mask with the query at the layer's *host* length (``
 ``cumulative_length_int``: masking_utils' ``q_offset``), so a captured step's mask keeps the capture's
 bound and every replay masks the tokens written since (transformers 5.17 and 5.24 alike). The
 decode-attention kernels read the mask through ``lift_causal_bound``, which removes that bound; HF's
-own attention on a sliding layer inside a replayed step would still read the stale mask (where a layer
-keeps HF's forward: its first-use check failed, or the kernels cannot take it).
+own attention on a sliding layer inside a replayed step would still read the stale mask, so a decode
+loop whose sliding layers are not all served by the kernels is not captured (``frozen_mask_layers``).
 
 A replay advances the tensor but not the int, and a capture advances the int but not the tensor
 (it records without running), so the owner of the graph keeps the int in step on the host
@@ -64,6 +64,12 @@ def replayable(layers, new_tokens: int = 1) -> bool:
 def layer_replayable(layer, new_tokens: int = 1) -> bool:
     """Whether one cache layer is static, or sliding with room for ``new_tokens`` more (see above)."""
     return type(layer) is _STATIC or (sliding(layer) and layer.cumulative_length_int + new_tokens <= layer.max_cache_len)
+
+
+def frozen_mask_layers(cache, kernel_layers: set[int]) -> list[int]:
+    """The sliding layers of ``cache`` whose attention is not among ``kernel_layers`` (the decode-attention
+    kernels'): HF's attention would read their mask as a capture froze it (see above)."""
+    return [i for i, layer in enumerate(getattr(cache, "layers", ())) if sliding(layer) and i not in kernel_layers]
 
 
 def advance(layers, tokens: int) -> None:

@@ -198,7 +198,7 @@ def family_case(name, config, how="install"):
     out = {"tokens_equal": bool(torch.equal(seq, ref_seq)),
            "logits_err": float((logits - ref_logits).norm() / ref_logits.norm()),
            "fast_calls": len(calls), "masks": sorted(set(calls)), "verdicts": attention_verdicts(model),
-           "qk_norm_fused": fused_norms}
+           "qk_norm_fused": fused_norms, "kernel_layers": sorted(attention_fast.kernel_layers(model))}
     if how.startswith("patch"):  # unpatch takes the attention forwards away with the sites
         mirage_serve.unpatch(model)
         with torch.no_grad():

@@ -51,6 +51,7 @@ def test_family_decodes_hf_tokens_through_the_fast_path(interp, name):
     assert r["tokens_equal"], f"{name}: greedy tokens differ from the model without the fast path"
     assert r["logits_err"] <= TOL["float32"], r
     assert r["verdicts"] and all(v == "ok" for v in r["verdicts"].values()), r["verdicts"]
+    assert len(r["kernel_layers"]) == len(r["verdicts"]), r["kernel_layers"]
     # 15 decode steps per eligible layer (the first one is the checked step)
     assert r["fast_calls"] == 15 * len(r["verdicts"]), r
     # SDPA's boolean mask, or eager attention's additive one (Gemma-2 runs eager attention)
@@ -65,6 +66,7 @@ def test_sliding_layers_with_a_full_window_keep_their_forward(interp):
     assert r["tokens_equal"] and r["logits_err"] <= TOL["float32"], r
     ok = [k for k, v in r["verdicts"].items() if v == "ok"]
     assert len(ok) == 1 and ok[0].endswith("layers.1.self_attn"), r["verdicts"]  # the one full-attention layer
+    assert r["kernel_layers"] == [1], r["kernel_layers"]  # what a decode loop's capture checks (fast_loop)
     assert all(v == "not checked yet" for k, v in r["verdicts"].items() if k not in ok), r["verdicts"]
     assert r["fast_calls"] == 15, r
 

@@ -99,3 +99,15 @@ def test_a_lifted_mask_from_an_earlier_step_is_the_current_steps_mask(impl):
         upto = layer.cumulative_length_int + 1
         assert not torch.equal(then[:, 0, 0, :upto], now[:, :upto])  # the frozen bound is wrong ...
         assert torch.equal(lifted[:, :upto], now[:, :upto])         # ... and the lift is right
+
+
+def test_the_sliding_layers_the_kernels_do_not_serve_keep_a_loop_from_capturing():
+    model = tiny("gemma3", window=8)
+    cache = StaticCache(config=model.config, max_cache_len=32)
+    with torch.no_grad():
+        model(torch.ones(1, 5, dtype=torch.long), **{CACHE_KWARG: cache})
+    sliding = [i for i, layer in enumerate(cache.layers) if window_layers.sliding(layer)]
+    assert sliding == [0, 2]  # sliding_window_pattern 2: layer 1 attends to everything
+    assert window_layers.frozen_mask_layers(cache, set()) == sliding
+    assert window_layers.frozen_mask_layers(cache, {1}) == sliding  # a full layer on the kernels is not enough
+    assert window_layers.frozen_mask_layers(cache, {0, 1, 2}) == []
