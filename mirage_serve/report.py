@@ -1,7 +1,7 @@
 """PatchReport: what patch() did to each site of a model, and why, as data and as a table."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 
 @dataclass
@@ -24,6 +24,17 @@ class SiteReport:
 
 
 @dataclass
+class Counts:
+    """What the prepare stage did, per (program, bucket): kept by ``patching.prepare.Preparer`` and added
+    to the report by the pipeline, the one writer of the report (docs/architecture.md)."""
+    searches: int = 0
+    reinstantiated: int = 0        # searched structures re-instantiated at another bucket
+    compiles: int = 0
+    cache_hits: int = 0
+    programs: int = 0              # distinct (program, bucket) pairs
+
+
+@dataclass
 class PatchReport:
     model_type: str
     backend: str
@@ -43,6 +54,11 @@ class PatchReport:
     # patch()'s stages in order -> seconds: "sites" (the adapter, or the traced partition), "residual
     # plan", "prepare" (every site: extract, choose, verify, build, self-check), "install", "attention", "graphs"
     stages: dict[str, float] = field(default_factory=dict)
+
+    def add_counts(self, counts: Counts) -> None:
+        """The prepare stage's counters (``Counts``), added by the pipeline."""
+        for f in fields(Counts):
+            setattr(self, f.name, getattr(self, f.name) + getattr(counts, f.name))
 
     @property
     def patched(self) -> list[SiteReport]:

@@ -4,6 +4,7 @@ file over 800 lines, every package folder installed."""
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 import tomllib
@@ -194,3 +195,16 @@ def test_every_package_folder_is_installed():
     missing = sorted(p for p in found if p not in listed and "__pycache__" not in str(found[p]))
     assert not missing, (f"package folders missing from pyproject.toml [tool.setuptools] packages "
                          f"(they would not be installed): {missing}")
+
+
+_REPORT_WRITE = re.compile(r"\breport\.\w+\s*(\+=|-=|=(?!=))|\breport\.\w+\.(append|extend|update)\(|"
+                           r"\breport\.\w+\[[^\]]*\]\s*=(?!=)")
+
+
+def test_only_the_patch_pipeline_writes_the_patch_report():
+    # issue 28: patch() is a pipeline of named stages and "nothing else writes the report" (docs/architecture.md)
+    assert _REPORT_WRITE.search("self.report.searches += 1") and _REPORT_WRITE.search("report.sites.append(sr)")
+    assert not _REPORT_WRITE.search("if report.searches == 0:")
+    writers = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "mirage_serve").rglob("*.py")
+                     if _REPORT_WRITE.search(p.read_text()))
+    assert writers == ["mirage_serve/patching/pipeline.py"], writers

@@ -242,7 +242,7 @@ def _prepare_sites(family, layers_path, layers, residual, call: _Call, cache_dir
     def with_residual(i, site):  # the projection site takes its layer's residual add (patching.residual)
         return residual[i].site_for(site) if isinstance(site, ProjSite) else site
 
-    prep = Preparer(report, call.backend, call.dtype, call.buckets, search_budget, _open_cache(cache_dir, report),
+    prep = Preparer(call.backend, call.dtype, call.buckets, search_budget, _open_cache(cache_dir, report),
                     call.options, shard_tag=shard.tag if shard else "")
     plans = []
     try:
@@ -269,6 +269,7 @@ def _prepare_sites(family, layers_path, layers, residual, call: _Call, cache_dir
                     sr.reason = f"internal error: {type(e).__name__}: {e}"
     finally:
         prep.close()
+        report.add_counts(prep.counts)
     if shard is not None:  # tensor parallel: install a site only where every rank prepared it
         plans = shard.agree(plans, report.sites)
     return plans

@@ -22,7 +22,7 @@ from .. import backends, cost_fit, optimize
 from ..options import PatchOptions
 from .pairing import Pairing, merge_twins, twins
 from ..registry import short_dtype
-from ..report import PatchReport, SiteReport
+from ..report import Counts, SiteReport
 from ..site_kernel import BucketKernel, bound_call
 from .sites import NormSite, ProjSite, signature, site_module, site_parts, unsupported_layers
 
@@ -151,9 +151,10 @@ def activation_dims(wrapper) -> tuple[int, ...]:
 class Preparer:
     """Prepares sites for one patch() call, sharing work across layers."""
 
-    def __init__(self, report: PatchReport, backend: str, dtype: torch.dtype, buckets: tuple[int, ...],
+    def __init__(self, backend: str, dtype: torch.dtype, buckets: tuple[int, ...],
                  search_budget, cache, options: PatchOptions, shard_tag: str = ""):
-        self.report, self.backend, self.dtype, self.buckets = report, backend, dtype, buckets
+        self.backend, self.dtype, self.buckets = backend, dtype, buckets
+        self.counts = Counts()  # searches, cache hits, compiles...: the pipeline adds them to the report
         self.options = options
         self.shard_tag = shard_tag  # "-tp<world>" under tensor parallelism: cache keys carry the world size
         self.budget, self.cache = optimize.default_budget(search_budget, backend), cache
@@ -270,7 +271,7 @@ class Preparer:
         pairing = self._pairings[device]
         compiled_before = pairing.compiles
         merged = merge_twins(parts, pairing.call)
-        self.report.compiles += pairing.compiles - compiled_before
+        self.counts.compiles += pairing.compiles - compiled_before
         for name, a, b in twins(parts):
             for m in sorted(a):
                 note = pairing.note(a[m], b[m])
@@ -440,8 +441,8 @@ class Preparer:
                 executor = self._backend_build(program, self.backend, device)
             except Exception as e:
                 raise SiteError(f"build failed ({self.backend}): {type(e).__name__}: {e}") from None
-            self.report.programs += 1
-            self.report.compiles += executor.compiled
+            self.counts.programs += 1
+            self.counts.compiles += executor.compiled
             return (optimize.Choice(program, "fallback", "", 0.0), optimize.verify(program, program), executor)
         key = self._cache_key(dg, site_name, m, device) if self.cache is not None else None
         # On CPU the search still targets sm_90: the torch backend runs any μGraph, and searching
@@ -456,10 +457,10 @@ class Preparer:
                                  seed=seed, pick=self._pick(program, device) if profiled else None,
                                  research=self.options.research)
         ver = optimize.verification_of(program, choice, self.cache, key)
-        self.report.searches += choice.source == "search"
-        self.report.reinstantiated += choice.source == "reinstantiated"
-        self.report.cache_hits += choice.source == "cache"
-        self.report.programs += 1
+        self.counts.searches += choice.source == "search"
+        self.counts.reinstantiated += choice.source == "reinstantiated"
+        self.counts.cache_hits += choice.source == "cache"
+        self.counts.programs += 1
         from ..cache.builds import build_of, store_build
         # a warm entry compiles nothing: its build comes with the hit (read and hash-checked once)
         stored = build_of(choice.entry, key) if choice.entry is not None else None
@@ -477,7 +478,7 @@ class Preparer:
                 executor = self._backend_build(program, self.backend, device)
             except Exception as e2:
                 raise SiteError(f"build failed ({self.backend}): {type(e2).__name__}: {e2}") from None
-        self.report.compiles += executor.compiled
+        self.counts.compiles += executor.compiled
         # the entry's μGraph built: its binaries join the entry, unless they came from it (a warm hit:
         # store_build would only read the entry again, cubins and hashes, to find it already built)
         if choice.source != "fallback" and not (stored and stored.binaries):
