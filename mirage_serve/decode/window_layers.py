@@ -4,9 +4,10 @@ HF's ``StaticSlidingWindowLayer`` keeps its length twice: a device tensor (``cum
 which its writes index with) and a Python int (``cumulative_length_int``, which picks the branch of
 ``update``, the mask sizes and ``get_seq_length``). Until the window is full, ``update`` writes at
 the tensor's position and the mask sizes are a plain static layer's (offset 0, the window's length),
-so a captured step's cache writes replay exactly (its mask does not: below). Once full it rolls the window and the mask offset moves with
-every token, which a graph cannot follow: a step is replayed only while every sliding layer has
-room for it (``replayable``); later steps run eagerly, through HF's code.
+so a captured step's cache writes replay exactly (its mask does not: below). Once full it rolls the
+window and the mask offset moves with every token, which a graph cannot follow: a step is replayed
+only while every sliding layer has room for it (``replayable``); later steps run eagerly, through
+HF's code.
 
 HF builds a sliding layer's mask with the query at the layer's *host* length (``get_seq_length`` is
 ``cumulative_length_int``: masking_utils' ``q_offset``), so a captured step's mask keeps the capture's
