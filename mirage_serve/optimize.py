@@ -224,11 +224,18 @@ def _choose(program: KernelGraph, budget, arch: str, cache, key, seed, pick, res
                 return cached
             incumbent = cached.graph
 
-    def fallback(note: str, result=None) -> Choice:  # research mode keeps the entry it could not beat
-        return cached if cached is not None else done(program, "fallback", note, result)
+    def fallback(note: str, result=None, searched: bool = True) -> Choice:  # research keeps what it could not beat
+        if cached is None:
+            return done(program, "fallback", note, result)
+        if searched and incumbent == program and cache is not None and key is not None:
+            # an unproven program searched again without a result: say so in the user's entry, or every
+            # later patch would search it again (``unproven_program``)
+            meta = {**cached.entry.meta, "unbeaten": note}
+            cache.put(key, CacheEntry(cached.entry.ugraph_text, {}, {}, meta), replace_existing=True)
+        return cached
 
     if budget == 0:
-        return fallback("search disabled (search_budget=0)")
+        return fallback("search disabled (search_budget=0)", searched=False)
     from superopt.search import superoptimize
     if seed is not None:
         try:
@@ -262,8 +269,9 @@ def unproven_program(program: KernelGraph, graph: KernelGraph, entry, profiled: 
     kernel at 15.2 µs). A user entry never timed on the GPU (no ``median_us``: written where no
     profiler ran) says nothing either, once a profiler (``profiled``) can decide: one such entry held
     Gemma-3-1B's gate/up at 16 library launches through a whole session's benches, 38 µs a layer
-    where the search's best takes 13."""
-    if graph != program:
+    where the search's best takes 13. A search that fails or finds nothing marks the user's entry
+    ``unbeaten`` (``_choose``), so it is tried once, not on every patch."""
+    if graph != program or "unbeaten" in entry.meta:  # searched again already, and nothing came of it
         return False
     return entry.origin == "shipped" or (profiled and entry.meta.get("median_us") is None)
 

@@ -216,3 +216,30 @@ def test_a_user_entry_holding_the_program_that_won_on_the_gpu_is_believed(tmp_pa
     choice = optimize.choose(program, budget=states_budget(), arch="sm_90", cache=cache, key=key,
                              pick=lambda r: offered.append(r))
     assert choice.source == "cache" and choice.graph == program and not offered
+
+
+def test_an_unproven_program_whose_search_fails_is_searched_once_not_on_every_patch(tmp_path, monkeypatch):
+    import superopt.search
+
+    from mirage_serve.cache import CacheEntry
+
+    program = _program()
+    key = CacheKey(digest(program), "b2", "bf16", "sm90", "triton", versions_now(), "mlp_in-m2")
+    cache = KernelCache(tmp_path / "user", shipped_dir=False)
+    cache.put(key, CacheEntry(to_text(program), {}, {}, {"program_digest": digest(program), "source": "search",
+                                                          "verified": True}))
+    searches = []
+
+    def failing(p, **kw):
+        searches.append(p)
+        raise RuntimeError("no design")
+
+    monkeypatch.setattr(superopt.search, "superoptimize", failing)
+    pick = lambda r: None  # noqa: E731 (never reached: the search fails first)
+    # search_budget=0 tries nothing, so it proves nothing: the entry stays unproven
+    assert optimize.choose(program, budget=0, arch="sm_90", cache=cache, key=key, pick=pick).source == "cache"
+    assert "unbeaten" not in cache.get(key).meta
+    for _ in range(2):
+        choice = optimize.choose(program, budget=states_budget(), arch="sm_90", cache=cache, key=key, pick=pick)
+        assert choice.source == "cache" and choice.graph == program
+    assert len(searches) == 1 and "search failed: RuntimeError: no design" in cache.get(key).meta["unbeaten"]
