@@ -154,6 +154,28 @@ def _ship_program(tmp_path, program, key, meta: dict):
     return KernelCache(tmp_path / "user", shipped_dir=tmp_path / "shipped")
 
 
+def _fused_pick(program, offered: list):
+    """A stand-in profiler that records the candidates it is offered and picks the first fused one (15 µs)."""
+    def pick(result):
+        cands = result.candidates()
+        offered.append(cands)
+        fused = next(c for c in cands if c != program)
+        return optimize.Pick(fused, {"k0": Launch(4, 3)}, 15.0, f"fastest of {len(cands)} timed")
+    return pick
+
+
+def _user_program(tmp_path, **meta):
+    """(program, key, a user cache holding the program itself as the design, with ``meta``)."""
+    from mirage_serve.cache import CacheEntry
+
+    program = _program()
+    key = CacheKey(digest(program), "b2", "bf16", "sm90", "triton", versions_now(), "mlp_in-m2")
+    cache = KernelCache(tmp_path / "user", shipped_dir=False)
+    cache.put(key, CacheEntry(to_text(program), {}, {}, {"program_digest": digest(program), "source": "search",
+                                                          "verified": True, **meta}))
+    return program, key, cache
+
+
 def test_a_shipped_unfused_program_is_searched_again_and_the_fused_winner_stored(tmp_path):
     # an older search found nothing to beat the program (Gemma's gelu_tanh gate/up): the current one
     # runs, the shipped program competes as the incumbent, and what wins goes to the user cache
@@ -161,12 +183,7 @@ def test_a_shipped_unfused_program_is_searched_again_and_the_fused_winner_stored
     key = CacheKey(digest(program), "b2", "bf16", "sm90", "triton", versions_now(), "mlp_in-m2")
     cache = _ship_program(tmp_path, program, key, {"profile": "fastest of 1 timed: 52.1 µs (cost model's pick 52.1 µs)"})
     offered = []
-
-    def pick(result):
-        cands = result.candidates()
-        offered.append(cands)
-        fused = next(c for c in cands if c != program)
-        return optimize.Pick(fused, {"k0": Launch(4, 3)}, 15.0, f"fastest of {len(cands)} timed")
+    pick = _fused_pick(program, offered)
 
     choice = optimize.choose(program, budget=states_budget(), arch="sm_90", cache=cache, key=key, pick=pick)
     assert choice.source == "search" and choice.graph != program and offered[0][0] == program
@@ -180,22 +197,11 @@ def test_a_shipped_unfused_program_is_searched_again_and_the_fused_winner_stored
 def test_a_user_entry_holding_the_program_untimed_is_searched_again_where_a_profiler_can_decide(tmp_path):
     # written where no profiler ran: the program, with no GPU time; a patch with the profiler searches
     # once more (the entry the incumbent), stores the timed winner, and believes that from then on
-    from mirage_serve.cache import CacheEntry
-
-    program = _program()
-    key = CacheKey(digest(program), "b2", "bf16", "sm90", "triton", versions_now(), "mlp_in-m2")
-    cache = KernelCache(tmp_path / "user", shipped_dir=False)
-    cache.put(key, CacheEntry(to_text(program), {}, {}, {"program_digest": digest(program), "source": "search",
-                                                          "verified": True}))
+    program, key, cache = _user_program(tmp_path)
     # without a profiler nothing can say more than the entry does: it is used
     assert optimize.choose(program, budget=states_budget(), arch="sm_90", cache=cache, key=key).source == "cache"
     offered = []
-
-    def pick(result):
-        cands = result.candidates()
-        offered.append(cands)
-        fused = next(c for c in cands if c != program)
-        return optimize.Pick(fused, {"k0": Launch(4, 3)}, 15.0, f"fastest of {len(cands)} timed")
+    pick = _fused_pick(program, offered)
 
     choice = optimize.choose(program, budget=states_budget(), arch="sm_90", cache=cache, key=key, pick=pick)
     assert choice.source == "search" and choice.graph != program and offered[0][0] == program
@@ -205,13 +211,7 @@ def test_a_user_entry_holding_the_program_untimed_is_searched_again_where_a_prof
 
 
 def test_a_user_entry_holding_the_program_that_won_on_the_gpu_is_believed(tmp_path):
-    from mirage_serve.cache import CacheEntry
-
-    program = _program()
-    key = CacheKey(digest(program), "b2", "bf16", "sm90", "triton", versions_now(), "mlp_in-m2")
-    cache = KernelCache(tmp_path / "user", shipped_dir=False)
-    cache.put(key, CacheEntry(to_text(program), {}, {}, {"program_digest": digest(program), "source": "search",
-                                                          "verified": True, "median_us": 9.0}))
+    program, key, cache = _user_program(tmp_path, median_us=9.0)
     offered = []
     choice = optimize.choose(program, budget=states_budget(), arch="sm_90", cache=cache, key=key,
                              pick=lambda r: offered.append(r))
@@ -221,13 +221,7 @@ def test_a_user_entry_holding_the_program_that_won_on_the_gpu_is_believed(tmp_pa
 def test_an_unproven_program_whose_search_fails_is_searched_once_not_on_every_patch(tmp_path, monkeypatch):
     import superopt.search
 
-    from mirage_serve.cache import CacheEntry
-
-    program = _program()
-    key = CacheKey(digest(program), "b2", "bf16", "sm90", "triton", versions_now(), "mlp_in-m2")
-    cache = KernelCache(tmp_path / "user", shipped_dir=False)
-    cache.put(key, CacheEntry(to_text(program), {}, {}, {"program_digest": digest(program), "source": "search",
-                                                          "verified": True}))
+    program, key, cache = _user_program(tmp_path)
     searches = []
 
     def failing(p, **kw):
