@@ -11,6 +11,10 @@ not on its first call: ``compiles`` then counts the kernels Triton really compil
 (misses in its cache), and ``binaries()`` returns their cubins and metadata as plain files, which a
 later build takes back (``binaries=``) to compile nothing (``superopt.runtime.binaries``).
 
+``in_place`` names inputs the caller lets the graph write: a library ``scatter`` into one of them
+(a KV-cache write) updates that tensor itself, and the scatter's value is that input, so a decode
+step neither copies its cache nor holds a second one (the input may have no other reader).
+
 The Python module that runs is always the one rendered here from the μGraph: no caller can hand
 in source text to execute instead (a cache stores none; see docs/architecture.md, "Cache trust").
 Stored binaries are matched to it by Triton's own hash of the rendered source, so a binary built
@@ -34,7 +38,7 @@ from .dtypes import TORCH_DTYPES
 from .interpreter import interpreting
 from .fast_launch import direct_launches
 from .grid_dependency import applies
-from .library import library_fn, run_library, view
+from .library import library_fn, run_library, scatter_in_place, view
 
 _VIEWS = ("reshape", "transpose", "slice")
 
@@ -44,8 +48,9 @@ class CompiledGraph:
 
     def __init__(self, ugraph: KernelGraph, device: str | torch.device = "cuda",
                  launch: dict[str, Launch] | None = None, cache_dir=None,
-                 binaries: dict[str, bytes] | None = None, pdl: bool = True):
+                 binaries: dict[str, bytes] | None = None, pdl: bool = True, in_place: Sequence[str] = ()):
         self.graph = check(ugraph)
+        self.in_place = _in_place_scatters(self.graph, in_place)  # node index -> the input it writes
         self.device = torch.device(device)
         launch = {k: Launch.of(v) for k, v in (launch or {}).items()}
         # on sm_90+ (and ``pdl``) every kernel waits for its predecessor and lets its successor be
@@ -81,6 +86,8 @@ class CompiledGraph:
             if n.op == "const":
                 self.pool[n.out.name] = torch.full((), float(n.attr("value")),
                                                    dtype=TORCH_DTYPES[n.attr("dtype")], device=self.device)
+                continue
+            if idx in self.in_place:  # its value is the input it writes: no buffer
                 continue
             for v in n.outs:
                 self.pool[v.name] = torch.empty(v.type.shape, dtype=TORCH_DTYPES[v.type.dtype], device=self.device)
@@ -162,6 +169,9 @@ class CompiledGraph:
                 env[n.out.name] = targets[n.out.name]
             elif idx in self.tails:  # its kernel ran inside its producer's launch (ir.chain)
                 continue
+            elif idx in self.in_place:
+                scatter_in_place(n)(*[env[a] for a in n.args])
+                env[n.out.name] = env[n.args[0]]
             elif n.op == "customized":
                 op, spec, launch = self.kernels[idx]
                 args = [self._arg(idx, j, env[a]) for j, a in enumerate(spec.args)]
@@ -208,6 +218,10 @@ class CompiledGraph:
                 plan.add(n.out.name, self.pool[n.out.name])
             elif idx in self.tails:  # its outputs are slots of its producer's step
                 continue
+            elif idx in self.in_place:  # its value is the slot of the input it writes
+                plan.slot[n.out.name] = plan.slot[n.args[0]]
+                plan.steps.append(functools.partial(_library_step, scatter_in_place(n),
+                                                    [plan.slot[a] for a in n.args]))
             elif n.op == "customized":
                 op, spec, launch = self.kernels[idx]
                 for v in spec.outs:
@@ -282,10 +296,31 @@ def _library_step(fn, args: list[int], env: list) -> None:
 
 def compile_graph(ugraph: KernelGraph, backend: str = "triton", device: str | torch.device = "cuda",
                   launch: dict[str, Launch] | None = None, cache_dir=None,
-                  binaries: dict[str, bytes] | None = None, pdl: bool = True) -> CompiledGraph:
+                  binaries: dict[str, bytes] | None = None, pdl: bool = True,
+                  in_place: Sequence[str] = ()) -> CompiledGraph:
     """Build ``ugraph`` for ``device``; ``launch`` maps kernel names to ``Launch`` (or its stored
     list form). ``binaries``: a trusted cache entry's ``CompiledGraph.binaries()`` (the source is
-    always rendered from ``ugraph``). ``pdl``: programmatic dependent launch where the GPU has it."""
+    always rendered from ``ugraph``). ``pdl``: programmatic dependent launch where the GPU has it.
+    ``in_place``: inputs a library scatter may write (see the module docstring)."""
     if backend != "triton":
         raise NotImplementedError(f"compile_graph: backend {backend!r}; this runtime builds 'triton' only")
-    return CompiledGraph(ugraph, device, launch, cache_dir, binaries, pdl)
+    return CompiledGraph(ugraph, device, launch, cache_dir, binaries, pdl, in_place)
+
+
+def _in_place_scatters(g: KernelGraph, names: Sequence[str]) -> dict[int, str]:
+    """Node index -> input name, for each library scatter that writes one of the ``names`` inputs;
+    raises ValueError where that cannot be done without changing what the graph computes."""
+    if not names:
+        return {}
+    inputs = {v.name for v in g.inputs}
+    if not set(names) <= inputs:
+        raise ValueError(f"{g.name}: in_place names {sorted(set(names) - inputs)}, which are not inputs")
+    out = {}
+    for name in names:
+        readers = [(i, n) for i, n in enumerate(g.nodes) if name in n.args]
+        if len(readers) != 1 or readers[0][1].op != "scatter" or readers[0][1].args[0] != name \
+                or name in g.outputs:
+            raise ValueError(f"{g.name}: input %{name} is written in place only where a library scatter is its "
+                             f"one reader; its readers: {[n.op for _, n in readers]}")
+        out[readers[0][0]] = name
+    return out

@@ -84,6 +84,13 @@ def _movement_fn(n: Node, out: torch.Tensor) -> Callable[..., None]:
     return scatter
 
 
+def scatter_in_place(n: Node) -> Callable[..., None]:
+    """Scatter node ``n`` written into its base itself (``CompiledGraph``'s ``in_place`` inputs: a
+    decode step's cache write touches one slot, not a copy of the whole cache)."""
+    dim = n.attr("dim")
+    return lambda x, idx, src: x.index_copy_(dim, idx, src)
+
+
 def run_library(n: Node, args: list[torch.Tensor], out: torch.Tensor) -> None:
     """Compute library node ``n`` on ``args`` into ``out``."""
     library_fn(n, out)(*args)

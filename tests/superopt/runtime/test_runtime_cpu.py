@@ -55,6 +55,40 @@ def test_bound_call_gives_the_plain_calls_outputs(name, given):
     assert all(torch.equal(g, w) for g, w in zip(again, cg(*merged)))
 
 
+def _cache_write_case(batch=2, kv_len=9):
+    from superopt.lax.attention import decode_layer_attention_program
+    prog = decode_layer_attention_program(batch, 4, 2, 8, kv_len, dtype="float32")
+    g = torch.Generator().manual_seed(3)
+    xs = {v.name: torch.randn(v.type.shape, generator=g) for v in prog.inputs if v.name != "pos"}
+    xs["pos"] = torch.tensor([kv_len - 3])
+    xs["mask"] = torch.zeros(batch, 1, 1, kv_len)
+    return prog, [xs[v.name] for v in prog.inputs]
+
+
+@pytest.mark.parametrize("bound", [False, True])
+def test_in_place_inputs_take_the_cache_write_without_a_copy(bound):
+    # a decode step's KV-cache write updates the caller's cache itself: same values as the functional
+    # graph, the cache outputs are the inputs, and the pool holds no cache-sized buffer for them
+    prog, xs = _cache_write_case()
+    names = [v.name for v in prog.inputs]
+    want = [o.clone() for o in compile_graph(prog, device="cpu")(*[x.clone() for x in xs])]
+    cg = compile_graph(prog, device="cpu", in_place=("k_cache", "v_cache"))
+    caches = [xs[names.index(n)] for n in ("k_cache", "v_cache")]
+    got = cg.bind([None] * len(xs))(*xs) if bound else cg(*xs)
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+    assert got[1] is caches[0] and got[2] is caches[1]
+    assert all(torch.equal(c, w) for c, w in zip(caches, want[1:]))  # the inputs hold the written slot
+    assert not any(buf.shape == caches[0].shape for buf in cg.pool.values())
+
+
+def test_in_place_is_refused_for_an_input_with_another_reader():
+    prog, _ = _cache_write_case()
+    with pytest.raises(ValueError, match="q.*one reader"):
+        compile_graph(prog, device="cpu", in_place=("q",))
+    with pytest.raises(ValueError, match="not inputs"):
+        compile_graph(prog, device="cpu", in_place=("k_all",))
+
+
 def test_bind_checks_the_fixed_inputs():
     fx = FIXTURES["lora"]()
     cg = compile_graph(fx.program, device="cpu")
