@@ -28,7 +28,16 @@ def moved_tile(n: Node, args: list[str], real: dict, pad: dict) -> str:
         perm = list(range(dim)) + [rank] + list(range(dim, rank))
         shape = list(pad[a])
         shape[dim] *= 2
-        return f"tl.reshape(tl.permute(tl.join({args[0]}, {args[1]}), {tuple(perm)}), {tuple(shape)})"
+        x = f"tl.reshape(tl.permute(tl.join({args[0]}, {args[1]}), {tuple(perm)}), {tuple(shape)})"
+        # an output tile padded wider than the two halves (a head dim of 8 beside tiles padded to 16 for
+        # tl.dot): the concat is the front of the register tile, zeros after it, joined in the same way
+        while shape[dim] < pad[out][dim]:
+            shape[dim] *= 2
+            x = f"tl.reshape(tl.permute(tl.join({x}, tl.zeros_like({x})), {tuple(perm)}), {tuple(shape)})"
+        if shape[dim] != pad[out][dim]:
+            raise NotImplementedError(f"render_triton: concat -> %{out} of halves of {pad[a][dim]} into a tile "
+                                      f"of {pad[out][dim]}")
+        return x
     src = n.args[0]
     size = real[src][dim]
     start, stop = n.attr("start"), n.attr("stop")
