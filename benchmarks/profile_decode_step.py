@@ -11,6 +11,12 @@ its predecessor still runs (it waits in ``griddepcontrol.wait``), so its per-ker
 that wait (the busy total counts overlaps once); set MIRAGE_SERVE_PDL=0 for per-kernel times.
 
     python benchmarks/profile_decode_step.py Llama-3.1-8B --batch 1 --steps 32 [--no-patch]
+    python benchmarks/profile_decode_step.py Llama-3.1-8B --attention hand-written,searched   # issue 28, must-show 3
+
+``--attention``: one profile per ``PatchOptions.attention`` mode, in one process (the model loaded once,
+patched, profiled and unpatched per mode), each with the decode-attention kernels' own rows summed
+(the searched μGraph's kernels ``decode_attention_*``, the hand-written ``_attend_split`` / ``_combine``)
+and what ``mirage_serve.attention_kernels`` says each layer ran.
 """
 from __future__ import annotations
 
@@ -118,7 +124,6 @@ def _profile(model, ids, steps: int) -> list[KernelSpan]:
 def main(argv=None) -> None:
     import torch
 
-    from mirage_serve import registry
     from mirage_serve.bench_load import load
     from superopt.runtime.timing import copy_bandwidth
 
@@ -129,20 +134,40 @@ def main(argv=None) -> None:
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--no-patch", dest="patch", action="store_false")
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--attention", default="", help="comma-separated PatchOptions.attention modes, one profile each")
     args = ap.parse_args(argv)
     bw = copy_bandwidth()
     lm = load(args.model, dtype="bf16", device="cuda")
     part_bytes = _part_bytes(lm.model) if args.patch else None
-    if args.patch:
-        import mirage_serve
-
-        print(mirage_serve.patch(lm.model, batch_sizes=(args.batch,)))
-    else:
+    g = torch.Generator(device="cuda").manual_seed(1)
+    ids = torch.randint(1, lm.facts["vocab_size"], (args.batch, args.prompt_len), device="cuda", generator=g)
+    if not args.patch:
         from mirage_serve.decode import install_decode_graphs
 
         install_decode_graphs(lm.model)
-    g = torch.Generator(device="cuda").manual_seed(1)
-    ids = torch.randint(1, lm.facts["vocab_size"], (args.batch, args.prompt_len), device="cuda", generator=g)
+        return _report(args, lm, ids, bw, None)
+    import mirage_serve
+    from mirage_serve.options import PatchOptions
+
+    for mode in args.attention.split(",") if args.attention else [None]:
+        options = PatchOptions(attention=mode) if mode else None
+        print(f"\n===== attention: {mode or 'default'}")
+        print(mirage_serve.patch(lm.model, batch_sizes=(args.batch,), options=options))
+        _report(args, lm, ids, bw, part_bytes)
+        mirage_serve.unpatch(lm.model)
+
+
+ATTENTION_KERNELS = ("decode_attention_", "_attend_split", "_combine")
+
+
+def _report(args, lm, ids, bw, part_bytes) -> None:
+    """Profile ``args.steps`` decode steps of the (patched) model and print the tables."""
+    from collections import Counter
+
+    import torch
+
+    from mirage_serve import registry
+
     spans, exact = decode_steps(_profile(lm.model, ids, args.steps), args.steps)
     s = summarize(spans, args.steps)
     print(f"{torch.cuda.get_device_name()}: copy {bw / 1e12:.2f} TB/s; {lm.name} batch {args.batch}; "
@@ -155,7 +180,14 @@ def main(argv=None) -> None:
     print(f"{'kernel':<70} {'per step':>8} {'µs/step':>9} {'share':>6}")
     for name, n, us in s["rows"][:args.top]:
         print(f"{name[:70]:<70} {n:>8.1f} {us:>9.1f} {100 * us / s['busy_us']:>5.1f}%")
-    if args.patch:
+    if part_bytes is not None:
+        from mirage_serve import attention_kernels
+
+        attn = [(n, c, us) for n, c, us in s["rows"] if n.startswith(ATTENTION_KERNELS)]
+        print(f"decode-attention kernels: {sum(c for _, c, _ in attn):.0f} launches/step, "
+              f"{sum(us for _, _, us in attn):.1f} µs/step ({', '.join(f'{n} {us:.1f}' for n, _, us in attn)})")
+        for why, n in Counter(attention_kernels(lm.model).values()).items():
+            print(f"  {n} layers: {why}")
         print(f"\n{'site program':<14} {'calls/step':>10} {'µs/call':>8} {'MB/call':>8} {'GB/s':>7} {'% copy':>7}")
         for label, calls, us, nbytes, gbps in site_bandwidth(s["rows"], *part_bytes):
             print(f"{label:<14} {calls:>10.1f} {us:>8.1f} {nbytes / 1e6:>8.2f} {gbps:>7.0f} {100 * gbps * 1e9 / bw:>6.0f}%")

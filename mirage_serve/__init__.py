@@ -1,11 +1,11 @@
 """mirage_serve: patch a Hugging Face decoder model with superoptimized kernels before generate()."""
 __version__ = "0.1.0"
 
-__all__ = ["PatchOptions", "PatchReport", "patch", "unpatch"]
+__all__ = ["PatchOptions", "PatchReport", "attention_kernels", "patch", "unpatch"]
 
 # Lazy: `import mirage_serve` stays cheap (no torch, no transformers) until a name is used.
 _LAZY = {"patch": ".patching.pipeline", "unpatch": ".patching.pipeline", "PatchReport": ".report",
-         "PatchOptions": ".options"}
+         "PatchOptions": ".options", "attention_kernels": ".decode.attention_fast"}
 
 
 def __getattr__(name):

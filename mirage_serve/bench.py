@@ -273,12 +273,13 @@ def _patch_and_measure(lm: LoadedModel, opts: BenchOptions, measured: dict, prog
         # HF's auto-compile off (it would trace around them)
         measured["ours"] = _measure(lm, opts, "default" if opts.graphs else "static-eager", prog)
         paths = _decode_paths(lm.model)
-        attention = _attention_verdicts(lm.model)
+        attention, kernels = _attention_verdicts(lm.model), _attention_kernels(lm.model)
         sampling = _sampling_check(lm, opts, sampled, references)
     finally:
         unpatch(lm.model)
     return {"available": True, "seconds": seconds, "report": str(report), "error": None,
             "counts": _counts(report), "decode_paths": paths, "decode_attention": attention,
+            "attention_kernels": kernels,
             "sampling": sampling, "warm": _warm_repatch(lm, opts, patch, unpatch)}
 
 
@@ -288,6 +289,15 @@ def _graphs(opts: BenchOptions) -> dict:
 
 def _counts(report) -> dict:
     return {k: getattr(report, k, None) for k in ("searches", "reinstantiated", "compiles", "cache_hits", "programs")}
+
+
+def _attention_kernels(model) -> dict:
+    """What the attention modules' last decode step ran and why -> how many modules (searched or
+    hand-written, with both times where the GPU profile chose: ``attention_searched.AttentionSearch.decide``)."""
+    from collections import Counter
+
+    from .decode.attention_fast import attention_kernels
+    return dict(Counter(attention_kernels(model).values()))
 
 
 def _attention_verdicts(model) -> dict:

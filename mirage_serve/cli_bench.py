@@ -121,6 +121,8 @@ def format_result(r: dict) -> str:
         if p.get("decode_attention"):
             lines.append("attention   decode-attention kernels, first-use check per layer: "
                          + ", ".join(f"{v} {k}" for k, v in sorted(p["decode_attention"].items())))
+        for why, n in sorted((p.get("attention_kernels") or {}).items()):
+            lines.append(f"            {n} layers ran {why}")
     bases = s["baselines"]
     head = f"{'batch':>5}  {'run':<15} {'ms/step':>9} {'tok/s':>9} {'% floor':>8}" + \
         "".join(f" {'vs ' + b:>18}" for b in bases)

@@ -5,7 +5,7 @@ Each knob is a `Knob` in the module-level table `KNOBS`; code reads one with its
 parser and a one-line doc; `describe()` lists them all (the CLI prints it, docs quote it).
 
 Values are read at call time, not import time. The switches that change what ``patch()`` does
-(``PDL``, ``PAIRED_LAUNCH``, ``RESEARCH``, ``FUSED_RESIDUAL``) are only the defaults of
+(``PDL``, ``PAIRED_LAUNCH``, ``RESEARCH``, ``FUSED_RESIDUAL``, ``ATTENTION``) are only the defaults of
 ``mirage_serve.PatchOptions``' fields, read when the options are made; code and tests pass options,
 never set these variables.
 """
@@ -94,7 +94,24 @@ FUSED_RESIDUAL: Knob[bool] = Knob(
     "add the decoder layer's residual inside the kernels of the projections whose outputs it adds (found from the "
     "traced layer); 0 leaves the adds to the layer (default of PatchOptions.fused_residual)")
 
-KNOBS: tuple[Knob, ...] = (CACHE_DIR, CACHE_READ_ONLY, CACHE_KEY, PDL, PAIRED_LAUNCH, RESEARCH, FUSED_RESIDUAL)
+ATTENTION_CHOICES = ("profiled", "searched", "hand-written")
+
+
+def parse_attention(s: str) -> str:
+    v = s.strip().lower()
+    if v not in ATTENTION_CHOICES:
+        raise ValueError(f"expected one of {list(ATTENTION_CHOICES)}, got {s!r}")
+    return v
+
+
+ATTENTION: Knob[str] = Knob(
+    "MIRAGE_SERVE_ATTENTION", parse_attention, "profiled",
+    "which decode-attention kernels run: 'profiled' (the searched μGraph, or the hand-written reference kernels "
+    "where the GPU profile times them faster), 'searched' or 'hand-written' (to compare them; default of "
+    "PatchOptions.attention)")
+
+KNOBS: tuple[Knob, ...] = (CACHE_DIR, CACHE_READ_ONLY, CACHE_KEY, PDL, PAIRED_LAUNCH, RESEARCH, FUSED_RESIDUAL,
+                           ATTENTION)
 
 
 def torchrun_ranks() -> tuple[int, int, int] | None:

@@ -29,8 +29,14 @@ class PatchOptions:
     fused_residual: bool = field(default_factory=knobs.FUSED_RESIDUAL.get)
     # search again the programs the shipped cache holds, on the GPU profile (mirage_serve.optimize.choose)
     research: bool = field(default_factory=knobs.RESEARCH.get)
+    # decode attention: "profiled" (the searched μGraph, or the hand-written reference where the GPU profile
+    # times it faster), "searched" or "hand-written" (mirage_serve.decode.attention_searched)
+    attention: str = field(default_factory=knobs.ATTENTION.get)
 
     def __post_init__(self):
         for name in ("pdl", "paired_launch", "fused_residual", "research"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"PatchOptions.{name} must be a bool, got {getattr(self, name)!r}")
+        if self.attention not in knobs.ATTENTION_CHOICES:
+            raise ValueError(f"PatchOptions.attention must be one of {list(knobs.ATTENTION_CHOICES)}, "
+                             f"got {self.attention!r}")

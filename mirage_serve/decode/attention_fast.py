@@ -4,14 +4,15 @@
 layer's attention module. A call that is one decode step (one new token per row) on an
 initialised ``StaticLayer`` of an HF cache (or a sliding-window layer whose window is not full yet:
 it is then written and masked as a static one, ``window_layers``) runs: the q/k/v projections (the patched fused
-kernels), then ``attention_launch.decode_attention`` (the per-head q/k RMSNorm where the module has
-one of HF's usual form, RoPE, cache write, flash-decoding: two launches), then ``o_proj``. Per-head
-norms of another form (Gemma 3's ``1 + weight``) run as the module's own, before the kernels.
+kernels), then the decode-attention kernels of the step's shape (``attention_searched``: the searched μGraph
+of the attention program, or the hand-written ``attention_launch.decode_attention`` where the GPU profile
+times it faster; per-head q/k RMSNorm, RoPE, cache write, attention), then ``o_proj``. Per-head norms
+the kernels do not apply (Gemma 3's ``1 + weight`` in the searched program) run as the module's own, before them.
 Every other call — prefill, dynamic caches, a full sliding window, training, ``torch.compile``
 tracing, a mask we cannot read — runs the module's original forward.
 
-This path is hand-written (RoPE in HF's rotate-half form, over the first rotary dims of each head, softmax attention with the module's
-``scaling``), not extracted from the model's code, so it is never trusted blindly: the first
+Neither kernel is extracted from the model's code (both assume RoPE in HF's rotate-half form and softmax attention
+with the module's ``scaling``), so neither is trusted blindly: the first
 eligible call of each module runs both paths on the same step and compares the attention output,
 the written cache slot and the cache's length (``patching.prepare.tolerance`` of the dtype). A module that
 disagrees (or whose fast path raises) keeps its original forward for good; ``attention_verdicts(model)`` lists every
@@ -31,6 +32,7 @@ from ..patching.prepare import tolerance
 from ..patching.install import Record, set_forward
 from . import window_layers
 from .attention_launch import decode_attention
+from .attention_searched import AttentionSearch, Decision, SearchedGraph, Shape, time_both, unsearchable
 
 log = logging.getLogger("mirage_serve")
 
@@ -129,8 +131,11 @@ def _unit_rows(t: torch.Tensor) -> torch.Tensor:
 class FastAttention:
     """The fast path of one attention module and its first-use verdict."""
 
-    def __init__(self, module, config, original, pdl: bool = True):
+    def __init__(self, module, config, original, pdl: bool = True, search: AttentionSearch | None = None):
         self.module = module
+        self.search = search  # the searched attention of this patch (None: the hand-written kernels only)
+        self.searched_refused: str | None = None  # why this module's check refused the searched μGraph
+        self.kernel: Decision | None = None  # what the last step ran, and why
         self.pdl = pdl  # launched with programmatic dependent launch where the GPU has it
         self.original = original
         self.hq = config.num_attention_heads
@@ -190,7 +195,8 @@ class FastAttention:
 
     # -------------------------------------------------------------- the step
     def _projections(self, x):
-        m, b, d = self.module, x.shape[0], self.module.head_dim
+        """q, k, v [b, heads·d] as the module computes them before its per-head norms."""
+        m, d = self.module, self.module.head_dim
         if hasattr(m, "qkv_proj"):
             qkv = m.qkv_proj(x)
             q, k, v = qkv.split((self.hq * d, self.hkv * d, self.hkv * d), dim=-1)
@@ -198,18 +204,88 @@ class FastAttention:
             q, k, v = m.q_proj(x), m.k_proj(x), m.v_proj(x)
         if self.whole_norms:  # over all heads at once, as HF's forward runs them, before the head split
             q, k = m.q_norm(q), m.k_norm(k)
-        elif self.qk_norm is None and getattr(m, "q_norm", None) is not None:
+        return q, k, v
+
+    def _rows(self, q, k, v, kernel_norms: bool):
+        """The kernels' q, k, v: [b, heads·d], unit stride along rows, the module's per-head norms applied
+        unless the kernels apply them (``kernel_norms``)."""
+        m, b, d = self.module, q.shape[0], self.module.head_dim
+        if not kernel_norms and not self.whole_norms and getattr(m, "q_norm", None) is not None:
             q, k = m.q_norm(q.view(b, 1, self.hq, d)), m.k_norm(k.view(b, 1, self.hkv, d))
         # the kernels read each row with unit stride; a projection site may hand back another layout
         # (OLMo-2's projections alone at 2+ rows: [b, N] with strides (1, b)), which is copied then
-        return (_unit_rows(t.reshape(b, -1)) for t in (q, k, v))
+        return [_unit_rows(t.reshape(b, -1)) for t in (q, k, v)]
 
-    def fast(self, step) -> torch.Tensor:
-        x, cos, sin, layer, mask, pos, advance = step
-        q, k, v = self._projections(x)
-        out = decode_attention(q, k, v, cos, sin, layer.keys, layer.values, pos, mask,
-                               self.module.scaling, advance, qk_norm=self.qk_norm, pdl=self.pdl,
-                               softcap=self.softcap, rotary_dim=cos.shape[-1])
+    def _searched(self, step, graph: SearchedGraph, raw):
+        """``fn(keys, values, pos, advance=None) -> attention output [b, Hq·d]``: the searched μGraph on this
+        step's projections ``raw``."""
+        cos, sin, mask = step[1], step[2], step[4]
+        norms = graph.shape.qk_norm_eps is not None
+        q, k, v = self._rows(*raw, kernel_norms=norms)
+        weights = self.qk_norm[:2] if norms else None
+
+        def searched(keys, values, pos, advance=None):
+            out = graph(q, k, v, cos, sin, keys, values, pos, mask, weights)
+            if advance is not None:  # what the hand-written combine kernel counts itself
+                advance.add_(1)
+            return out
+        return searched
+
+    def _handwritten(self, step, raw):
+        """The same for the hand-written reference kernels (``attention_launch``)."""
+        cos, sin, mask = step[1], step[2], step[4]
+        q, k, v = self._rows(*raw, kernel_norms=self.qk_norm is not None)
+
+        def handwritten(keys, values, pos, advance=None):
+            return decode_attention(q, k, v, cos, sin, keys, values, pos, mask, self.module.scaling, advance,
+                                    qk_norm=self.qk_norm, pdl=self.pdl, softcap=self.softcap,
+                                    rotary_dim=cos.shape[-1])
+        return handwritten
+
+    def _shape(self, step) -> Shape | str:
+        """The searched program's shape for this step, or why the step is not one it describes."""
+        x, cos, _, layer, mask, _, _ = step
+        d = self.module.head_dim
+        why = unsearchable(x, cos, mask, d)
+        if why is not None:
+            return why
+        eps = self.qk_norm[2] if self.qk_norm is not None and self.qk_norm[3] == 1 else None
+        return Shape(x.shape[0], self.hq, self.hkv, d, layer.keys.shape[2], str(x.dtype).removeprefix("torch."),
+                     float(self.module.scaling), self.softcap, eps)
+
+    def _kernel(self, step) -> tuple[Decision, SearchedGraph | None]:
+        """Which kernels this step runs (decided once per shape, ``AttentionSearch.decide``)."""
+        if self.search is None:
+            return Decision("hand-written", "decode attention search off"), None
+        if self.searched_refused is not None:
+            return Decision("hand-written", self.searched_refused), None
+        shape = self._shape(step)
+        if isinstance(shape, str):
+            return Decision("hand-written", f"no searched program: {shape}"), None
+        decision = self.search.decision(shape)
+        if decision is None:
+            if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+                # never reached by the decode runner (it runs each new shape eagerly first)
+                return Decision("hand-written", "a new shape met inside a CUDA-graph capture"), None
+            graph = self.search.graph(shape, step[0].device)
+            decision = self.search.decide(shape, graph, lambda: self._time(step, graph))
+        graph = self.search.graph(shape, step[0].device) if decision.kernel == "searched" else None
+        return decision, graph
+
+    def _time(self, step, graph):
+        """(searched µs, hand-written µs) on the GPU (``attention_searched.time_both``), or None."""
+        x, layer = step[0], step[3]
+        if not x.is_cuda or interpreting():
+            return None
+        raw = self._projections(x)
+        return time_both(self._searched(step, graph, raw), self._handwritten(step, raw), layer.keys, layer.values)
+
+    def fast(self, step, kernel=None) -> torch.Tensor:
+        x, _, _, layer, _, pos, advance = step
+        self.kernel, graph = kernel or self._kernel(step)
+        raw = self._projections(x)
+        run = self._searched(step, graph, raw) if graph is not None else self._handwritten(step, raw)
+        out = run(layer.keys, layer.values, pos, advance)
         window_layers.advance_layer(layer, 1)  # what HF's update() counts on the host (sliding layers)
         return self.module.o_proj(out.view(x.shape[0], 1, -1))
 
@@ -240,18 +316,13 @@ class FastAttention:
         after = (layer.keys[:, :, slot].clone(), layer.values[:, :, slot].clone(),
                  None if advance is None else advance.clone())
         host_after = getattr(layer, "cumulative_length_int", None)
-        layer.keys[:, :, slot], layer.values[:, :, slot] = before[0], before[1]
-        if advance is not None:
-            advance.copy_(before[2])
-        if host is not None:
-            layer.cumulative_length_int = host
-        try:
-            got = self.fast(step)
-            self.verdict = self._compare(ref[0], got, layer, slot, after, advance)
-            if self.verdict == "ok" and getattr(layer, "cumulative_length_int", None) != host_after:
-                self.verdict = "the cache's host length differs from the original forward"
-        except Exception as e:  # a module the kernels cannot take after all: the original's results stand
-            self.verdict = f"the fast path raised {type(e).__name__}: {e}".splitlines()[0]
+        self._restore(layer, slot, before, advance, host)
+        kernel = self._kernel(step)
+        self.verdict = self._check_kernel(step, kernel, ref, slot, after, host_after)
+        if self.verdict != "ok" and kernel[1] is not None:  # the searched μGraph disagreed: the reference may run
+            self.searched_refused = f"the searched μGraph disagreed with the module's forward: {self.verdict}"
+            self._restore(layer, slot, before, advance, host)
+            self.verdict = self._check_kernel(step, self._kernel(step), ref, slot, after, host_after)
         if host is not None:
             layer.cumulative_length_int = host_after
         if self.verdict != "ok":
@@ -262,6 +333,27 @@ class FastAttention:
         if advance is not None:
             advance.copy_(after[2])
         return ref
+
+    @staticmethod
+    def _restore(layer, slot, before, advance, host) -> None:
+        """The cache slot, length counter and host length as they were before the step."""
+        layer.keys[:, :, slot], layer.values[:, :, slot] = before[0], before[1]
+        if advance is not None:
+            advance.copy_(before[2])
+        if host is not None:
+            layer.cumulative_length_int = host
+
+    def _check_kernel(self, step, kernel, ref, slot: int, after, host_after) -> str:
+        """Run ``kernel`` on the step and compare it with the original forward's effects: "ok" or why not."""
+        layer, advance = step[3], step[6]
+        try:
+            got = self.fast(step, kernel)
+            verdict = self._compare(ref[0], got, layer, slot, after, advance)
+            if verdict == "ok" and getattr(layer, "cumulative_length_int", None) != host_after:
+                verdict = "the cache's host length differs from the original forward"
+        except Exception as e:  # a module the kernels cannot take after all: the original's results stand
+            verdict = f"the fast path raised {type(e).__name__}: {e}".splitlines()[0]
+        return verdict
 
     def _compare(self, ref, got, layer, slot, after, advance) -> str:
         tol = tolerance(ref.dtype, ref.is_cuda) or 1e-2
@@ -286,15 +378,16 @@ def find_attention(layer: torch.nn.Module, config) -> str | None:
 
 
 def install_fast_attention(layers, attn_name: str, config, records: list[Record],
-                           pdl: bool = True) -> dict[int, FastAttention]:
+                           pdl: bool = True, search: AttentionSearch | None = None) -> dict[int, FastAttention]:
     """Set the fast forward on every supported ``layers[i].<attn_name>``; returns them by layer.
-    ``pdl``: launch with programmatic dependent launch where the GPU has it (``PatchOptions.pdl``)."""
+    ``pdl``: launch with programmatic dependent launch where the GPU has it (``PatchOptions.pdl``).
+    ``search``: the searched attention (``attention_searched``); None runs the hand-written kernels."""
     out = {}
     for i, layer in enumerate(layers):
         module = getattr(layer, attn_name, None)
         if module is None or unsupported(module, config) is not None:
             continue
-        fast = FastAttention(module, config, module.forward, pdl)
+        fast = FastAttention(module, config, module.forward, pdl, search)
         set_forward(module, fast, records)
         out[i] = fast
     return out
@@ -304,6 +397,13 @@ def attention_verdicts(model: torch.nn.Module) -> dict[str, str]:
     """Module path -> first-use verdict ("ok", "not checked yet", or why it kept the original)."""
     return {name: fast.verdict or "not checked yet" for name, m in model.named_modules()
             if isinstance(fast := m.__dict__.get("forward"), FastAttention)}
+
+
+def attention_kernels(model: torch.nn.Module) -> dict[str, str]:
+    """Module path -> which kernels its last decode step ran and why ("searched: μGraph ...",
+    "hand-written: ..."), or "no decode step yet"."""
+    return {name: f"{fast.kernel.kernel}: {fast.kernel.why}" if fast.kernel else "no decode step yet"
+            for name, m in model.named_modules() if isinstance(fast := m.__dict__.get("forward"), FastAttention)}
 
 
 def kernel_layers(model: torch.nn.Module) -> set[int]:

@@ -23,7 +23,7 @@ import torch
 
 from superopt.runtime.interpreter import interpreting
 
-from .. import backends
+from .. import backends, optimize
 from ..options import PatchOptions
 from .prepare import Preparer, SiteError
 from .handoff import ResidualSlot
@@ -130,7 +130,9 @@ def patch(model: torch.nn.Module, *, backend: str = "auto", cache_dir=None, sear
     models): generate() decodes on an owned static KV cache with each step replayed from a CUDA
     graph (``mirage_serve.decode``); HF's auto-compile is turned off for the patched model.
     ``decode_attention`` (default: on for CUDA models): decode steps on a static KV cache run
-    RoPE, the cache write and attention as two kernels (``mirage_serve.decode.attention_fast``).
+    RoPE, the cache write and attention as the searched μGraph of the step's attention program, or the
+    hand-written reference kernels where the GPU profile times them faster (``PatchOptions.attention``,
+    ``mirage_serve.decode.attention_searched``).
     ``options``: the behaviour switches (``PatchOptions``: dependent launch, paired k/v launch, fused
     residual adds, research mode); left out, each takes its default from ``mirage_serve.knobs``.
     """
@@ -144,9 +146,10 @@ def patch(model: torch.nn.Module, *, backend: str = "auto", cache_dir=None, sear
     stage("sites")
     residual = _plan_residual(model, family, layers, call)
     stage("residual plan")
-    plans = _prepare_sites(family, layers_path, layers, residual, call, cache_dir, search_budget)
+    cache = _open_cache(cache_dir, report)
+    plans = _prepare_sites(family, layers_path, layers, residual, call, cache, search_budget)
     stage("prepare")
-    _install(model, family, layers, residual, plans, call, stage)
+    _install(model, family, layers, residual, plans, call, stage, _attention_search(call, cache, search_budget))
     report.seconds = time.perf_counter() - t0
     return report
 
@@ -233,7 +236,17 @@ def _plan_residual(model, family, layers, call: _Call) -> list[LayerPlan]:
     return residual
 
 
-def _prepare_sites(family, layers_path, layers, residual, call: _Call, cache_dir, search_budget) -> list:
+def _attention_search(call: _Call, cache, search_budget):
+    """The searched decode attention of this call (``decode.attention_searched``): its μGraphs are chosen on
+    the first decode step of each shape, since the cache's capacity is known only then."""
+    if not call.decode_attention:
+        return None
+    from ..decode.attention_searched import AttentionSearch
+    return AttentionSearch(cache, optimize.default_budget(search_budget, call.backend), call.options.pdl,
+                           call.options.attention)
+
+
+def _prepare_sites(family, layers_path, layers, residual, call: _Call, cache, search_budget) -> list:
     """Stage "prepare": every site of every layer extracted, chosen, verified, built and
     self-checked (``prepare.Preparer``); returns (layer, site, runtime, SiteReport) of those ready.
     A site that fails stays original, with its reason in its SiteReport."""
@@ -242,7 +255,7 @@ def _prepare_sites(family, layers_path, layers, residual, call: _Call, cache_dir
     def with_residual(i, site):  # the projection site takes its layer's residual add (patching.residual)
         return residual[i].site_for(site) if isinstance(site, ProjSite) else site
 
-    prep = Preparer(call.backend, call.dtype, call.buckets, search_budget, _open_cache(cache_dir, report),
+    prep = Preparer(call.backend, call.dtype, call.buckets, search_budget, cache,
                     call.options, shard_tag=shard.tag if shard else "")
     plans = []
     try:
@@ -275,7 +288,7 @@ def _prepare_sites(family, layers_path, layers, residual, call: _Call, cache_dir
     return plans
 
 
-def _install(model, family, layers, residual, plans, call: _Call, stage) -> None:
+def _install(model, family, layers, residual, plans, call: _Call, stage, attention_search) -> None:
     """Stages "install" (every prepared site, and the layers' residual hand-off), "attention" and
     "graphs": all of them or none (a failure undoes every swap)."""
     report, shard = call.report, call.shard
@@ -297,7 +310,7 @@ def _install(model, family, layers, residual, plans, call: _Call, stage) -> None
             _note(report, _RESIDUAL_NOTE.format(projs=", ".join(projs), n=len(slots), of=len(layers)))
         stage("install")
         if call.decode_attention:
-            _install_attention(model, layers, records, report, call.options.pdl,
+            _install_attention(model, layers, records, report, attention_search,
                                shard.config if shard else model.config)
             stage("attention")
         if call.cuda_graphs:
@@ -365,7 +378,7 @@ def _residual_plans(model, family, layers) -> tuple[list[LayerPlan], str]:
     return plans, "; ".join(f"{what} stays in the layer ({reason})" for what, reason in why.items())
 
 
-def _install_attention(model, layers, records: list[Record], report: PatchReport, pdl: bool, config) -> None:
+def _install_attention(model, layers, records: list[Record], report: PatchReport, search, config) -> None:
     """Decode attention on each layer's child the fast path recognises (``find_attention``), whatever
     the family; each module is then checked against its own forward on first use."""
     from ..decode.attention_fast import find_attention, install_fast_attention
@@ -375,12 +388,16 @@ def _install_attention(model, layers, records: list[Record], report: PatchReport
         _note(report, "decode attention: no module of the decoder layer has what the kernels take (q/k/v or qkv "
                       "and o projections, head_dim, scaling, layer_idx); the model's own attention runs")
         return
-    fast = install_fast_attention(layers, attn_name, config, records, pdl)
+    fast = install_fast_attention(layers, attn_name, config, records, search.pdl, search)
     normed = sum(f.qk_norm is not None for f in fast.values())
+    kernels = {"profiled": "the searched μGraph of each shape, or the hand-written reference kernels where "
+                           "the GPU profile times them faster",
+               "searched": "the searched μGraph of each shape", "hand-written": "the hand-written reference kernels"}
     note = (f"decode attention: {len(fast)}/{len(layers)} layers run "
-            f"{f'q/k RMSNorm ({normed} layers) + ' if normed else ''}RoPE + cache write + "
-            f"flash-decoding kernels on static KV caches (hand-written, not searched; each checked "
-            f"against its module's own forward on first use); other calls stay original")
+            f"{f'q/k RMSNorm ({normed} layers) + ' if normed else ''}RoPE + cache write + attention on static "
+            f"KV caches as {kernels[search.mode]} (chosen on the first decode step of each shape: "
+            f"``mirage_serve.attention_kernels(model)``; each module checked against its own forward on first "
+            f"use); other calls stay original")
     _note(report, note)
 
 

@@ -153,10 +153,11 @@ def _decode(model, ids, mask):
     return out.sequences, torch.stack(out.logits, 1)
 
 
-def family_case(name, config, how="install"):
+def family_case(name, config, how="install", attention="hand-written"):
     import mirage_serve
     from mirage_serve.decode import attention_fast
-    from mirage_serve.decode.attention_fast import attention_verdicts, install_fast_attention
+    from mirage_serve.decode.attention_fast import attention_kernels, attention_verdicts, install_fast_attention
+    from mirage_serve.decode.attention_searched import SearchedGraph
     from mirage_serve.options import PatchOptions
     from tests.patches.parity import build, prompts
 
@@ -174,31 +175,38 @@ def family_case(name, config, how="install"):
             # else the programs themselves (library ops), which keeps the interpreter run short
             budget = {} if how == "patch_searched" else {"search_budget": 0}
             report = mirage_serve.patch(model, backend="torch", batch_sizes=(4,),
-                                        options=PatchOptions(fused_residual=fused), **budget)
+                                        options=PatchOptions(fused_residual=fused, attention=attention), **budget)
             assert report.patched, str(report)
             assert ("residual adds: in the" in report.note) == fused, report.note
         else:
             layers = model.model.layers
             install_fast_attention(layers, "self_attn", model.config, [])
-        calls = []
-        real = attention_fast.decode_attention
+        calls, kinds = [], []
+        real, real_graph = attention_fast.decode_attention, SearchedGraph.__call__
 
         def counted(*a, **kw):
             if how == "mutant":  # a wrong kernel: the softmax scale off by 10%
                 a = a[:9] + (a[9] * 1.1,) + a[10:]
             calls.append("none" if a[8] is None else str(a[8].dtype).replace("torch.", ""))
+            kinds.append("hand-written")
             return real(*a, **kw)
-        attention_fast.decode_attention = counted
+
+        def counted_graph(self, *a):  # the searched μGraph: the same arguments as the kernels, bar the scale
+            calls.append(str(a[8].dtype).replace("torch.", ""))
+            kinds.append("searched")
+            return real_graph(self, *a)
+        attention_fast.decode_attention, SearchedGraph.__call__ = counted, counted_graph
         try:
             seq, logits = _decode(model, ids, mask)
         finally:
-            attention_fast.decode_attention = real
+            attention_fast.decode_attention, SearchedGraph.__call__ = real, real_graph
     fused_norms = sum(m.__dict__["forward"].qk_norm is not None for m in model.modules()
                       if isinstance(m.__dict__.get("forward"), attention_fast.FastAttention))
     out = {"tokens_equal": bool(torch.equal(seq, ref_seq)),
            "logits_err": float((logits - ref_logits).norm() / ref_logits.norm()),
            "fast_calls": len(calls), "masks": sorted(set(calls)), "verdicts": attention_verdicts(model),
-           "qk_norm_fused": fused_norms, "kernel_layers": sorted(attention_fast.kernel_layers(model))}
+           "qk_norm_fused": fused_norms, "kernel_layers": sorted(attention_fast.kernel_layers(model)),
+           "kernels": sorted(set(kinds)), "why": sorted(set(attention_kernels(model).values()))}
     if how.startswith("patch"):  # unpatch takes the attention forwards away with the sites
         mirage_serve.unpatch(model)
         with torch.no_grad():

@@ -47,9 +47,13 @@ def main() -> None:
               ("gemma2_patched", FAMILIES["gemma2"], "patch_residual"), ("stablelm_traced", STABLELM, "patch"),
               ("phi3_window_patched", FAMILIES["phi3_window"], "patch_residual"),
               ("olmo2_patched", OLMO2_SEARCHED, "patch_searched")]
+    # the searched attention μGraphs in patch() (searched here, on the CPU, then run in the interpreter): GQA,
+    # Gemma-2's softcap, eager float mask and sliding layers, Qwen3's q/k norms in the program
+    cases += [(f"{n}_searched", FAMILIES[n], "patch_searched_attention") for n in ("llama", "gemma2", "qwen3")]
     for name, config, how in cases:
         try:
-            result[f"family/{name}"] = family_case(name, config, how)
+            attention = "profiled" if how == "patch_searched_attention" else "hand-written"
+            result[f"family/{name}"] = family_case(name, config, how.replace("_attention", ""), attention)
         except Exception as e:
             result[f"family/{name}"] = f"{type(e).__name__}: {e}"
     print(json.dumps(result))

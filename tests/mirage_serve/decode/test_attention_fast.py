@@ -60,6 +60,25 @@ def test_family_decodes_hf_tokens_through_the_fast_path(interp, name):
     assert r["qk_norm_fused"] == (len(r["verdicts"]) if name.startswith(("qwen3", "gemma3")) else 0), r
 
 
+@pytest.mark.parametrize("name", ["llama_searched", "gemma2_searched", "qwen3_searched"])
+def test_patch_runs_searched_attention_with_hf_tokens(interp, name):
+    # patch()'s default: each shape's attention program searched on the first decode step, built with the cache
+    # writes in place and run (no GPU to time the hand-written reference against it): GQA; Gemma-2's softcap,
+    # eager float mask and sliding layers; Qwen3's q/k norms inside the program (head dim 8: the RoPE halves
+    # join into a tile padded to 16)
+    r = interp[f"family/{name}"]
+    assert not isinstance(r, str), r
+    assert r["tokens_equal"], f"{name}: greedy tokens differ from the model without the fast path"
+    assert r["logits_err"] <= TOL["float32"], r
+    assert r["verdicts"] and all(v == "ok" for v in r["verdicts"].values()), r["verdicts"]
+    assert r["kernels"] == ["searched"], r["why"]
+    assert r["fast_calls"] == 15 * len(r["verdicts"]), r
+    assert all(w.startswith(("searched: μGraph searched: ", "searched: μGraph re-instantiated"))
+               and "generated kernels" in w for w in r["why"]), r["why"]
+    assert r["qk_norm_fused"] == (len(r["verdicts"]) if name.startswith("qwen3") else 0), r
+    assert r["unpatched_identical"], r
+
+
 def test_sliding_layers_with_a_full_window_keep_their_forward(interp):
     r = interp["family/gemma3_small_window"]
     assert not isinstance(r, str), r

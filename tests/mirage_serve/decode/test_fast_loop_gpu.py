@@ -84,13 +84,14 @@ def test_captured_loop_stops_at_eos_like_hf():
     uninstall_decode_graphs(model)
 
 
-def _sliding_window_runs(window: int, kind: str = "gemma2"):
+def _sliding_window_runs(window: int, kind: str = "gemma2", attention: str = "hand-written"):
     """A tiny float32 Gemma with ``window``, patched (its sliding layers on the decode-attention kernels,
     which a replayed step needs: ``window_layers``): HF's static-cache tokens, then the graphed loop's twice
     (the second call replays the first's graph)."""
     import mirage_serve
     from mirage_serve.decode.attention_fast import attention_verdicts
     from mirage_serve.decode.runner import _ATTR
+    from mirage_serve.options import PatchOptions
 
     from .test_window_layers import tiny
 
@@ -98,7 +99,7 @@ def _sliding_window_runs(window: int, kind: str = "gemma2"):
     ids, mask = _cuda_batch(model, [5, 9, 3])
     kw = dict(max_new_tokens=STEPS, min_new_tokens=STEPS, do_sample=False, pad_token_id=0)
     want = _hf_static(model, ids, mask, **kw)
-    mirage_serve.patch(model, search_budget=0, batch_sizes=(1, 4))
+    mirage_serve.patch(model, search_budget=0, batch_sizes=(1, 4), options=PatchOptions(attention=attention))
     runner = getattr(model, _ATTR)
     got = [model.generate(input_ids=ids, attention_mask=mask, **kw) for _ in range(2)]
     assert set(attention_verdicts(model).values()) == {"ok"}, attention_verdicts(model)
@@ -107,14 +108,18 @@ def _sliding_window_runs(window: int, kind: str = "gemma2"):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("attention", ["hand-written", "searched"])
 @pytest.mark.parametrize("kind", ["gemma2", "gemma3"])
-def test_captured_loop_on_a_sliding_window_cache_gives_hf_tokens_and_host_lengths(kind):
+def test_captured_loop_on_a_sliding_window_cache_gives_hf_tokens_and_host_lengths(kind, attention):
     # HF bounds a sliding layer's mask by the layer's host length, frozen at the capture; the kernels lift
-    # that bound (window_layers.lift_causal_bound: without it the tiny Gemma-3 here parts from HF)
+    # that bound (window_layers.lift_causal_bound: without it the tiny Gemma-3 here parts from HF), and the
+    # searched program's mask bounds it again at the device position (attention_searched.additive_mask)
     import mirage_serve
     from mirage_serve.decode import window_layers
+    from mirage_serve.decode.attention_fast import attention_kernels
 
-    model, want, (got, again), runner, loop = _sliding_window_runs(128, kind)
+    model, want, (got, again), runner, loop = _sliding_window_runs(128, kind, attention)
+    assert {w.split(":")[0] for w in attention_kernels(model).values()} == {attention}, attention_kernels(model)
     assert runner.paths["fast"] == 2 and runner.paths["hf"] == 0, runner.paths
     assert loop.capture_error is None and loop.captures == 1 and loop.replays == 2 * (STEPS - 1) - 1
     assert torch.equal(got, want) and torch.equal(again, want)

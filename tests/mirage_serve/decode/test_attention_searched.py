@@ -1,0 +1,106 @@
+"""The searched decode attention's choices and glue (no search here: the interpreter run searches,
+``test_attention_fast.py``; the GPU run times, ``test_attention_searched_gpu.py``)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mirage_serve.decode import attention_searched
+from mirage_serve.decode.attention_searched import (AttentionSearch, Decision, Shape, additive_mask, unsearchable)
+from mirage_serve.options import PatchOptions
+
+SHAPE = Shape(2, 4, 2, 16, 40, "bfloat16", 0.25, None, None)
+
+
+class _Graph:
+    """A built μGraph as ``decide`` sees it."""
+
+    def describe(self) -> str:
+        return "μGraph searched: 2 generated kernels, 4 launches"
+
+
+@pytest.mark.parametrize("us,kernel,words", [
+    ((10.0, 12.0), "searched", "10.0 µs, the hand-written reference 12.0 µs"),
+    ((12.0, 10.0), "hand-written", "the hand-written reference timed faster: 10.0 µs against the searched μGraph's 12.0"),
+    (None, "searched", "not timed: no GPU"),
+])
+def test_the_profile_keeps_the_faster_and_says_both_times(us, kernel, words):
+    d = AttentionSearch(None, 0, True).decide(SHAPE, _Graph(), lambda: us)
+    assert d.kernel == kernel and words in d.why, d
+
+
+def test_a_timing_that_raises_leaves_the_reference_and_says_why():
+    def boom():
+        raise RuntimeError("capture failed")
+    d = AttentionSearch(None, 0, True).decide(SHAPE, _Graph(), boom)
+    assert d == Decision("hand-written", "timing the searched μGraph raised RuntimeError: capture failed")
+
+
+@pytest.mark.parametrize("mode,kernel", [("searched", "searched"), ("hand-written", "hand-written")])
+def test_a_mode_decides_without_timing(mode, kernel):
+    def never():
+        raise AssertionError("timed although the mode decides")
+    search = AttentionSearch(None, 0, True, mode)
+    assert search.decide(SHAPE, _Graph(), never).kernel == kernel
+    assert search.decision(SHAPE).kernel == kernel  # once per shape
+
+
+def test_no_searched_graph_runs_the_reference_with_the_reason():
+    d = AttentionSearch(None, 0, True).decide(SHAPE, "its search μGraph did not build: ValueError: x", lambda: (1.0, 2.0))
+    assert d == Decision("hand-written", "no searched μGraph: its search μGraph did not build: ValueError: x")
+
+
+def test_the_attention_option_is_checked():
+    with pytest.raises(ValueError, match="attention must be one of"):
+        PatchOptions(attention="fast")
+
+
+def test_the_budget_makes_room_for_the_attention_kernel_and_keeps_zero():
+    from superopt.search import SearchBudget
+    assert attention_searched._attention_budget(0) == 0
+    assert attention_searched._attention_budget(None).max_block_ops >= attention_searched.ATTENTION_BLOCK_OPS
+    b = attention_searched._attention_budget(SearchBudget(max_seconds=7.0))
+    assert b.max_seconds == 7.0 and b.max_block_ops == attention_searched.ATTENTION_BLOCK_OPS
+
+
+@pytest.mark.parametrize("kind", ["bool", "additive", "bool1"])
+def test_the_mask_becomes_additive_and_bounded_at_the_position(kind):
+    rows, cap, pos = 3, 11, 6
+    g = torch.Generator().manual_seed(5)
+    attends = torch.rand(rows, cap, generator=g) > 0.3
+    attends[:, pos + 1:] = True  # a lifted sliding mask attends past the position: the program must not
+    given = {"bool": attends, "bool1": attends[:1],
+             "additive": torch.where(attends, 0.0, torch.finfo(torch.float32).min)}[kind]
+    out = additive_mask(given, rows, torch.bfloat16, torch.tensor(pos))
+    want = attends[:1].expand(rows, -1) if kind == "bool1" else attends
+    want = want & (torch.arange(cap) <= pos)
+    assert out.shape == (rows, 1, 1, cap) and out.dtype == torch.bfloat16
+    assert torch.equal(out[:, 0, 0] == 0, want)
+    assert torch.all(out[:, 0, 0][~want] == torch.finfo(torch.bfloat16).min)
+    assert additive_mask(given, rows, torch.bfloat16, torch.tensor(pos)) is out  # once a step, not once a layer
+
+
+def test_each_layers_view_of_one_mask_is_converted_once():
+    hf = torch.ones(2, 1, 1, 9, dtype=torch.bool)  # HF's 4D mask; each layer reads mask[:, 0, 0, :]
+    out = additive_mask(hf[:, 0, 0, :], 2, torch.float16, torch.tensor(4))
+    assert additive_mask(hf[:, 0, 0, :], 2, torch.float16, torch.tensor(4)) is out
+    assert additive_mask(hf[:1, 0, 0, :], 2, torch.float16, torch.tensor(4)) is not out  # another view
+    assert additive_mask(hf.clone()[:, 0, 0, :], 2, torch.float16, torch.tensor(4)) is not out  # another step
+
+
+def test_steps_the_program_does_not_describe_are_named():
+    x = torch.zeros(2, 1, 32, dtype=torch.bfloat16)
+    cos = torch.zeros(1, 16, dtype=torch.bfloat16)
+    mask = torch.ones(2, 40, dtype=torch.bool)
+    assert unsearchable(x, cos, mask, 16) is None
+    assert "RoPE on 8 of 16 dims" in unsearchable(x, cos[:, :8], mask, 16)
+    assert "float32" in unsearchable(x, cos.float(), mask, 16)
+    assert "no attention mask" in unsearchable(x, cos, None, 16)
+
+
+def test_a_shape_family_drops_rows_and_capacity_only():
+    other = Shape(8, 4, 2, 16, 4096, "bfloat16", 0.25, None, None)
+    assert SHAPE.family() == other.family()
+    assert SHAPE.family() != Shape(2, 4, 2, 16, 40, "bfloat16", 0.25, 50.0, None).family()
+    prog = SHAPE.program()
+    assert [v.name for v in prog.inputs] == ["q", "k", "v", "cos", "sin", "k_cache", "v_cache", "pos", "mask"]

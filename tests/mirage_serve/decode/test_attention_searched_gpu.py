@@ -1,0 +1,43 @@
+"""The searched decode attention inside patch() on the GPU: searched, built in place, captured, timed (GPU only)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from .test_fast_loop import _tiny
+from .test_fast_loop_gpu import STEPS, _cuda_batch, _hf_static
+
+
+def _patched_runs(attention: str, dtype=torch.float32):
+    """HF's static-cache greedy tokens, then the patched model's (graphed loop) twice, and what each layer ran."""
+    import mirage_serve
+    from mirage_serve.decode.attention_fast import attention_kernels, attention_verdicts
+    from mirage_serve.options import PatchOptions
+
+    model = _tiny("llama", dtype=dtype).to("cuda")  # float32: a difference from HF is a bug, not rounding
+    ids, mask = _cuda_batch(model, [5, 9, 3])
+    kw = dict(max_new_tokens=STEPS, min_new_tokens=STEPS, do_sample=False, pad_token_id=0)
+    want = _hf_static(model, ids, mask, **kw)
+    mirage_serve.patch(model, batch_sizes=(1, 4), options=PatchOptions(attention=attention))
+    got = [model.generate(input_ids=ids, attention_mask=mask, **kw) for _ in range(2)]
+    verdicts, kernels = attention_verdicts(model), attention_kernels(model)
+    mirage_serve.unpatch(model)
+    return want, got, verdicts, kernels
+
+
+@pytest.mark.gpu
+def test_searched_attention_gives_hf_tokens_in_the_graphed_loop():
+    want, (got, again), verdicts, kernels = _patched_runs("searched")
+    assert set(verdicts.values()) == {"ok"}, verdicts
+    assert all(w.startswith("searched: μGraph ") and "generated kernels" in w for w in kernels.values()), kernels
+    assert torch.equal(got, want) and torch.equal(again, want)
+
+
+@pytest.mark.gpu
+def test_profiled_attention_times_both_and_keeps_the_faster():
+    want, (got, _), verdicts, kernels = _patched_runs("profiled")
+    assert set(verdicts.values()) == {"ok"}, verdicts
+    for why in kernels.values():  # each shape timed on the GPU, both numbers reported
+        assert why.startswith(("searched: ", "hand-written: the hand-written reference timed faster")), why
+        assert why.count("µs") == 2, why
+    assert torch.equal(got, want)
