@@ -95,9 +95,10 @@ class SearchedGraph:
 
 class _Additive:
     """The last mask ``additive_mask`` converted: the layers of one step share one mask (each reads its own view
-    of HF's 4D mask, so the key is the tensor viewed and the view), so the conversion runs once a step, not once
-    a layer. Holding the tensor keeps its memory from being reused by a later step's mask."""
-    base = view = out = None
+    of HF's 4D mask), so the key is the memory viewed and the view, and the conversion runs once a step, not
+    once a layer. Holding that memory keeps a later step's mask from being allocated at the same address.
+    (Not the view's ``_base``: under ``torch.inference_mode`` views have none, and every layer missed.)"""
+    storage = key = out = None
 
 
 def additive_mask(mask: torch.Tensor, rows: int, dtype: torch.dtype, pos: torch.Tensor) -> torch.Tensor:
@@ -107,15 +108,15 @@ def additive_mask(mask: torch.Tensor, rows: int, dtype: torch.dtype, pos: torch.
     that stop at the position themselves, and the program reads every slot. Every layer of a step writes the
     same position while it runs these kernels (a sliding layer only until its window is full), so the first
     layer's ``pos`` serves the step."""
-    base = mask if mask._base is None else mask._base
-    view = (tuple(mask.shape), mask.stride(), mask.storage_offset(), rows, dtype)
-    if _Additive.base is base and _Additive.view == view:
+    storage = mask.untyped_storage()
+    key = (storage.data_ptr(), tuple(mask.shape), mask.stride(), mask.storage_offset(), mask.dtype, rows, dtype)
+    if _Additive.key == key:
         return _Additive.out
     attends = mask if mask.dtype == torch.bool else mask == 0
     attends = attends & (torch.arange(mask.shape[-1], device=mask.device) <= pos.view(1))
     out = torch.zeros(rows, mask.shape[-1], dtype=dtype, device=mask.device)
     out.masked_fill_(~attends.expand(rows, -1), torch.finfo(dtype).min)
-    _Additive.base, _Additive.view, _Additive.out = base, view, out.view(rows, 1, 1, -1)
+    _Additive.storage, _Additive.key, _Additive.out = storage, key, out.view(rows, 1, 1, -1)
     return _Additive.out
 
 
