@@ -96,7 +96,8 @@ while [ $# -gt 0 ]; do
     profile-qwen) step profile_qwen 120 python benchmarks/profile_decode_step.py Qwen2.5-0.5B ;;
     profile-llama) step profile_llama 200 python benchmarks/profile_decode_step.py Llama-3.1-8B ;;
     profile-qwen3) step profile_qwen3 200 python benchmarks/profile_decode_step.py Qwen3-8B ;;
-    decode-tests) step decode_tests 240 python -m pytest -q -m gpu -p no:cacheprovider -rf --tb=short tests/mirage_serve/decode ;;
+    decode-tests) step decode_tests 540 python -m pytest -q -m gpu -p no:cacheprovider -rf --tb=short --durations=12 \
+                    tests/mirage_serve/decode ;;
     attn-choice) for b in ${ATTN_BATCH:-1 8}; do  # issue 28, must-show 3: one decode step per attention mode
                    step "attn_choice_b$b" 300 python benchmarks/profile_decode_step.py "${ATTN_MODEL:-Llama-3.1-8B}" \
                      --batch "$b" --prompt-len "${ATTN_PROMPT:-128}" --attention hand-written,searched,profiled

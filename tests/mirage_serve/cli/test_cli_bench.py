@@ -27,7 +27,7 @@ def check_schema(doc: dict, batches: list[int], baselines: list[str], real_patch
     for key in ("python", "torch", "transformers", "device", "device_name", "date"):
         assert doc["environment"][key], key
     ours = doc["patch"]["available"] and not doc["patch"]["error"]
-    extra = {"counts", "decode_paths", "decode_attention", "warm"} if ours else set()
+    extra = {"counts", "decode_paths", "decode_attention", "attention_kernels", "warm"} if ours else set()
     assert set(doc["patch"]) == {"available", "seconds", "report", "error"} | extra
     if ours and real_patch:  # a stand-in patch (real_patch=False) fills no cache
         warm = doc["patch"]["warm"]
