@@ -146,13 +146,22 @@ def map_isolating_crashes(pool: ProcessPoolExecutor, new_pool: Callable[[], Proc
         raise
 
 
+def _example(shape, dtype: torch.dtype, device) -> torch.Tensor:
+    """A worker's input: random floats; integers are zeros, a valid index into any dim (a cache write's
+    position: random ones went negative and tripped a device-side assert, which kills the worker's CUDA
+    context, so every later build in it failed and the parent compiled those candidates itself)."""
+    if dtype.is_floating_point:
+        return torch.randn(shape, device=device).to(dtype)
+    return torch.zeros(shape, dtype=dtype, device=device)
+
+
 def _build_once(job) -> str | None:
     """Worker: build ``graph`` at ``config`` and launch it once on random inputs; the error, if any."""
     text, config, specs, device_index, pdl = job
     try:
         g = from_text(text)
         device = torch.device("cuda", device_index)
-        xs = [torch.randn(shape, device=device).to(getattr(torch, dtype)) for shape, dtype in specs]
+        xs = [_example(shape, getattr(torch, dtype), device) for shape, dtype in specs]
         launch = None if config is None else {k.name: config for k in render_triton(g).kernels}
         compile_graph(g, device=device, launch=launch, pdl=pdl)(*xs)
         torch.cuda.synchronize(device)

@@ -13,7 +13,7 @@ FIELDS = {"pdl": knobs.PDL, "paired_launch": knobs.PAIRED_LAUNCH, "fused_residua
 
 
 def test_each_switch_is_a_field_whose_default_is_its_knob(monkeypatch):
-    assert {f.name for f in dataclasses.fields(PatchOptions)} == set(FIELDS)
+    assert {f.name for f in dataclasses.fields(PatchOptions)} == set(FIELDS) | {"attention"}
     for name, knob in FIELDS.items():
         monkeypatch.delenv(knob.name, raising=False)
         assert getattr(PatchOptions(), name) is knob.default
@@ -24,6 +24,17 @@ def test_each_switch_is_a_field_whose_default_is_its_knob(monkeypatch):
         made = PatchOptions()
         monkeypatch.setenv(knob.name, "1" if knob.default else "0")
         assert getattr(made, name) is (not knob.default)
+
+
+def test_the_attention_choice_defaults_to_its_knob_and_is_checked(monkeypatch):
+    monkeypatch.delenv(knobs.ATTENTION.name, raising=False)
+    assert PatchOptions().attention == "profiled" == knobs.ATTENTION.default
+    monkeypatch.setenv(knobs.ATTENTION.name, "Hand-Written")
+    assert PatchOptions().attention == "hand-written"
+    assert PatchOptions(attention="searched").attention == "searched"  # an argument wins
+    monkeypatch.setenv(knobs.ATTENTION.name, "fastest")
+    with pytest.raises(ValueError, match="MIRAGE_SERVE_ATTENTION.*profiled"):
+        PatchOptions()
 
 
 def test_options_are_frozen_and_typed():

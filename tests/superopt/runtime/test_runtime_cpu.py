@@ -270,3 +270,12 @@ def test_a_refused_launch_is_never_built_and_says_why(monkeypatch):
     assert built == [] and r.error == "skipped default: the build killed its worker process"
     (r,) = profile.profile_candidates([g], [torch.zeros(1)], configs=[None, Launch(2, 3)], refused=refused)
     assert len(built) == 1 and r.error is None and r.tried[0][0] == Launch(2, 3)
+
+
+def test_a_build_workers_integer_inputs_are_valid_indices():
+    # a cache write's position drawn from randn went negative: a device-side assert killed the worker
+    from superopt.runtime.select import _example
+    pos = _example((1,), torch.int64, "cpu")
+    assert pos.dtype == torch.int64 and int(pos) == 0
+    x = _example((64,), torch.bfloat16, "cpu")
+    assert x.dtype == torch.bfloat16 and x.float().std() > 0.5
