@@ -68,7 +68,7 @@ def default_budget(budget, backend: str):
 
 
 def choose(program: KernelGraph, *, budget, arch: str, cache=None, key=None, seed=None, pick=None,
-           research: bool = False) -> Choice:
+           research: bool = False, keep_structures: bool = False) -> Choice:
     """The μGraph to run for ``program``. ``budget=0`` skips the search (tests, quick starts).
 
     ``cache`` is a ``mirage_serve.cache.KernelCache`` and ``key`` its ``CacheKey`` for this program,
@@ -80,12 +80,14 @@ def choose(program: KernelGraph, *, budget, arch: str, cache=None, key=None, see
     ``research`` (with ``pick``): a hit in the shipped cache is searched again, its μGraph one more
     candidate for the profiler, and the winner is stored (``PatchOptions.research``) — a search changed
     since the shipped entry was made can then only replace it with something measured faster.
+    ``keep_structures``: a searched or re-instantiated entry also keeps its result's designs
+    (``meta["structures"]``, ``superopt.search.structures``), for a later process's ``seed``.
     """
     if cache is None or key is None:
-        return _choose(program, budget, arch, None, None, seed, pick, False)
+        return _choose(program, budget, arch, None, None, seed, pick, False, keep_structures)
     # Concurrent patchers of one model: one searches each program, the others wait, then hit.
     with cache.lock(key):
-        return _choose(program, budget, arch, cache, key, seed, pick, research and pick is not None)
+        return _choose(program, budget, arch, cache, key, seed, pick, research and pick is not None, keep_structures)
 
 
 def _hit(program: KernelGraph, entry, cache, key, pick, t0: float) -> "Choice | None":
@@ -186,7 +188,8 @@ class _WithIncumbent:
         return getattr(self.result, name)
 
 
-def _choose(program: KernelGraph, budget, arch: str, cache, key, seed, pick, research: bool) -> Choice:
+def _choose(program: KernelGraph, budget, arch: str, cache, key, seed, pick, research: bool,
+            keep_structures: bool = False) -> Choice:
     t0 = time.perf_counter()
     incumbent = None
 
@@ -202,6 +205,9 @@ def _choose(program: KernelGraph, budget, arch: str, cache, key, seed, pick, res
                     meta["timings"] = [list(t) for t in chosen.timings]
             ver = ver or verify(program, graph)
             meta.update(verified=ver.ok, verdict=ver.verdict)
+            if keep_structures:
+                from superopt.search.structures import to_json
+                meta["structures"] = to_json(result)
             if launch and key is not None and key.backend == "triton":
                 meta["render_sha256"] = render_digest(graph, launch)
             # Only a verified μGraph is stored, signed: a signed hit is then believed without

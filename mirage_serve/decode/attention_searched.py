@@ -5,8 +5,9 @@ One decode step of an attention module, after its q / k / v projections, is
 the step's rows and the cache's capacity: [the per-head q / k RMSNorm,] RoPE on q and k, the cache
 write of k and v at the position, q·kᵀ·scale [softcapped] + mask, the float32 max-subtracted softmax,
 · v. ``optimize.choose`` gives its μGraph as it does for every other site: the kernel cache, else the
-search (a structure searched at another capacity or batch is re-instantiated first), else the program
-itself as library ops. It is built with both cache writes in place (``compile_graph(in_place=...)``):
+search (a structure searched at another capacity or batch is re-instantiated first: from this process's
+result, or from the designs an earlier process kept with its cache entry), else the program itself as
+library ops. It is built with both cache writes in place (``compile_graph(in_place=...)``):
 a step writes one slot of the cache, never a copy of it.
 
 The hand-written kernels of ``attention_launch`` stay as a reference that the GPU profile may pick:
@@ -25,6 +26,8 @@ from dataclasses import dataclass, replace
 import torch
 
 from superopt.ir import digest
+
+from .cache_pool import LENGTH_QUANTUM
 
 log = logging.getLogger("mirage_serve")
 
@@ -54,7 +57,7 @@ class Shape:
             softcap=self.softcap, qk_norm=self.qk_norm_eps is not None, eps=self.qk_norm_eps or 1e-6,
             scale=self.scale, name=f"decode_attention_q{self.q_heads}_kv{self.kv_heads}_d{self.head_dim}")
 
-    def family(self) -> tuple:
+    def family(self) -> "Shape":
         """The shape without rows and capacity: programs whose searched structures fit each other."""
         return replace(self, batch=0, capacity=0)
 
@@ -141,9 +144,8 @@ class AttentionSearch:
         self.cache, self.pdl, self.mode = cache, pdl, mode
         self.budget = _attention_budget(budget)
         self._graphs: dict[Shape, SearchedGraph | str] = {}
-        self._seeds: dict[tuple, object] = {}   # Shape.family() -> SearchResult, re-instantiated at new shapes
+        self._seeds: dict[Shape, object] = {}   # Shape.family() -> SearchResult, re-instantiated at new shapes
         self._decisions: dict[Shape, Decision] = {}
-        self.searches = 0
 
     def graph(self, shape: Shape, device: torch.device) -> SearchedGraph | str:
         """The built μGraph of ``shape`` (choosing it the first time), or why there is none."""
@@ -155,27 +157,21 @@ class AttentionSearch:
         from superopt.runtime import compile_graph
 
         from .. import backends, optimize
-        from ..cache import CacheKey, versions_now
-        from ..registry import short_dtype
 
         program = shape.program()
-        arch = backends.arch_of(device)
-        key = None
-        if self.cache is not None:
-            key = CacheKey(digest(program), f"b{shape.batch}", short_dtype(getattr(torch, shape.dtype)),
-                           arch.replace("_", ""), "triton", versions_now(),
-                           f"attention-b{shape.batch}-L{shape.capacity}")
+        # on the CPU (the Triton interpreter) the search still targets sm_90, as patch() does for sites
+        arch = backends.arch_of(device) if device.type == "cuda" else "sm_90"
+        key = self._key(shape, program, device)
         t0 = time.perf_counter()
         log.info("mirage_serve: decode attention %s: choosing its μGraph (kernel cache, else the search: "
                  "seconds to a minute)", _label(shape))
         try:
-            # on the CPU (the Triton interpreter) the search still targets sm_90, as patch() does for sites
-            choice = optimize.choose(program, budget=self.budget, arch=arch if device.type == "cuda" else "sm_90",
-                                     cache=self.cache, key=key, seed=self._seeds.get(shape.family()),
-                                     pick=self._pick(program, shape, device) if device.type == "cuda" else None)
+            seed = self._seeds.get(shape.family()) or self._stored_seed(shape, device, arch)
+            choice = optimize.choose(program, budget=self.budget, arch=arch, cache=self.cache, key=key, seed=seed,
+                                     pick=self._pick(program, shape, device) if device.type == "cuda" else None,
+                                     keep_structures=True)
         except Exception as e:  # the hand-written kernels still run
             return f"choosing its μGraph raised {type(e).__name__}: {e}".splitlines()[0]
-        self.searches += choice.source == "search"
         if choice.result is not None:
             self._seeds.setdefault(shape.family(), choice.result)
         try:
@@ -187,6 +183,37 @@ class AttentionSearch:
         log.info("mirage_serve: decode attention %s: %s (%.1f s)", _label(shape), built.describe(),
                  time.perf_counter() - t0)
         return built
+
+    def _key(self, shape: Shape, program, device: torch.device):
+        """The kernel-cache key of ``shape``'s program (None without a cache)."""
+        from .. import backends
+        from ..cache import CacheKey, versions_now
+        from ..registry import short_dtype
+
+        if self.cache is None:
+            return None
+        return CacheKey(digest(program), f"b{shape.batch}", short_dtype(getattr(torch, shape.dtype)),
+                        backends.arch_of(device).replace("_", ""), "triton", versions_now(),
+                        f"attention-b{shape.batch}-L{shape.capacity}")
+
+    def _stored_seed(self, shape: Shape, device: torch.device, arch: str):
+        """The structures an earlier process searched for ``shape``'s family at another capacity or batch (kept
+        in that entry's meta, ``optimize.choose(keep_structures=True)``), as a result to re-instantiate; None
+        where the cache has none (each sibling looked up costs ~1 ms, against a search of seconds to a minute)."""
+        from superopt.search import SearchBudget
+        from superopt.search.structures import from_json
+
+        if self.cache is None or not isinstance(self.budget, SearchBudget):
+            return None
+        for other in _siblings(shape):
+            entry = self.cache.get(self._key(other, other.program(), device))
+            data = entry.meta.get("structures") if entry is not None else None
+            if data:
+                try:
+                    return from_json(data, self.budget, arch)
+                except ValueError:
+                    continue
+        return None
 
     def _pick(self, program, shape: Shape, device: torch.device):
         """``optimize.choose``'s profiler: the search's candidates timed on the GPU (``runtime.select``) on a
@@ -245,6 +272,20 @@ def _profiled(graph: SearchedGraph, timed) -> Decision:
     return Decision("searched", f"{graph.describe()}: {us[0]:.1f} µs, the hand-written reference {us[1]:.1f} µs")
 
 
+# Where ``_stored_seed`` looks: the decode buckets, and the capacities the owned caches take (multiples of
+# ``cache_pool.LENGTH_QUANTUM``) up to 8k tokens, the nearest first.
+_SIBLING_BATCHES = (1, 2, 4, 8, 16)
+_SIBLING_CAPACITIES = range(LENGTH_QUANTUM, 8192 + 1, LENGTH_QUANTUM)
+
+
+def _siblings(shape: Shape) -> list[Shape]:
+    """Other shapes of ``shape``'s family, the same batch and the nearest capacity first."""
+    batches = [shape.batch] + [b for b in _SIBLING_BATCHES if b != shape.batch]
+    caps = sorted(_SIBLING_CAPACITIES, key=lambda c: abs(c - shape.capacity))
+    return [replace(shape, batch=b, capacity=c) for b in batches for c in caps
+            if (b, c) != (shape.batch, shape.capacity)]
+
+
 def _attention_budget(budget):
     """The patch's search budget with room for the attention kernel's block ops (0 stays 0: no search)."""
     if budget == 0:
@@ -289,8 +330,4 @@ def time_both(searched, handwritten, keys: torch.Tensor, values: torch.Tensor) -
     pos = torch.full((1,), keys.shape[2] // 2, dtype=torch.int64, device=keys.device)
     scratch = pos.clone()  # the reference's second kernel reads the position from it, as from the cache's own
     sets = [s + [pos, scratch] for s in rotated_sets([keys, values])]
-    try:
-        return (time_call(searched, sets, graph=True, reps=10), time_call(handwritten, sets, graph=True, reps=10))
-    finally:
-        del sets
-        torch.cuda.empty_cache()
+    return time_call(searched, sets, graph=True, reps=10), time_call(handwritten, sets, graph=True, reps=10)

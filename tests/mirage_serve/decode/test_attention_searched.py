@@ -107,3 +107,27 @@ def test_a_shape_family_drops_rows_and_capacity_only():
     assert SHAPE.family() != Shape(2, 4, 2, 16, 40, "bfloat16", 0.25, 50.0, None).family()
     prog = SHAPE.program()
     assert [v.name for v in prog.inputs] == ["q", "k", "v", "cos", "sin", "k_cache", "v_cache", "pos", "mask"]
+
+
+def test_a_new_process_reinstantiates_the_structures_an_earlier_one_searched(tmp_path):
+    # the first patch searches the family at one capacity and keeps its designs with the entry; a later
+    # AttentionSearch over the same cache (another process) re-instantiates them at a new capacity and batch
+    from mirage_serve import optimize
+    from mirage_serve.cache import KernelCache
+    from superopt.search import SearchBudget
+
+    cache = KernelCache(tmp_path / "kc")
+    budget = SearchBudget(max_states=200_000, workers=1)
+    first = AttentionSearch(cache, budget, True)
+    a = Shape(1, 4, 2, 16, 256, "float32", 0.25, None, None)
+    chosen = optimize.choose(a.program(), budget=first.budget, arch="sm_90", cache=cache,
+                             key=first._key(a, a.program(), torch.device("cpu")), keep_structures=True)
+    assert chosen.source == "search" and chosen.graph != a.program()
+    later = AttentionSearch(cache, budget, True)
+    b = Shape(2, 4, 2, 16, 768, "float32", 0.25, None, None)
+    seed = later._stored_seed(b, torch.device("cpu"), "sm_90")
+    assert seed is not None
+    again = optimize.choose(b.program(), budget=later.budget, arch="sm_90", seed=seed)
+    assert again.source == "reinstantiated" and again.graph.num_kernels == chosen.graph.num_kernels
+    assert later._stored_seed(Shape(1, 4, 2, 16, 256, "float32", 0.5, None, None), torch.device("cpu"),
+                              "sm_90") is None  # another scale: another family, nothing stored
