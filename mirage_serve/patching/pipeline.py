@@ -396,7 +396,7 @@ def _install_attention(model, layers, records: list[Record], report: PatchReport
     note = (f"decode attention: {len(fast)}/{len(layers)} layers run "
             f"{f'q/k RMSNorm ({normed} layers) + ' if normed else ''}RoPE + cache write + attention on static "
             f"KV caches as {kernels[search.mode]} (chosen on the first decode step of each shape: "
-            f"``mirage_serve.attention_kernels(model)``; each module checked against its own forward on first "
+            f"mirage_serve.attention_kernels(model); each module checked against its own forward on first "
             f"use); other calls stay original")
     _note(report, note)
 
