@@ -42,18 +42,24 @@ def test_kernels_match_float64(interp, case, dtype):
     assert r["advanced"], "the cache's length counter did not advance by one"
 
 
-@pytest.mark.parametrize("name", list(FAMILIES) + ["llama_patched", "llama_patched_residual", "llama_unpadded",
-                                                   "qwen3_patched", "granite_traced", "stablelm_traced", "gemma2_patched",
-                                                   "phi3_window_patched", "olmo2_patched"])
-def test_family_decodes_hf_tokens_through_the_fast_path(interp, name):
+def _decoded_like_hf(interp, name: str) -> dict:
+    """The interpreter run's result of family case ``name``, checked: HF's greedy tokens and logits, every
+    layer's first-use check passed, 15 decode steps per layer on the fast path (the first is the checked step)."""
     r = interp[f"family/{name}"]
     assert not isinstance(r, str), r
     assert r["tokens_equal"], f"{name}: greedy tokens differ from the model without the fast path"
     assert r["logits_err"] <= TOL["float32"], r
     assert r["verdicts"] and all(v == "ok" for v in r["verdicts"].values()), r["verdicts"]
-    assert len(r["kernel_layers"]) == len(r["verdicts"]), r["kernel_layers"]
-    # 15 decode steps per eligible layer (the first one is the checked step)
     assert r["fast_calls"] == 15 * len(r["verdicts"]), r
+    return r
+
+
+@pytest.mark.parametrize("name", list(FAMILIES) + ["llama_patched", "llama_patched_residual", "llama_unpadded",
+                                                   "qwen3_patched", "granite_traced", "stablelm_traced", "gemma2_patched",
+                                                   "phi3_window_patched", "olmo2_patched"])
+def test_family_decodes_hf_tokens_through_the_fast_path(interp, name):
+    r = _decoded_like_hf(interp, name)
+    assert len(r["kernel_layers"]) == len(r["verdicts"]), r["kernel_layers"]
     # SDPA's boolean mask, or eager attention's additive one (Gemma-2 runs eager attention)
     assert r["masks"] == (["float32"] if name.startswith(("qwen2_eager_mask", "gemma2")) else ["bool"]), r["masks"]
     # per-head q/k RMSNorms run inside the kernel: Qwen3's, and Gemma-3's (1 + weight) form
@@ -66,13 +72,8 @@ def test_patch_runs_searched_attention_with_hf_tokens(interp, name):
     # writes in place and run (no GPU to time the hand-written reference against it): GQA; Gemma-2's softcap,
     # eager float mask and sliding layers; Qwen3's q/k norms inside the program (head dim 8: the RoPE halves
     # join into a tile padded to 16)
-    r = interp[f"family/{name}"]
-    assert not isinstance(r, str), r
-    assert r["tokens_equal"], f"{name}: greedy tokens differ from the model without the fast path"
-    assert r["logits_err"] <= TOL["float32"], r
-    assert r["verdicts"] and all(v == "ok" for v in r["verdicts"].values()), r["verdicts"]
+    r = _decoded_like_hf(interp, name)
     assert r["kernels"] == ["searched"], r["why"]
-    assert r["fast_calls"] == 15 * len(r["verdicts"]), r
     assert all(w.startswith(("searched: μGraph searched: ", "searched: μGraph re-instantiated"))
                and "generated kernels" in w for w in r["why"]), r["why"]
     assert r["qk_norm_fused"] == (len(r["verdicts"]) if name.startswith("qwen3") else 0), r
