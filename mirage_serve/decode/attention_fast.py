@@ -323,23 +323,19 @@ class FastAttention:
             self.searched_refused = f"the searched μGraph disagreed with the module's forward: {self.verdict}"
             self._restore(layer, slot, before, advance, host)
             self.verdict = self._check_kernel(step, self._kernel(step), ref, slot, after, host_after)
-        if host is not None:
-            layer.cumulative_length_int = host_after
         if self.verdict != "ok":
             log.warning("mirage_serve: decode attention of layer %d keeps the original forward: %s",
                         self.module.layer_idx, self.verdict)
-        # the original's results stand for this step, whatever the verdict
-        layer.keys[:, :, slot], layer.values[:, :, slot] = after[0], after[1]
-        if advance is not None:
-            advance.copy_(after[2])
+        # the original's results stand for this step, whatever the verdict (slot, counter, host length)
+        self._restore(layer, slot, after, advance, host_after)
         return ref
 
     @staticmethod
-    def _restore(layer, slot, before, advance, host) -> None:
-        """The cache slot, length counter and host length as they were before the step."""
-        layer.keys[:, :, slot], layer.values[:, :, slot] = before[0], before[1]
+    def _restore(layer, slot, state, advance, host) -> None:
+        """The cache slot, length counter and host length set to ``state`` (before or after a step), ``host``."""
+        layer.keys[:, :, slot], layer.values[:, :, slot] = state[0], state[1]
         if advance is not None:
-            advance.copy_(before[2])
+            advance.copy_(state[2])
         if host is not None:
             layer.cumulative_length_int = host
 
