@@ -64,11 +64,15 @@ def parse():
     p.add_argument("--deadline", type=float, default=540.0, help="seconds after start; later phases are skipped")
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     p.add_argument("--no-hf", action="store_true", help="skip the HF TP static+compile baseline")
+    p.add_argument("--hf-models", default=None,
+                   help="comma list: the models that get the HF TP baseline (default: every model; it compiles "
+                        "for ~130 s a model, so one device call fits it for one 7-8B model beside both TP runs)")
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                    help="cpu: gloo, fp32, torch backend: the plumbing checked without GPUs")
     p.add_argument("--search-seconds", type=float, default=None, help="search budget per patch (default: the search's)")
     a = p.parse_args()
     a.models = [m for m in a.models.split(",") if m]
+    a.hf_models = a.models if a.hf_models is None else [m for m in a.hf_models.split(",") if m]
     a.batch = [int(b) for b in a.batch.split(",")]
     return a
 
@@ -104,12 +108,15 @@ class Session:
         import transformers
         import triton
 
+        from mirage_serve import knobs
+
         return {"python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__,
                 "transformers": transformers.__version__,
                 "device_name": torch.cuda.get_device_name() if self.args.device == "cuda" else "cpu",
                 "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                 "command": "bash benchmarks/tp_session.sh (torchrun --nproc-per-node 2 benchmarks/tp_session.py "
                            + " ".join(sys.argv[1:]) + ")",
+                "decode_attention": knobs.ATTENTION.get(),  # MIRAGE_SERVE_ATTENTION: which kernels patch() runs
                 "multicast_off": {k: os.environ.get(k) for k in
                                   ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")}}
 
@@ -374,10 +381,10 @@ class Session:
             self.write_model(name)
         for name, (model, ref) in kept.items():
             res = self.result["models"][name]
-            if not self.args.no_hf and self.agree(self.left() > 75):
+            if not self.args.no_hf and name in self.args.hf_models and self.agree(self.left() > 75):
                 res["hf_static_compile"] = guarded(f"hf {name}", self.hf, model, ref)
             else:
-                res["hf_static_compile"] = {"skipped": f"deadline ({self.left():.0f} s left) or --no-hf"}
+                res["hf_static_compile"] = {"skipped": f"deadline ({self.left():.0f} s left), --no-hf or not in --hf-models"}
             self.write_model(name)
         kept.clear()
         if self.rank == 0:
