@@ -39,6 +39,7 @@ def main(out_dir: str) -> None:
     with torch.no_grad():
         res["hf_static_cache"] = model.generate(ids, cache_implementation="static", **kw).tolist() == want
         res["verdicts"] = sorted(set(attention_verdicts(model).values()))
+        res["kernels"] = sorted(set(mirage_serve.attention_kernels(model).values()))
         runner = install_decode_graphs(model, capture=False, config=sharding_of(model).config)
         res["own_cache_loop"] = model.generate(ids, **kw).tolist() == want
         res["paths"] = dict(runner.paths)

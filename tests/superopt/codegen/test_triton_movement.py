@@ -44,7 +44,10 @@ def test_rendered_source_offsets_and_rotation():
     assert "+ 48" in src
     # rotate_half: the halves are read at an offset, the concat joins register tiles
     src = render_triton(superoptimize(mv.rope()).best).source
-    assert "tl.join(" in src and "+ 4" in src
+    assert "tl.join(" in src and "+ 4" in src and "tl.gather(" not in src
+    # halves of 48 in tiles of 64 (Phi-3's head dim of 96): joined, then gathered into place
+    src = render_triton(superoptimize(mv.rope(hd=96)).best).source
+    assert "tl.join(" in src and "tl.gather(" in src
     # the GQA head repeat divides the head index
     src = render_triton(superoptimize(mv.gqa_scale()).best).source
     assert "// 4" in src
@@ -60,4 +63,4 @@ def test_movement_kernels_compile_for_sm90():
                           env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     compiled = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert compiled == {"gate_up_chunk": 1, "qkv_split": 1, "rope": 1, "gqa_repeat": 1}, compiled
+    assert compiled == {"gate_up_chunk": 1, "qkv_split": 1, "rope": 1, "rope_hd96": 1, "gqa_repeat": 1}, compiled

@@ -69,7 +69,11 @@ def test_phi3_fused_projection_on_gpu(name, build, rows, capsys):
               f"({program.num_kernels} launches)")
 
 
-@pytest.mark.parametrize("build", [mv.phi3_qkv, mv.phi3_mlp, mv.gqa_scale, mv.rope])
+def _rope_hd96(dtype):  # Phi-3's head dim: halves of 48 in register tiles of 64, gathered into place
+    return mv.rope(heads=32, hd=96, table=64, dtype=dtype)
+
+
+@pytest.mark.parametrize("build", [mv.phi3_qkv, mv.phi3_mlp, mv.gqa_scale, mv.rope, _rope_hd96])
 def test_movement_case_replays_in_a_cuda_graph(build):
     from superopt.runtime import compile_graph
 

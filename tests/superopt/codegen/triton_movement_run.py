@@ -31,6 +31,9 @@ CASES = [
     ("phi3_gate_up_chunk", lambda dt: mv.phi3_mlp(m=3, d=73, inter=48, dtype=dt), 1),
     ("gqa_repeat_view", lambda dt: mv.gqa_scale(kv=3, rep=4, s=5, hd=8, dtype=dt), 1),
     ("rope_rotate_half", lambda dt: mv.rope(heads=3, hd=8, table=13, dtype=dt), 3),
+    # halves that are not a power of two (padded register tiles, gathered): a head dim of 12, and Phi-3's 96
+    ("rope_rotate_half_hd12", lambda dt: mv.rope(heads=3, hd=12, table=13, dtype=dt), 3),
+    ("rope_rotate_half_hd96", lambda dt: mv.rope(heads=2, hd=96, table=7, dtype=dt), 3),
 ]
 DTYPES = ("float32", "float16")
 
@@ -57,6 +60,7 @@ def run(case: str, build, kernels: int, dtype: str) -> float:
 AOT = {"gate_up_chunk": lambda: mv.phi3_mlp(m=1, d=256, inter=192, dtype="bfloat16"),
        "qkv_split": lambda: mv.phi3_qkv(m=8, d=256, heads=4, kv=2, hd=32, dtype="bfloat16"),
        "rope": lambda: mv.rope(heads=8, hd=128, table=64, dtype="bfloat16"),
+       "rope_hd96": lambda: mv.rope(heads=8, hd=96, table=64, dtype="bfloat16"),
        "gqa_repeat": lambda: mv.gqa_scale(kv=2, rep=4, s=1, hd=128, dtype="bfloat16")}
 
 
