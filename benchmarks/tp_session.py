@@ -67,6 +67,8 @@ def parse():
     p.add_argument("--hf-models", default=None,
                    help="comma list: the models that get the HF TP baseline (default: every model; it compiles "
                         "for ~130 s a model, so one device call fits it for one 7-8B model beside both TP runs)")
+    p.add_argument("--hf-only", action="store_true",
+                   help="only HF's TP baseline (and the collectives): a baseline a time-boxed earlier run skipped")
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                    help="cpu: gloo, fp32, torch backend: the plumbing checked without GPUs")
     p.add_argument("--search-seconds", type=float, default=None, help="search budget per patch (default: the search's)")
@@ -274,7 +276,9 @@ class Session:
         if not graphs and self.dev == "cuda":
             res["note"] = "graph capture of an all-reduce failed in phase B: ours runs without CUDA graphs"
         # ours TP=2
-        if self.agree(self.left() > 60):
+        if self.args.hf_only:
+            res["ours"] = {"skipped": "--hf-only"}
+        elif self.agree(self.left() > 60):
             t = time.time()
             report = None
             try:
@@ -347,7 +351,7 @@ class Session:
         a = self.args
         self.tokens: dict = {}
         log(f"start: {self.result['environment']['device_name']}, world {self.world}, models {a.models}")
-        if self.rank == 0:
+        if self.rank == 0 and not a.hf_only:
             for name in a.models:
                 if self.left() > 200:
                     self.result["tp1"][name] = guarded(f"tp1 {name}", self.tp1, name)
@@ -355,7 +359,7 @@ class Session:
                     self.result["tp1"][name] = {"skipped": f"deadline ({self.left():.0f} s left)"}
                 self.save()
         # shard kernels: a work queue over the ranks (rank 0 joins after its TP=1 runs, from the end)
-        for name in (a.models if self.rank else reversed(a.models)):
+        for name in ([] if a.hf_only else a.models if self.rank else reversed(a.models)):
             if self.left() > 150 and self.claim(f"warm.{name}"):
                 self.result["warm"][name] = guarded(f"warm {name}", self.warm_shards, name)
         self.wait_all("phaseA", limit=max(self.left(), 30))
