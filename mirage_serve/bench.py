@@ -89,8 +89,8 @@ def _largest_fit(model, opts: BenchOptions, failed: int, done: list[int]) -> int
 
 
 def _measure(lm: LoadedModel, opts: BenchOptions, cache: str, prog: Progress, timed: bool = True):
-    """{batch: (seconds per step, tokens [B, N], first divergence between its timed runs or None)}
-    for one run over all batch sizes (ascending).
+    """{batch: (seconds per step, tokens [B, N], first divergence between its timed runs or None, warm-up
+    seconds or None)} for one run over all batch sizes (ascending).
 
     ``timed=False``: one generate() a batch, seconds None — eager's reference tokens when eager is not
     a requested baseline (timing it cost a warm-up and 3 repeats for a row not shown: ~100 s a model
@@ -105,11 +105,12 @@ def _measure(lm: LoadedModel, opts: BenchOptions, cache: str, prog: Progress, ti
         try:
             if timed:
                 runs: list = []
+                warm: list = []
                 sec, tokens = decode_step_time(lm.model, ids, opts.new_tokens, cache, opts.device, opts.repeats,
-                                               prog, every_run=runs)
-                out[b] = (sec, tokens, _repeat_divergence(runs))
+                                               prog, every_run=runs, warmup=warm)
+                out[b] = (sec, tokens, _repeat_divergence(runs), warm[0] if warm else None)
             else:
-                out[b] = (None, generate(lm.model, ids, opts.new_tokens, cache), None)
+                out[b] = (None, generate(lm.model, ids, opts.new_tokens, cache), None, None)
                 prog.step("reference tokens")
         except Exception as err:
             if not _is_oom(err):
@@ -356,7 +357,10 @@ def _rows(opts: BenchOptions, measured: dict, floor_ms: float | None) -> list[di
             sec = measured[name][b][0]
             ms = sec * 1e3
             row = {"batch": b, "run": name, "ms_per_step": ms, "tok_per_s": b / sec if sec > 0 else None,
-                   "pct_of_floor": 100 * floor_ms / ms if floor_ms and ms > 0 else None, "speedup": {}}
+                   "pct_of_floor": 100 * floor_ms / ms if floor_ms and ms > 0 else None, "speedup": {},
+                   # the first generate()s at this batch: HF's compile; our first-use checks, attention choice
+                   # and CUDA-graph captures
+                   "warmup_seconds": measured[name][b][3]}
             if name == "ours":
                 for base in opts.baselines:
                     base_ms = measured[base][b][0] * 1e3

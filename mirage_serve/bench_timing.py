@@ -69,16 +69,22 @@ def _timed(model, ids, n: int, cache: str, device: str) -> tuple[float, object]:
 
 
 def decode_step_time(model, ids, new_tokens: int, cache: str, device: str, repeats: int,
-                     progress: Progress | None = None, every_run: list | None = None):
+                     progress: Progress | None = None, every_run: list | None = None,
+                     warmup: list | None = None):
     """(seconds per decode step, new token ids [B, new_tokens]) — median over `repeats`.
 
     Warm-up (and compile) at both lengths on GPU and for the static cache; CPU eager has nothing to
     warm, and skipping it halves the default CPU run. ``every_run``: a list that receives the new
-    tokens of each timed run (the same prompt each time: whether the run repeats itself).
+    tokens of each timed run (the same prompt each time: whether the run repeats itself). ``warmup``:
+    a list that receives the warm-up's seconds (what a first generate() at this batch costs: HF's
+    compile, or a patched model's first-use checks, attention choice and graph captures).
     """
     if device.startswith("cuda") or cache.startswith("static"):
+        t0 = time.perf_counter()
         _timed(model, ids, new_tokens, cache, device)
         _timed(model, ids, 1, cache, device)
+        if warmup is not None:
+            warmup.append(time.perf_counter() - t0)
         if progress:
             progress.step("warm-up")
     longs, shorts, tokens = [], [], None

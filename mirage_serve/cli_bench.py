@@ -125,13 +125,15 @@ def format_result(r: dict) -> str:
             lines.append(f"            {n} layers ran {why}")
     bases = s["baselines"]
     head = f"{'batch':>5}  {'run':<15} {'ms/step':>9} {'tok/s':>9} {'% floor':>8}" + \
-        "".join(f" {'vs ' + b:>18}" for b in bases)
+        "".join(f" {'vs ' + b:>18}" for b in bases) + f" {'warm-up s':>10}"
     lines += ["", head, "-" * len(head)]
     for row in r["rows"]:
         lines.append(f"{row['batch']:>5}  {row['run']:<15} {row['ms_per_step']:>9.3f} "
                      f"{_f(row['tok_per_s'], '.1f'):>9} {_f(row['pct_of_floor'], '.1f'):>8}" +
-                     "".join(f" {_ratio(row['speedup'].get(b)):>18}" for b in bases))
-    lines += ["", "correctness " + correctness_line(r)]
+                     "".join(f" {_ratio(row['speedup'].get(b)):>18}" for b in bases) +
+                     f" {_f(row.get('warmup_seconds'), '.1f'):>10}")
+    lines += ["", "warm-up s: the untimed first generate() calls at that batch (HF: its compile; ours: first-use "
+              "checks, the attention choice, CUDA-graph captures)", "correctness " + correctness_line(r)]
     if r.get("repeats"):
         lines.append("repeats     " + repeats_line(r))
     if "sampling" in r:
@@ -164,13 +166,14 @@ def format_markdown(r: dict) -> str:
              + (f"; decode loop {r['patch']['decode_paths']}" if r['patch'].get('decode_paths') else ""),
              "",
              "| batch | run | ms/step | tok/s | % of floor | "
-             + " | ".join(f"vs {b}" for b in s["baselines"]) + " |",
-             "|---" * (5 + len(s["baselines"])) + "|"]
+             + " | ".join(f"vs {b}" for b in s["baselines"]) + " | warm-up s |",
+             "|---" * (6 + len(s["baselines"])) + "|"]
     for row in r["rows"]:
         pct = _f(row["pct_of_floor"], ".0f") + ("%" if row["pct_of_floor"] else "")
         lines.append(f"| {row['batch']} | {row['run']} | {row['ms_per_step']:.3f} | "
                      f"{_f(row['tok_per_s'], '.1f')} | {pct} | "
-                     + " | ".join(_ratio(row["speedup"].get(b)) for b in s["baselines"]) + " |")
+                     + " | ".join(_ratio(row["speedup"].get(b)) for b in s["baselines"])
+                     + f" | {_f(row.get('warmup_seconds'), '.1f')} |")
     lines += ["", "correctness: " + correctness_line(r)]
     if r.get("repeats"):
         lines += ["", "repeats: " + repeats_line(r)]

@@ -40,6 +40,7 @@ def check_schema(doc: dict, batches: list[int], baselines: list[str], real_patch
             assert isinstance(row[key], typ), (key, row)
         assert row["ms_per_step"] > 0 and row["tok_per_s"] == pytest.approx(row["batch"] * 1e3 / row["ms_per_step"])
         assert set(row["speedup"]) == (set(baselines) if row["run"] == "ours" else set())
+        assert row["warmup_seconds"] is None or row["warmup_seconds"] > 0, row  # CPU eager has no warm-up
     c = doc["correctness"]
     assert c["reference"] == "eager" and c["steps"] == s["new_tokens"]
     if ours:  # sampling checked per batch (keys become strings in JSON)
@@ -69,7 +70,7 @@ def test_bench_tiny_json_and_plot(tmp_path, capsys):
     assert doc["correctness"] == {"reference": "eager", "checked": True, "identical": True, "steps": 6,
                                   "first_divergence": None}
     table = [ln for ln in md.read_text().splitlines() if ln.startswith("| ")]
-    assert table[0] == "| batch | run | ms/step | tok/s | % of floor | vs eager |"
+    assert table[0] == "| batch | run | ms/step | tok/s | % of floor | vs eager | warm-up s |"
     assert [ln.split(" | ")[:2] for ln in table[1:]] == [["| 1", "ours"], ["| 1", "eager"], ["| 3", "ours"],
                                                          ["| 3", "eager"]]
     assert doc["environment"]["command"].startswith("mirage-serve bench SmolLM2-135M --layers 2")
@@ -241,10 +242,11 @@ def test_eager_not_asked_for_runs_once_untimed(tmp_path, monkeypatch):
 
     timed = []
 
-    def fake(model, ids, new_tokens, cache, *a, every_run=None, **kw):  # no torch.compile on the CPU
+    def fake(model, ids, new_tokens, cache, *a, every_run=None, warmup=None, **kw):  # no torch.compile on the CPU
         timed.append(cache)
         tokens = bench_timing.generate(model, ids, new_tokens, "static-eager" if cache == "static" else cache)
         every_run.extend([tokens, tokens])
+        warmup.append(len(timed) + 0.5)  # what the warm-up took, per timed run (recorded in its row)
         return 1e-3, tokens
 
     monkeypatch.setattr(bench, "decode_step_time", fake)
@@ -264,6 +266,7 @@ def test_eager_not_asked_for_runs_once_untimed(tmp_path, monkeypatch):
     assert generated == ["dynamic", "dynamic"]  # eager's tokens, once per batch
     assert [(r["batch"], r["run"]) for r in doc["rows"]] == [(1, "ours"), (1, "static-compile"), (3, "ours"),
                                                              (3, "static-compile")]
+    assert [r["warmup_seconds"] for r in doc["rows"]] == [3.5, 1.5, 4.5, 2.5]  # each run's own warm-up
     assert doc["correctness"]["checked"] and doc["correctness"]["identical"]
     assert doc["repeats"] == {"static-compile": {"1": None, "3": None}, "ours": {"1": None, "3": None}}
 
