@@ -110,8 +110,13 @@ ATTENTION: Knob[str] = Knob(
     "where the GPU profile times them faster), 'searched' or 'hand-written' (to compare them; default of "
     "PatchOptions.attention)")
 
+PROGRESS: Knob[bool] = Knob(
+    "MIRAGE_SERVE_PROGRESS", parse_bool, True,
+    "print a line on stderr when patch() or a first decode step starts something slow (a search, the GPU "
+    "profile of its candidates, the choice of a decode-attention shape) and when it ends; 0 silences them")
+
 KNOBS: tuple[Knob, ...] = (CACHE_DIR, CACHE_READ_ONLY, CACHE_KEY, PDL, PAIRED_LAUNCH, RESEARCH, FUSED_RESIDUAL,
-                           ATTENTION)
+                           ATTENTION, PROGRESS)
 
 
 def torchrun_ranks() -> tuple[int, int, int] | None:

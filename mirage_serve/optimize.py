@@ -16,7 +16,7 @@ from superopt.ir import KernelGraph, digest, from_text, to_text
 from superopt.verify.precision import precision_violations
 from superopt.verify.upcast import upcast
 
-from . import verify_parallel
+from . import progress, verify_parallel
 from .cache import CacheEntry, CacheWarning
 from .cache.builds import render_digest
 
@@ -112,6 +112,12 @@ def _hit(program: KernelGraph, entry, cache, key, pick, t0: float) -> "Choice | 
         ver = (Verification(True, f"verified when cached: {entry.meta.get('verdict', '')}", 0.0)
                if entry.meta.get("verified") is True else None)
         return Choice(graph, "cache", note, time.perf_counter() - t0, None, launch, profile, ver, entry)
+    with progress.slow(f"{key.label}: verifying a cached μGraph this user did not sign ({entry.origin})"):
+        return _verified_hit(program, graph, entry, cache, key, pick, t0, note, launch, profile)
+
+
+def _verified_hit(program, graph, entry, cache, key, pick, t0: float, note: str, launch, profile) -> "Choice | None":
+    """``_hit`` for an entry this user did not sign: the dtype rule, the launch check, the verification."""
     meta = {k: v for k, v in entry.meta.items() if k not in ("verified", "verdict")}
     ver = None
     current = _launch_stands(key, meta, graph, launch)
@@ -243,26 +249,30 @@ def _choose(program: KernelGraph, budget, arch: str, cache, key, seed, pick, res
     if budget == 0:
         return fallback("search disabled (search_budget=0)", searched=False)
     from superopt.search import superoptimize
+    what = key.label if key is not None else program.name
+    timed = ", its candidates timed on the GPU" if pick is not None else ""
     if seed is not None:
+        with progress.slow(f"{what}: re-instantiating a structure searched at another shape{timed}"):
+            try:
+                result = seed.reinstantiate(program)
+                fits = any(g != program for g, _ in result.ranked)
+            except Exception:  # a structure that does not fit this shape: search this one afresh
+                fits = False
+            # Only the unfused program left (no structure fits this shape, e.g. a split of 1 row):
+            # a search of its own may still fuse it. Where structures fit, the program may still
+            # rank first (as it did at the searched bucket); the profiler, if any, decides.
+            if fits:
+                return done(result.best, "reinstantiated", "structures of another bucket", result)
+    with progress.slow(f"{what}: searching its μGraph{timed}"):
         try:
-            result = seed.reinstantiate(program)
-            fits = any(g != program for g, _ in result.ranked)
-        except Exception:  # a structure that does not fit this shape: search this one afresh
-            fits = False
-        # Only the unfused program left (no structure fits this shape, e.g. a split of 1 row):
-        # a search of its own may still fuse it. Where structures fit, the program may still
-        # rank first (as it did at the searched bucket); the profiler, if any, decides.
-        if fits:
-            return done(result.best, "reinstantiated", "structures of another bucket", result)
-    try:
-        kwargs = {"arch": arch} if budget is None else {"arch": arch, "budget": budget}
-        result = superoptimize(program, **kwargs)
-        best = _best(result)
-    except Exception as e:  # a search failure must not stop the patch: the program still runs
-        return fallback(f"search failed: {type(e).__name__}: {e}")
-    if best is None:
-        return fallback("search found no μGraph", result)
-    return done(best, "search", "searched", result)
+            kwargs = {"arch": arch} if budget is None else {"arch": arch, "budget": budget}
+            result = superoptimize(program, **kwargs)
+            best = _best(result)
+        except Exception as e:  # a search failure must not stop the patch: the program still runs
+            return fallback(f"search failed: {type(e).__name__}: {e}")
+        if best is None:
+            return fallback("search found no μGraph", result)
+        return done(best, "search", "searched", result)
 
 
 def unproven_program(program: KernelGraph, graph: KernelGraph, entry, profiled: bool) -> bool:

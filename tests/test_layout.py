@@ -101,7 +101,7 @@ def test_superopt_import_direction(path):
 MIRAGE_LAYERS = (
     {"knobs", "cli_errors", "hf_names", "registry", "report", "backends", "verify_parallel", "cost_fit",
      "patching.sites", "patching.trace", "patching.handoff", "patching.forward_rewrite"},  # leaves
-    {"options", "site_kernel", "patches", "cache", "tp",
+    {"options", "progress", "site_kernel", "patches", "cache", "tp",
      "patching.partition", "patching.residual"},     # switches, kernel store, adapters, shards; traced sites, residual plan
     {"optimize", "patching.pairing"},                 # cache or search, then verify; k/v pairing
     {"patching.prepare"},                             # one site: extract, choose, verify, build, self-check

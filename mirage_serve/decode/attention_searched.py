@@ -159,20 +159,21 @@ class AttentionSearch:
     def _build(self, shape: Shape, device: torch.device) -> SearchedGraph | str:
         from superopt.runtime import compile_graph
 
-        from .. import backends, optimize
+        from .. import backends, optimize, progress
 
         program = shape.program()
         # on the CPU (the Triton interpreter) the search still targets sm_90, as patch() does for sites
         arch = backends.arch_of(device) if device.type == "cuda" else "sm_90"
         key = self._key(shape, program, device)
         t0 = time.perf_counter()
-        log.info("mirage_serve: decode attention %s: choosing its μGraph (kernel cache, else the search: "
-                 "seconds to a minute)", _label(shape))
         try:
-            seed = self._seeds.get(shape.family()) or self._stored_seed(shape, device, arch)
-            choice = optimize.choose(program, budget=self.budget, arch=arch, cache=self.cache, key=key, seed=seed,
-                                     pick=self._pick(program, shape, device) if device.type == "cuda" else None,
-                                     keep_structures=True)
+            # the first decode step of a new shape: a search here takes seconds to a minute
+            with progress.slow(f"decode attention {_label(shape)}: choosing its μGraph (the kernel cache, else "
+                               f"a stored structure, else the search)"):
+                seed = self._seeds.get(shape.family()) or self._stored_seed(shape, device, arch)
+                choice = optimize.choose(program, budget=self.budget, arch=arch, cache=self.cache, key=key,
+                                         seed=seed, keep_structures=True,
+                                         pick=self._pick(program, shape, device) if device.type == "cuda" else None)
         except Exception as e:  # the hand-written kernels still run
             return f"choosing its μGraph raised {type(e).__name__}: {e}".splitlines()[0]
         if choice.result is not None:

@@ -1,0 +1,43 @@
+"""Progress lines for the slow parts of patch() and a first decode step: a search announces itself, a signed
+cache hit does not, and MIRAGE_SERVE_PROGRESS=0 silences them."""
+from __future__ import annotations
+
+import pytest
+
+from mirage_serve import optimize, progress
+from mirage_serve.cache import CacheKey, KernelCache, versions_now
+from superopt.ir import digest
+from tests.fixtures.budget import states_budget
+
+from ..patches.test_optimize_pick import _program
+
+
+def test_slow_prints_a_start_and_an_end_line(capsys):
+    with progress.slow("searching x"):
+        pass
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "mirage_serve: searching x ..."
+    assert err[1].startswith("mirage_serve: searching x: done in ") and err[1].endswith(" s") and len(err) == 2
+
+
+def test_slow_says_when_an_error_stopped_it(capsys):
+    with pytest.raises(RuntimeError), progress.slow("searching y"):
+        raise RuntimeError("boom")
+    assert "mirage_serve: searching y: stopped by an error in " in capsys.readouterr().err
+
+
+def test_a_search_announces_itself_and_a_signed_hit_is_silent(tmp_path, capsys):
+    program = _program()
+    cache = KernelCache(tmp_path)
+    key = CacheKey(digest(program), "b2", "bf16", "sm90", "triton", versions_now(), "mlp_out-m2")
+    assert optimize.choose(program, budget=states_budget(), arch="sm_90", cache=cache, key=key).source == "search"
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "mirage_serve: mlp_out-m2: searching its μGraph ..." and "done in" in err[-1], err
+    assert optimize.choose(program, budget=states_budget(), arch="sm_90", cache=cache, key=key).source == "cache"
+    assert capsys.readouterr().err == ""  # this user's own entry: believed, nothing slow
+
+
+def test_progress_off_prints_nothing(monkeypatch, capsys):
+    monkeypatch.setenv("MIRAGE_SERVE_PROGRESS", "0")
+    assert optimize.choose(_program(), budget=states_budget(), arch="sm_90").source == "search"
+    assert capsys.readouterr().err == ""
