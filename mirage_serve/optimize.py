@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 
 from superopt.codegen.launch import read_launches, stored_launches
@@ -251,8 +252,9 @@ def _choose(program: KernelGraph, budget, arch: str, cache, key, seed, pick, res
     from superopt.search import superoptimize
     what = key.label if key is not None else program.name
     timed = ", its candidates timed on the GPU" if pick is not None else ""
-    if seed is not None:
-        with progress.slow(f"{what}: re-instantiating a structure searched at another shape{timed}"):
+    if seed is not None:  # instant without a profiler: announced only where its candidates are timed
+        with progress.slow(f"{what}: re-instantiating a structure searched at another shape{timed}") \
+                if pick is not None else nullcontext():
             try:
                 result = seed.reinstantiate(program)
                 fits = any(g != program for g, _ in result.ranked)
