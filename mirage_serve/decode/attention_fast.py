@@ -267,8 +267,8 @@ class FastAttention:
             if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
                 # never reached by the decode runner (it runs each new shape eagerly first)
                 return Decision("hand-written", "a new shape met inside a CUDA-graph capture"), None
-            graph = self.search.graph(shape, step[0].device)
-            decision = self.search.decide(shape, graph, lambda: self._time(step, graph))
+            decision = self.search.decide(shape, lambda: self.search.graph(shape, step[0].device),
+                                          lambda graph: self._time(step, graph))
         graph = self.search.graph(shape, step[0].device) if decision.kernel == "searched" else None
         return decision, graph
 

@@ -245,18 +245,21 @@ class AttentionSearch:
     def decision(self, shape: Shape) -> Decision | None:
         return self._decisions.get(shape)
 
-    def decide(self, shape: Shape, graph: SearchedGraph | str, timed) -> Decision:
+    def decide(self, shape: Shape, graph, timed) -> Decision:
         """Which kernels run ``shape``: the searched μGraph unless there is none, the mode says otherwise,
-        or ``timed()`` (-> (searched µs, hand-written µs), or None where no GPU can time them) finds the
-        hand-written reference faster."""
-        if isinstance(graph, str):
-            d = Decision("hand-written", f"no searched μGraph: {graph}")
-        elif self.mode == "hand-written":
+        or ``timed(graph)`` (-> (searched µs, hand-written µs), or None where no GPU can time them) finds the
+        hand-written reference faster. ``graph()`` gives the built μGraph or why there is none; it is not called
+        where the mode is 'hand-written' (choosing a μGraph is a search on a cold cache: seconds to a minute)."""
+        if self.mode == "hand-written":
             d = Decision("hand-written", "PatchOptions.attention='hand-written'")
-        elif self.mode == "searched":
-            d = Decision("searched", f"{graph.describe()} (PatchOptions.attention='searched')")
         else:
-            d = _profiled(graph, timed)
+            built = graph()
+            if isinstance(built, str):
+                d = Decision("hand-written", f"no searched μGraph: {built}")
+            elif self.mode == "searched":
+                d = Decision("searched", f"{built.describe()} (PatchOptions.attention='searched')")
+            else:
+                d = _profiled(built, lambda: timed(built))
         self._decisions[shape] = d
         log.info("mirage_serve: decode attention %s runs the %s kernels: %s", _label(shape), d.kernel, d.why)
         return d

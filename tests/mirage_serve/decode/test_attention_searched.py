@@ -25,28 +25,37 @@ class _Graph:
     (None, "searched", "not timed: no GPU"),
 ])
 def test_the_profile_keeps_the_faster_and_says_both_times(us, kernel, words):
-    d = AttentionSearch(None, 0, True).decide(SHAPE, _Graph(), lambda: us)
+    d = AttentionSearch(None, 0, True).decide(SHAPE, _Graph, lambda graph: us)
     assert d.kernel == kernel and words in d.why, d
 
 
 def test_a_timing_that_raises_leaves_the_reference_and_says_why():
-    def boom():
+    def boom(graph):
         raise RuntimeError("capture failed")
-    d = AttentionSearch(None, 0, True).decide(SHAPE, _Graph(), boom)
+    d = AttentionSearch(None, 0, True).decide(SHAPE, _Graph, boom)
     assert d == Decision("hand-written", "timing the searched μGraph raised RuntimeError: capture failed")
 
 
 @pytest.mark.parametrize("mode,kernel", [("searched", "searched"), ("hand-written", "hand-written")])
 def test_a_mode_decides_without_timing(mode, kernel):
-    def never():
+    built = []
+
+    def graph():
+        built.append(1)
+        return _Graph()
+
+    def never(graph):
         raise AssertionError("timed although the mode decides")
     search = AttentionSearch(None, 0, True, mode)
-    assert search.decide(SHAPE, _Graph(), never).kernel == kernel
+    assert search.decide(SHAPE, graph, never).kernel == kernel
     assert search.decision(SHAPE).kernel == kernel  # once per shape
+    # 'hand-written' never chooses a μGraph it would not run (a search, on a cold cache)
+    assert built == ([] if mode == "hand-written" else [1])
 
 
 def test_no_searched_graph_runs_the_reference_with_the_reason():
-    d = AttentionSearch(None, 0, True).decide(SHAPE, "its search μGraph did not build: ValueError: x", lambda: (1.0, 2.0))
+    d = AttentionSearch(None, 0, True).decide(SHAPE, lambda: "its search μGraph did not build: ValueError: x",
+                                              lambda graph: (1.0, 2.0))
     assert d == Decision("hand-written", "no searched μGraph: its search μGraph did not build: ValueError: x")
 
 
