@@ -104,6 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--layers", type=_positive, help="build only N decoder layers (same shapes, same keys)")
     w.add_argument("--tp", type=_positive, default=1, metavar="N",
                    help="the kernels of one rank of N (tensor parallel): no second GPU needed")
+    w.add_argument("--cache-lengths", type=_int_list, default=[], metavar="N,N",
+                   help="also choose the decode attention, at every --batch, for KV caches of these lengths (prompt + "
+                        "new tokens, rounded up to 256 as generate() allocates them): what a first generate() of "
+                        "each shape would otherwise spend (about a minute on an H100 host); GPU only")
 
     c = sub.add_parser("cache", help="inspect or move a kernel cache")
     cache_dir_help = "cache directory (default: MIRAGE_SERVE_CACHE_DIR or ~/.cache/mirage_serve)"

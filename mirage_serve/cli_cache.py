@@ -9,7 +9,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .cli_errors import EXIT_BAD_CHECKPOINT, EXIT_CACHE, EXIT_INCORRECT, EXIT_NO_GPU, EXIT_OK, EXIT_OOM, CliError
+from .cli_errors import (EXIT_BAD_CHECKPOINT, EXIT_CACHE, EXIT_INCORRECT, EXIT_NO_GPU, EXIT_OK, EXIT_OOM, EXIT_USAGE,
+                         CliError)
 
 
 def _cache(args):
@@ -52,13 +53,21 @@ def cmd_warm(args) -> int:
     dtype = args.dtype or ("bf16" if has_gpu else "fp32")
     from .cache.warm import warm_model
 
+    lengths = getattr(args, "cache_lengths", [])
+    if lengths and getattr(args, "tp", 1) > 1:
+        raise CliError("--cache-lengths is not supported with --tp yet: each rank chooses its decode attention on "
+                       "its first decode step of a shape; drop one of the two", EXIT_USAGE)
+    if any(n < 3 for n in lengths):
+        raise CliError(f"--cache-lengths are prompt + new tokens, at least 3 each; got {','.join(map(str, lengths))}",
+                       EXIT_USAGE)
     try:
         if getattr(args, "tp", 1) > 1:  # one rank's shard shapes (mirage_serve.tp.cli_tp)
             from .tp.cli_tp import warm_tp
             result = warm_tp(args, warm_model, _progress, dtype)
         else:
             result = warm_model(args.model, batch_sizes=args.batch, dtype=dtype, cache_dir=args.cache_dir,
-                                progress=_progress, backend=args.backend, num_layers=args.layers)
+                                progress=_progress, backend=args.backend, num_layers=args.layers,
+                                cache_lengths=lengths)
     except torch.cuda.OutOfMemoryError:
         raise CliError(f"out of GPU memory while building {args.model} in {dtype}; try --layers 2 "
                        "(every layer has the same shapes, so the same cache keys)", EXIT_OOM) from None

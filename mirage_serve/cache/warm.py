@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -33,6 +33,8 @@ class WarmResult:
     entries_before: int
     entries_after: int
     report: Any                    # the PatchReport patch() returned
+    # the decode attention chosen ahead (``cache_lengths``): "batch b, cache L" -> what runs, or why none ran
+    attention: dict[str, str] = field(default_factory=dict)
 
     def summary(self) -> str:
         """What was built and where: model, dtype, buckets, device and backend; the cache directory
@@ -47,6 +49,7 @@ class WarmResult:
             return text
         # programs shared with a model warmed before are cache hits, not new entries: say so
         text += f"\n  {self.report.counts()}"
+        text += "".join(f"\n  decode attention, {shape}: {what}" for shape, what in self.attention.items())
         return text + "".join(f"\n  not patched: layer {s.layer} {s.site}: {s.reason}"
                               for s in self.report.sites if not s.patched)
 
@@ -106,14 +109,17 @@ def _count(cache_dir: Path) -> int:
 
 def warm_model(model_name_or_config, batch_sizes=DEFAULT_BATCH_SIZES, dtype: str = "bf16",
                cache_dir=None, progress: Progress | None = None, *, backend: str | None = None,
-               device=None, num_layers: int | None = None) -> WarmResult:
+               device=None, num_layers: int | None = None, cache_lengths=()) -> WarmResult:
     """Search, verify, compile and profile every site of a model into `cache_dir` ahead of time.
 
     `num_layers` builds fewer decoder layers (every layer of a family has the same shapes, so
-    the same cache keys); None keeps the model's own count."""
+    the same cache keys); None keeps the model's own count. `cache_lengths`: KV-cache lengths (prompt
+    + new tokens) a deployment will generate with; the decode attention of each, at every batch size,
+    is chosen here (``choose_attention``) instead of on a user's first decode step."""
     batch_sizes = tuple(sorted({int(b) for b in batch_sizes}))
     if not batch_sizes or batch_sizes[0] < 1:
         raise ValueError(f"batch sizes must be positive, got {batch_sizes}")
+    lengths = cache_capacities(cache_lengths)
     cache_dir = default_cache_dir(cache_dir)
     note = progress or (lambda msg, done, total: None)
     t0 = time.perf_counter()
@@ -128,16 +134,57 @@ def warm_model(model_name_or_config, batch_sizes=DEFAULT_BATCH_SIZES, dtype: str
     note(f"building {name} with random weights", 1, 3)
     model = build_model(config, dtype, device)
     note(f"patching {name}: search, verify, compile, profile", 2, 3)
+    attention: dict[str, str] = {}
     try:
         report = _call_patch(model, backend=backend, cache_dir=cache_dir,
                              batch_sizes=batch_sizes)
+        if lengths:
+            attention = choose_attention(model, batch_sizes, lengths, note)
     finally:
         del model
         _free_device_memory()
     result = WarmResult(name, dtype, batch_sizes, cache_dir, time.perf_counter() - t0,
-                        before, _count(cache_dir), report)
+                        before, _count(cache_dir), report, attention)
     note(f"done in {result.seconds:.1f} s", 3, 3)  # the caller prints result.summary() once
     return result
+
+
+def cache_capacities(lengths) -> tuple[int, ...]:
+    """The KV-cache capacities ``generate()`` allocates for these lengths (prompt + new tokens): rounded up to
+    ``decode.cache_pool.LENGTH_QUANTUM``, as the decode runner's cache pool does; distinct, ascending."""
+    from ..decode.cache_pool import LENGTH_QUANTUM
+
+    lengths = [int(n) for n in lengths]
+    if any(n < 3 for n in lengths):
+        raise ValueError(f"cache lengths are prompt + new tokens, at least 3; got {lengths}")
+    return tuple(sorted({-(-n // LENGTH_QUANTUM) * LENGTH_QUANTUM for n in lengths}))
+
+
+def choose_attention(model, batch_sizes, capacities, note: Progress, gpu: bool | None = None) -> dict[str, str]:
+    """Choose the decode attention of each (batch, cache capacity) shape now, as a user's first decode step
+    would (``decode.attention_searched``: the search or a stored structure, timed against the reference), by
+    one 2-token ``generate()`` whose prompt fills the cache to that capacity; the choice goes to the kernel
+    cache. On a CPU (``gpu``: by default, where the model is) there is nothing to choose (decode attention runs
+    on a GPU), and each shape says so."""
+    import torch
+
+    from ..decode.attention_fast import attention_kernels
+
+    shapes = [(b, n) for b in batch_sizes for n in capacities]
+    device = next(model.parameters()).device
+    if not (device.type == "cuda" if gpu is None else gpu):
+        return {f"batch {b}, cache {n}": "not chosen: decode attention runs on a GPU" for b, n in shapes}
+    out = {}
+    vocab = model.config.vocab_size
+    for i, (b, n) in enumerate(shapes):
+        note(f"choosing the decode attention for batch {b}, cache {n}", i, len(shapes))
+        ids = torch.randint(1, vocab, (b, n - 2), device=device, generator=torch.Generator(device).manual_seed(i))
+        with torch.inference_mode():
+            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=2, min_new_tokens=2,
+                           do_sample=False, pad_token_id=0)
+        kinds = sorted(set(attention_kernels(model).values()))
+        out[f"batch {b}, cache {n}"] = "; ".join(kinds) or "no attention module took the decode-attention kernels"
+    return out
 
 
 def _free_device_memory() -> None:

@@ -106,6 +106,42 @@ def test_warm_with_the_real_patch_fills_the_cache_then_hits(tmp_path):
     assert "not patched" not in second.summary()
 
 
+def test_cache_lengths_become_the_capacities_generate_allocates():
+    from mirage_serve.cache.warm import cache_capacities
+
+    assert cache_capacities([384, 256, 4000, 4096, 3]) == (256, 512, 4096)  # rounded up to 256, as cache_pool does
+    with pytest.raises(ValueError, match="at least 3"):
+        cache_capacities([2])
+
+
+def test_choose_attention_fills_each_cache_with_one_short_generate(monkeypatch):
+    import torch
+
+    from mirage_serve.cache import warm
+    from mirage_serve.decode import attention_fast
+
+    model = build_model(resolve_config(TINY)[1], "fp32", "cpu")
+    # on a CPU there is no decode attention to choose: each shape says so, nothing runs
+    assert warm.choose_attention(model, (1,), (256,), lambda *a: None) == {
+        "batch 1, cache 256": "not chosen: decode attention runs on a GPU"}
+
+    calls = []
+    real_generate = model.generate
+
+    def generate(ids, **kw):  # recorded, and run (HF's own decode steps on the CPU)
+        calls.append((tuple(ids.shape), kw["max_new_tokens"], kw["min_new_tokens"]))
+        return real_generate(ids, **kw)
+
+    monkeypatch.setattr(model, "generate", generate)
+    monkeypatch.setattr(attention_fast, "attention_kernels", lambda m: {"layers.0.self_attn": "hand-written: x"})
+    notes = []
+    got = warm.choose_attention(model, (1, 4), (256, 512), lambda msg, i, n: notes.append((msg, i, n)), gpu=True)
+    # the prompt fills the cache but for the 2 new tokens: generate() allocates exactly that capacity
+    assert calls == [((1, 254), 2, 2), ((1, 510), 2, 2), ((4, 254), 2, 2), ((4, 510), 2, 2)]
+    assert got == {f"batch {b}, cache {n}": "hand-written: x" for b in (1, 4) for n in (256, 512)}
+    assert notes[0] == ("choosing the decode attention for batch 1, cache 256", 0, 4)
+
+
 def test_warm_summary_names_sites_left_original(tmp_path):
     from mirage_serve.cache.warm import WarmResult
     from mirage_serve.report import PatchReport, SiteReport

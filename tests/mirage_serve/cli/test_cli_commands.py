@@ -142,12 +142,22 @@ def test_warm_passes_its_options_to_the_cache_back_end(tmp_path, capsys, monkeyp
 
     monkeypatch.setattr(warm, "warm_model", fake_warm)
     rc = main(["warm", "Qwen3-0.6B", "--batch", "3,1", "--dtype", "fp16", "--layers", "2",
-               "--cache-dir", str(tmp_path)])
+               "--cache-dir", str(tmp_path), "--cache-lengths", "4096,384"])
     assert rc == E.EXIT_OK
     assert seen["model"] == "Qwen3-0.6B" and seen["batch_sizes"] == [1, 3] and seen["dtype"] == "fp16"
     assert seen["num_layers"] == 2 and seen["cache_dir"] == str(tmp_path) and seen["backend"] is None
+    assert seen["cache_lengths"] == [384, 4096]
     out = capsys.readouterr()
     assert out.out.strip() == "warmed stub" and "warm [1/1] stub stage" in out.err
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--cache-lengths", "2"], "--cache-lengths are prompt + new tokens, at least 3 each; got 2"),
+    (["--cache-lengths", "512", "--tp", "2"], "--cache-lengths is not supported with --tp yet"),
+])
+def test_warm_refuses_cache_lengths_it_cannot_choose(argv, words, capsys):
+    assert main(["warm", "Llama-3.1-8B", *argv]) == E.EXIT_USAGE
+    assert words in _one_error_line(capsys)
 
 
 @pytest.mark.slow
