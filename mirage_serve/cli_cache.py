@@ -51,15 +51,16 @@ def cmd_warm(args) -> int:
     # bf16 is what GPU serving runs; on a CPU (the torch executor) fp32 is the dtype that is exact
     # enough to check against and fast enough to build.
     dtype = args.dtype or ("bf16" if has_gpu else "fp32")
-    from .cache.warm import warm_model
+    from .cache.warm import cache_capacities, warm_model
 
     lengths = getattr(args, "cache_lengths", [])
     if lengths and getattr(args, "tp", 1) > 1:
         raise CliError("--cache-lengths is not supported with --tp yet: each rank chooses its decode attention on "
                        "its first decode step of a shape; drop one of the two", EXIT_USAGE)
-    if any(n < 3 for n in lengths):
-        raise CliError(f"--cache-lengths are prompt + new tokens, at least 3 each; got {','.join(map(str, lengths))}",
-                       EXIT_USAGE)
+    try:
+        cache_capacities(lengths)
+    except ValueError as e:
+        raise CliError(f"--cache-lengths: {e}", EXIT_USAGE) from None
     try:
         if getattr(args, "tp", 1) > 1:  # one rank's shard shapes (mirage_serve.tp.cli_tp)
             from .tp.cli_tp import warm_tp

@@ -152,7 +152,7 @@ def test_warm_passes_its_options_to_the_cache_back_end(tmp_path, capsys, monkeyp
 
 
 @pytest.mark.parametrize("argv,words", [
-    (["--cache-lengths", "2"], "--cache-lengths are prompt + new tokens, at least 3 each; got 2"),
+    (["--cache-lengths", "2"], "--cache-lengths: cache lengths are prompt + new tokens, at least 3; got [2]"),
     (["--cache-lengths", "512", "--tp", "2"], "--cache-lengths is not supported with --tp yet"),
 ])
 def test_warm_refuses_cache_lengths_it_cannot_choose(argv, words, capsys):
