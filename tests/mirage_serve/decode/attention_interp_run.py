@@ -1,7 +1,8 @@
 """The decode-attention fast path in Triton's CPU interpreter; prints one JSON line of results.
 
-Run as ``python -m tests.mirage_serve.decode.attention_interp_run`` in its own process (TRITON_INTERPRET must be
-set before triton is imported). Two parts:
+Run as ``python -m tests.mirage_serve.decode.attention_interp_run [PART PARTS]`` in its own process (TRITON_INTERPRET
+must be set before triton is imported); with PART and PARTS, only every PARTS-th case from the PART-th on (the test
+runs the parts side by side, one process a core). Two kinds of case:
 
 * ``kernel/<case>/<dtype>``: ``decode_attention`` against a float64 reference on random inputs —
   relative error of the output, of the written cache slot, whether every other slot is untouched
@@ -31,33 +32,32 @@ from tests.mirage_serve.decode.attention_cases import (FAMILIES, GRANITE, KERNEL
                                                        SMALL_WINDOW, STABLELM, family_case, kernel_case)
 
 
-def main() -> None:
-    result = {}
-    for name, case in KERNEL_CASES.items():
-        for dtype in ("float32", "float16"):
-            try:
-                result[f"kernel/{name}/{dtype}"] = kernel_case(*case, dtype)
-            except Exception as e:  # reported per case, so one failure does not hide the others
-                result[f"kernel/{name}/{dtype}"] = f"{type(e).__name__}: {e}"
-    cases = [(n, c, "install") for n, c in FAMILIES.items()]
-    cases += [("llama_patched", FAMILIES["llama"], "patch"), ("llama_mutant", FAMILIES["llama"], "mutant"),
-              ("llama_patched_residual", FAMILIES["llama"], "patch_residual"),
-              ("llama_unpadded", FAMILIES["llama"], "unpadded"), ("qwen3_patched", FAMILIES["qwen3"], "patch_residual"),
-              ("gemma3_small_window", SMALL_WINDOW, "install"), ("granite_traced", GRANITE, "patch"),
-              ("gemma2_patched", FAMILIES["gemma2"], "patch_residual"), ("stablelm_traced", STABLELM, "patch"),
-              ("phi3_window_patched", FAMILIES["phi3_window"], "patch_residual"),
-              ("olmo2_patched", OLMO2_SEARCHED, "patch_searched")]
+def main(part: int = 0, parts: int = 1) -> None:
+    cases = [(f"kernel/{name}/{dtype}", kernel_case, (*case, dtype))
+             for name, case in KERNEL_CASES.items() for dtype in ("float32", "float16")]
+    families = [(n, c, "install") for n, c in FAMILIES.items()]
+    families += [("llama_patched", FAMILIES["llama"], "patch"), ("llama_mutant", FAMILIES["llama"], "mutant"),
+                 ("llama_patched_residual", FAMILIES["llama"], "patch_residual"),
+                 ("llama_unpadded", FAMILIES["llama"], "unpadded"),
+                 ("qwen3_patched", FAMILIES["qwen3"], "patch_residual"),
+                 ("gemma3_small_window", SMALL_WINDOW, "install"), ("granite_traced", GRANITE, "patch"),
+                 ("gemma2_patched", FAMILIES["gemma2"], "patch_residual"), ("stablelm_traced", STABLELM, "patch"),
+                 ("phi3_window_patched", FAMILIES["phi3_window"], "patch_residual"),
+                 ("olmo2_patched", OLMO2_SEARCHED, "patch_searched")]
     # the searched attention μGraphs in patch() (searched here, on the CPU, then run in the interpreter): GQA,
     # Gemma-2's softcap, eager float mask and sliding layers, Qwen3's q/k norms in the program
-    cases += [(f"{n}_searched", FAMILIES[n], "patch_searched_attention") for n in ("llama", "gemma2", "qwen3")]
-    for name, config, how in cases:
+    families += [(f"{n}_searched", FAMILIES[n], "patch_searched_attention") for n in ("llama", "gemma2", "qwen3")]
+    for name, config, how in families:
+        attention = "profiled" if how == "patch_searched_attention" else "hand-written"
+        cases.append((f"family/{name}", family_case, (name, config, how.replace("_attention", ""), attention)))
+    result = {}
+    for key, run, args in cases[part::parts]:
         try:
-            attention = "profiled" if how == "patch_searched_attention" else "hand-written"
-            result[f"family/{name}"] = family_case(name, config, how.replace("_attention", ""), attention)
-        except Exception as e:
-            result[f"family/{name}"] = f"{type(e).__name__}: {e}"
+            result[key] = run(*args)
+        except Exception as e:  # reported per case, so one failure does not hide the others
+            result[key] = f"{type(e).__name__}: {e}"
     print(json.dumps(result))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(*map(int, sys.argv[1:3])))
