@@ -176,15 +176,24 @@ class Session:
 
         return _prompt(b, self.args.prompt, vocab, 0, self.dev)
 
-    def measure(self, model, cache: str) -> dict:
-        """{batch: (ms/step, tokens [B, N])}: bench_timing.decode_step_time at each batch."""
+    def measure(self, model, cache: str, every_rank: bool = True) -> dict:
+        """{batch: (ms/step, tokens [B, N])}: bench_timing.decode_step_time at each batch. ``every_rank``: every
+        rank runs this model (TP=N), so they skip a batch together; False for rank 0's TP=1 runs."""
         from mirage_serve.bench_timing import decode_step_time
 
-        out = {}
+        out, took = {}, 0.0
         for b in self.args.batch:
+            # a batch that would likely run past the deadline (a compiled baseline compiles again at each batch,
+            # ~1-2 min for a 7-8B model) is left out, so the call ends with its JSONs written
+            enough = self.left() > 1.3 * took + 30
+            if out and not (self.agree(enough) if every_rank else enough):
+                log(f"  b{b} {cache}: skipped, {self.left():.0f} s left and the last batch took {took:.0f} s")
+                continue
+            t = time.time()
             s, toks = decode_step_time(model, self.prompt(b, model.config.vocab_size), self.args.new_tokens,
                                        cache, self.dev, self.args.repeats)
             out[b] = (s * 1e3, toks)
+            took = time.time() - t
             log(f"  b{b} {cache}: {s * 1e3:.3f} ms/step")
         return out
 
@@ -199,7 +208,7 @@ class Session:
         patch_s = time.time() - t
         log(f"{name} TP=1 patched in {patch_s:.1f} s: {str(report).splitlines()[-1]}")
         try:
-            m = self.measure(model, "default")
+            m = self.measure(model, "default", every_rank=False)
             paths = decode_paths(model)
         finally:
             mirage_serve.unpatch(model)
