@@ -26,6 +26,7 @@ import json
 import os
 import statistics
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -403,13 +404,29 @@ class Session:
         if self.rank == 0:
             (self.out / "tp_session.md").write_text(table(self.result) + "\n")
             print(table(self.result), flush=True)
-        self.dist.destroy_process_group()
+
+
+def leave(session: Session, rc: int) -> None:
+    """Tear down NCCL and exit without Python's own teardown. With HF's compiled TP runs behind it, a rank that had
+    written every result hung at exit until the device call's limit (380 s, 2026-11-27), so a watchdog ends it."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    threading.Timer(20.0, os._exit, args=(rc,)).start()
+    try:
+        session.dist.destroy_process_group()
+    finally:
+        os._exit(rc)
 
 
 if __name__ == "__main__":
     args = parse()
     s = Session(args)
+    rc = 1
     try:
         s.run()
+        rc = 0
+    except BaseException:
+        traceback.print_exc()
     finally:
         s.save()
+        leave(s, rc)
