@@ -78,9 +78,8 @@ class SearchedGraph:
         # every input given per call; planned once (``CompiledGraph.bind``), so an eager step pays no per-call
         # input checks or environment building: ``Shape`` already fixes what a call hands in
         self.run = compiled.bind([None] * len(choice.graph.inputs))
-        nodes = choice.graph.nodes
-        self.launches = sum(n.op not in ("reshape", "transpose", "slice") for n in nodes)
-        self.kernels = sum(n.op == "customized" for n in nodes)
+        self.launches = compiled.launches  # the cache writes a kernel stores launch nothing (store_through)
+        self.kernels = sum(n.op == "customized" for n in choice.graph.nodes)
 
     def describe(self) -> str:
         where = {"cache": "from the kernel cache", "search": "searched", "reinstantiated":

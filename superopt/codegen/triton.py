@@ -34,6 +34,7 @@ from ..ir import (BlockGraph, Category, KernelGraph, Node, Variance, block_varia
                   reduced_axes)
 from ..ir.chain import Chain, chains
 from .common import identifier
+from .store_through import StoreThrough, stores_through
 from .triton_block import BlockWriter, deferred_sums, tile_mask
 
 
@@ -83,6 +84,7 @@ class TritonModule:
     kernels: list[KernelSpec]
     graph: KernelGraph
     pdl: bool = False  # every kernel waits for its predecessor first: launch it with ``launch_pdl``
+    stored: tuple[StoreThrough, ...] = ()  # scatters their producer kernels store (``store_through``): not run
 
 
 # Programmatic dependent launch (sm_90+, superopt.runtime.grid_dependency): a kernel rendered with
@@ -92,7 +94,8 @@ PDL_SIGNAL = "tl.extra.cuda.gdc_launch_dependents()"
 
 
 def render_triton(ugraph: KernelGraph, prefetch: frozenset[str] = frozenset(), paired: bool = False,
-                  chain: frozenset[str] = frozenset(), pdl: bool = False) -> TritonModule:
+                  chain: frozenset[str] = frozenset(), pdl: bool = False,
+                  in_place: frozenset[str] = frozenset()) -> TritonModule:
     """Render every customized op of ``ugraph``; library ops are left to the runtime.
 
     Kernels named in ``prefetch`` load the next iteration's tiles before this iteration's work
@@ -105,22 +108,26 @@ def render_triton(ugraph: KernelGraph, prefetch: frozenset[str] = frozenset(), p
     launch for a split kernel and its combine); the consumer's kernel is then not rendered.
     Never with ``paired``. ``pdl``: every kernel's first statements wait for its predecessor and
     signal its successor (``PDL_WAIT``, ``PDL_SIGNAL``; why that order is safe next to any neighbour:
-    ``superopt.runtime.grid_dependency``); the module is then launched with dependent launch."""
+    ``superopt.runtime.grid_dependency``); the module is then launched with dependent launch.
+    ``in_place``: inputs the runtime lets the graph write; a scatter of a kernel's row into one of them is
+    stored by that kernel where ``store_through`` finds it legal (``TritonModule.stored``)."""
     base = identifier(ugraph.name)
     parts = ["import torch", "import triton", "import triton.language as tl",
              "from torch.library import wrap_triton", ""]
     legal = {} if paired or not chain else chains(ugraph)
     runs = {idx: c for idx, c in legal.items() if f"{base}_k{idx}" in chain}
     consumed = {c.consumer for c in runs.values()}
+    stored = () if paired or not in_place else stores_through(ugraph, in_place, frozenset(runs) | consumed)
     kernels = []
     for idx, n in enumerate(ugraph.nodes):
         if n.op != "customized" or idx in consumed:
             continue
         name = f"{base}_k{idx}"
-        spec, text = _render_kernel(name, idx, n, ugraph, name in prefetch, paired, runs.get(idx), pdl)
+        through = [s for s in stored if s.kernel == idx]
+        spec, text = _render_kernel(name, idx, n, ugraph, name in prefetch, paired, runs.get(idx), pdl, through)
         kernels.append(spec)
         parts.append(text)
-    return TritonModule(base, "\n".join(parts), kernels, ugraph, pdl)
+    return TritonModule(base, "\n".join(parts), kernels, ugraph, pdl, stored)
 
 
 def _narrow(node: Node, g: KernelGraph) -> str | None:
@@ -130,7 +137,8 @@ def _narrow(node: Node, g: KernelGraph) -> str | None:
 
 
 def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph, prefetch: bool = False,
-                   paired: bool = False, chain: Chain | None = None, pdl: bool = False) -> tuple[KernelSpec, str]:
+                   paired: bool = False, chain: Chain | None = None, pdl: bool = False,
+                   through: list[StoreThrough] | None = None) -> tuple[KernelSpec, str]:
     """One customized op as a @triton.jit kernel and its launcher.
 
     ``prefetch``: the loop's tiles are loaded one iteration ahead (iteration 0's before the loop,
@@ -140,7 +148,9 @@ def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph, prefetch: b
     (a padded dot, operands in registers) otherwise wait a full latency every iteration.
     ``chain``: the kernel also runs its consumer in the last block of each group (``_emit_chained``);
     it takes the consumer's other arguments after its own and writes the consumer's outputs after
-    its own."""
+    its own. ``through``: outputs stored at a slot of an in-place input, and input rows copied to one as
+    an output is tiled (``store_through``): the kernel writes those inputs (outputs after its own for the
+    copies), and takes the slot's index and the copied rows as arguments after its own."""
     b: BlockGraph = node.block
     k = BlockWriter(b, _narrow(node, g))
     if pdl:  # before any load or store: nothing is touched until the predecessor is complete
@@ -153,6 +163,11 @@ def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph, prefetch: b
     sets = list(dict.fromkeys(r for r in reduced if r))
     tiles = [math.prod(n for a, n in enumerate(b.grid) if a not in r) for r in sets]
     args, outs = tuple(node.args), tuple(v.name for v in node.outs)
+    own = {s.out: s for s in through or () if s.copied is None}
+    copies = [s for s in through or () if s.copied is not None]
+    outs = tuple(own[j].cache if j in own else o for j, o in enumerate(outs)) + tuple(s.cache for s in copies)
+    args += tuple(dict.fromkeys(a for s in (*own.values(), *copies) for a in (s.index, s.copied)
+                                if a is not None and a not in args))
     if chain is not None:
         tail = g.nodes[chain.consumer]
         args += tuple(tail.args[s] for s in chain.extra_args)
@@ -180,8 +195,19 @@ def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph, prefetch: b
         params = params + [f"{p_}_b" for p_ in params]
     for a in pids:
         k.emit(f"pid{a} = tl.program_id({a})", 1)
-    _emit_block(k, node, g, [f"w{j}_ptr" if atomic[j] else f"o{j}_ptr" for j in range(len(b.outputs))],
-                atomic, prefetch)
+    stores = [f"w{j}_ptr" if atomic[j] else f"o{j}_ptr" for j in range(len(b.outputs))]
+    shapes = [v.type.shape for v in node.outs]
+    for j, s in own.items():  # the row's tile at the slot: offset by the index along the scatter's dim
+        shapes[j] = g.type_of(s.cache).shape
+        k.emit(f"slot{j} = tl.load(a{args.index(s.index)}_ptr)", 1)
+        stores[j] = f"(o{j}_ptr + slot{j} * {math.prod(shapes[j][s.dim + 1:])})"
+    _emit_block(k, node, g, stores, atomic, prefetch, shapes)
+    for m, s in enumerate(copies, start=len(node.outs)):  # each block copies the tile it stored of its twin
+        o, shape = b.outputs[s.out], g.type_of(s.cache).shape
+        src, mask = k.tile_ptrs(f"a{args.index(s.copied)}_ptr", o, g.type_of(s.copied).shape)
+        k.emit(f"copy{m} = tl.load({src}{f', mask={mask}' if mask else ''})", 1)
+        dst, mask = k.tile_ptrs(f"(o{m}_ptr + slot{s.out} * {math.prod(shape[s.dim + 1:])})", o, shape)
+        k.emit(f"tl.store({dst}, copy{m}{f', mask={mask}' if mask else ''})", 1)
     if sets:
         k.emit("tl.debug_barrier()", 1)
     for r, first in zip(sets, itertools.accumulate([0] + tiles)):
@@ -195,9 +221,10 @@ def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph, prefetch: b
 
 
 def _emit_block(k: BlockWriter, node: Node, g: KernelGraph, stores: list[str], atomic: list[bool],
-                prefetch: bool) -> None:
+                prefetch: bool, shapes: list[tuple[int, ...]] | None = None) -> None:
     """The block graph of ``node`` from its loads to its stores (output j through pointer
-    ``stores[j]``, added atomically where ``atomic[j]``), in ``k``'s indentation."""
+    ``stores[j]`` into a tensor of ``shapes[j]``, default its own shape; added atomically where
+    ``atomic[j]``), in ``k``'s indentation."""
     b: BlockGraph = node.block
     var = block_variance(b)
     arg_shapes = [g.type_of(a).shape for a in node.args]
@@ -265,7 +292,7 @@ def _emit_block(k: BlockWriter, node: Node, g: KernelGraph, stores: list[str], a
         if var[n.out.name] == Variance.POST and op_info(n.op).category is not Category.ACCUM:
             k.node(n, 1)
     for j, o in enumerate(b.outputs):
-        k.store(stores[j], o, node.outs[j].type.shape, atomic[j])
+        k.store(stores[j], o, shapes[j] if shapes else node.outs[j].type.shape, atomic[j])
 
 
 def _emit_chained(k: BlockWriter, chain: Chain, g: KernelGraph, n_args: int, n_outs: int, first: int) -> None:

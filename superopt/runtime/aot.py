@@ -9,7 +9,8 @@ from ..codegen.triton import TritonModule, kernel_param_dtypes
 from .build import load_module
 from .interpreter import interpreting
 
-_SIG = {"float32": "*fp32", "float16": "*fp16", "bfloat16": "*bf16", "float64": "*fp64", "int32": "*i32"}
+_SIG = {"float32": "*fp32", "float16": "*fp16", "bfloat16": "*bf16", "float64": "*fp64", "int32": "*i32",
+        "int64": "*i64"}
 
 
 def aot_compile(tm: TritonModule, arch: int = 90, warp_size: int = 32, num_warps: int | None = None,

@@ -13,7 +13,9 @@ later build takes back (``binaries=``) to compile nothing (``superopt.runtime.bi
 
 ``in_place`` names inputs the caller lets the graph write: a library ``scatter`` into one of them
 (a KV-cache write) updates that tensor itself, and the scatter's value is that input, so a decode
-step neither copies its cache nor holds a second one (the input may have no other reader).
+step neither copies its cache nor holds a second one (the input may have no other reader). Where
+the written row is a kernel's output, that kernel stores it at the slot itself and the scatter
+launches nothing (``codegen.store_through``).
 
 The Python module that runs is always the one rendered here from the μGraph: no caller can hand
 in source text to execute instead (a cache stores none; see docs/architecture.md, "Cache trust").
@@ -58,7 +60,11 @@ class CompiledGraph:
         # here from the μGraph, never taken from a cache; ``binaries`` (a signed cache entry's) only
         # seed Triton's cache, which uses them where their hash matches this source.
         self.pdl = applies(self.device, pdl)
-        self.module = render_triton(ugraph, prefetched(launch), chain=chained(launch), pdl=self.pdl)
+        self.module = render_triton(ugraph, prefetched(launch), chain=chained(launch), pdl=self.pdl,
+                                    in_place=frozenset(self.in_place.values()))
+        # scatters a kernel stores (store_through): their rows get no buffer, the scatters no launch
+        self.stored = {s.scatter for s in self.module.stored}
+        rows = {ugraph.nodes[s.scatter].args[2] for s in self.module.stored}
         self.compiles = 0   # kernels Triton compiled for this graph in this process (cache misses)
         self.loaded = 0     # kernels Triton loaded from its cache instead
         self._hashes: dict[str, str] = {}
@@ -90,7 +96,9 @@ class CompiledGraph:
             if idx in self.in_place:  # its value is the input it writes: no buffer
                 continue
             for v in n.outs:
-                self.pool[v.name] = torch.empty(v.type.shape, dtype=TORCH_DTYPES[v.type.dtype], device=self.device)
+                if v.name not in rows:
+                    self.pool[v.name] = torch.empty(v.type.shape, dtype=TORCH_DTYPES[v.type.dtype],
+                                                    device=self.device)
             if idx in self.kernels and self.kernels[idx][1].counters:
                 self.sums[idx] = self._summed(idx, n)
 
@@ -122,6 +130,13 @@ class CompiledGraph:
         self.compiles, self.loaded, self._hashes = len(log.compiled), len(log.loaded), dict(log.hashes)
 
     @property
+    def launches(self) -> int:
+        """Launches a call makes: kernels (a chain's consumer runs in its producer's) and library ops, less
+        views, constants and the scatters a kernel stores (``codegen.store_through``)."""
+        return sum(n.op not in (*_VIEWS, "const") and i not in self.tails and i not in self.stored
+                   for i, n in enumerate(self.graph.nodes))
+
+    @property
     def source(self) -> str:
         """The generated Triton module source of this graph, as rendered and built."""
         return self.module.source
@@ -145,10 +160,14 @@ class CompiledGraph:
         if len(inputs) != len(g.inputs):
             raise TypeError(f"{g.name}: expected {len(g.inputs)} inputs ({', '.join(v.name for v in g.inputs)}), "
                             f"got {len(inputs)}")
+        through = {s.cache for s in self.module.stored}
         for v, t in zip(g.inputs, inputs):
             if t is not None and (tuple(t.shape) != v.type.shape or t.dtype != TORCH_DTYPES[v.type.dtype]):
                 raise ValueError(f"{g.name}: input %{v.name} is {t.dtype}{list(t.shape)}, expected "
                                  f"{v.type.dtype}{list(v.type.shape)}")
+            if t is not None and v.name in through and not t.is_contiguous():  # a kernel writes it at offsets
+                raise ValueError(f"{g.name}: input %{v.name} is written in place by a kernel and must be "
+                                 f"contiguous (strides {t.stride()}); allocate it contiguous, as a copy would take the write")
 
     def __call__(self, *inputs: torch.Tensor, out: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
         g = self.graph
@@ -170,12 +189,13 @@ class CompiledGraph:
             elif idx in self.tails:  # its kernel ran inside its producer's launch (ir.chain)
                 continue
             elif idx in self.in_place:
-                scatter_in_place(n)(*[env[a] for a in n.args])
+                if idx not in self.stored:  # else its producer's kernel wrote the slot
+                    scatter_in_place(n)(*[env[a] for a in n.args])
                 env[n.out.name] = env[n.args[0]]
             elif n.op == "customized":
                 op, spec, launch = self.kernels[idx]
                 args = [self._arg(idx, j, env[a]) for j, a in enumerate(spec.args)]
-                outs = [targets[v] for v in spec.outs]
+                outs = [env[v] if v in env else targets[v] for v in spec.outs]  # an input: a stored-through cache
                 op(*args, *outs, *self.finish_args(idx), launch.num_warps, launch.num_stages)
                 env.update(zip(spec.outs, outs))
             else:
@@ -220,15 +240,21 @@ class CompiledGraph:
                 continue
             elif idx in self.in_place:  # its value is the slot of the input it writes
                 plan.slot[n.out.name] = plan.slot[n.args[0]]
-                plan.steps.append(functools.partial(_library_step, scatter_in_place(n),
-                                                    [plan.slot[a] for a in n.args]))
+                if idx not in self.stored:  # else its producer's kernel wrote the slot
+                    plan.steps.append(functools.partial(_library_step, scatter_in_place(n),
+                                                        [plan.slot[a] for a in n.args]))
             elif n.op == "customized":
                 op, spec, launch = self.kernels[idx]
+                args = [plan.slot[a] for a in spec.args]
+                staged = [functools.partial(self._arg, idx, j) for j in range(len(spec.args))]
+                if any(v in plan.slot for v in spec.outs):  # it stores through into an input (per call)
+                    outs = [plan.slot[v] if v in plan.slot else plan.add(v, self.pool[v]) for v in spec.outs]
+                    plan.steps.append(functools.partial(_kernel_into_step, op.launch, args, staged, outs,
+                                                        self.finish_args(idx), launch.num_warps, launch.num_stages))
+                    continue
                 for v in spec.outs:
                     plan.add(v, self.pool[v])
                 tail = [self.pool[v] for v in spec.outs] + self.finish_args(idx)
-                args = [plan.slot[a] for a in spec.args]
-                staged = [functools.partial(self._arg, idx, j) for j in range(len(spec.args))]
                 plan.steps.append(functools.partial(_kernel_step, op.launch, args, staged, tail,
                                                     launch.num_warps, launch.num_stages))
             else:
@@ -288,6 +314,13 @@ def _kernel_step(launch, args: list[int], staged: list, tail: list, nw: int, ns:
     # a strided argument (a view of a per-call input) is copied to a contiguous staging buffer
     launch(*[t if t.is_contiguous() else stage(t) for t, stage in zip([env[i] for i in args], staged)],
            *tail, nw, ns)
+
+
+def _kernel_into_step(launch, args: list[int], staged: list, outs: list[int], finish: list, nw: int, ns: int,
+                      env: list) -> None:
+    # a kernel that also writes a per-call input (a cache row stored through, ``codegen.store_through``)
+    launch(*[t if t.is_contiguous() else stage(t) for t, stage in zip([env[i] for i in args], staged)],
+           *[env[i] for i in outs], *finish, nw, ns)
 
 
 def _library_step(fn, args: list[int], env: list) -> None:

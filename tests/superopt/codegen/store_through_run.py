@@ -1,0 +1,79 @@
+"""Run the searched decode-attention μGraph (``ugraphs/decode_attention_b2_q4_kv2_d16_L32.txt``) in Triton's
+CPU interpreter with its caches in place, the new key stored and the new value copied by the RoPE kernel
+(``codegen.store_through``), and with plain library scatters; print one JSON line comparing them.
+
+Run as ``python -m tests.superopt.codegen.store_through_run`` in its own process (TRITON_INTERPRET must
+be set before triton is imported).
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+if __name__ == "__main__":
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import torch  # noqa: E402
+
+from superopt.ir import from_text  # noqa: E402
+from superopt.runtime import compile_graph  # noqa: E402
+
+UGRAPH = Path(__file__).resolve().parent / "ugraphs" / "decode_attention_b2_q4_kv2_d16_L32.txt"
+
+
+def inputs(g, seed: int, pos: int) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    xs = []
+    for v in g.inputs:
+        if v.name == "pos":
+            xs.append(torch.tensor([pos]))
+        elif v.name == "mask":  # attend to the slots up to the position
+            m = torch.full(v.type.shape, float("-inf"))
+            m[..., :pos + 1] = 0.0
+            xs.append(m)
+        else:
+            xs.append(torch.randn(v.type.shape, generator=gen))
+    return xs
+
+
+def _others(cache: torch.Tensor, pos: int) -> torch.Tensor:
+    return torch.cat([cache[:, :, :pos], cache[:, :, pos + 1:]], 2)
+
+
+def main() -> None:
+    g = from_text(UGRAPH.read_text())
+    names = [v.name for v in g.inputs]
+    plain = compile_graph(g, device="cpu")            # functional scatters: the caches copied, then written
+    lowered = compile_graph(g, device="cpu", in_place=("k_cache", "v_cache"))
+    bound = lowered.bind([None] * len(names))
+    out = {"stored": [s.cache for s in lowered.module.stored], "launches": [plain.launches, lowered.launches],
+           "steps": []}
+    for step, pos in enumerate((0, 17, 31)):  # the first slot, one inside, the last
+        xs = inputs(g, step, pos)
+        want = [t.clone() for t in plain(*[x.clone() for x in xs])]
+        for how, run in (("call", lowered), ("bound", bound)):
+            mine = [x.clone() for x in xs]
+            caches = [mine[names.index(n)] for n in ("k_cache", "v_cache")]
+            got = run(*mine)
+            out["steps"].append({
+                "pos": pos, "how": how,
+                "outputs_equal": all(torch.equal(a, b) for a, b in zip(got, want)),
+                "caches_are_inputs": got[1] is caches[0] and got[2] is caches[1],
+                "caches_written": all(torch.equal(c, w) for c, w in zip(caches, want[1:])),
+                "other_slots_kept": all(torch.equal(_others(c, pos), _others(xs[names.index(n)], pos))
+                                        for c, n in zip(caches, ("k_cache", "v_cache"))),
+            })
+    xs = inputs(g, 9, 3)  # a cache that is not contiguous: the kernel's offsets would miss it, so refused
+    i = names.index("k_cache")
+    xs[i] = xs[i].transpose(2, 3).contiguous().transpose(2, 3)
+    try:
+        lowered(*xs)
+        out["strided_refused"] = ""
+    except ValueError as e:
+        out["strided_refused"] = str(e)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
