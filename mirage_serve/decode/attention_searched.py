@@ -226,7 +226,8 @@ class AttentionSearch:
             from superopt.runtime.select import Selector
 
             from .. import optimize
-            selector = Selector(device, pdl=self.pdl)  # its build workers live for this one pick
+            # its build workers live for this one pick; candidates timed writing the cache in place, as they run
+            selector = Selector(device, pdl=self.pdl, in_place=("k_cache", "v_cache"))
             try:
                 ranked = selector.pick(result.candidates(), example_inputs(program, shape, device))
             finally:

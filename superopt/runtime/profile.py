@@ -46,14 +46,16 @@ class ProfileResult:
 
 def profile_candidates(ugraphs: Sequence[KernelGraph], example_inputs: Sequence[torch.Tensor],
                        configs: Sequence[Launch | None] = DEFAULT_CONFIGS, reps: int = 30,
-                       backend: str = "triton", refused: Mapping = {}, pdl: bool = True) -> list[ProfileResult]:
+                       backend: str = "triton", refused: Mapping = {}, pdl: bool = True,
+                       in_place: Sequence[str] = ()) -> list[ProfileResult]:
     """Rank ``ugraphs`` (all computing the same program) by median time on ``example_inputs``.
 
     Each config is applied to every kernel of a candidate; a ``None`` config launches every kernel
     with the renderer's own choice for it. ``pdl``: built with programmatic dependent launch where
     the GPU has it, as the chosen kernels will run (``PatchOptions.pdl``). ``refused``:
     (μGraph text, config) -> reason, launches not to build in this process (``Selector``: their
-    build crashed a worker)."""
+    build crashed a worker). ``in_place``: inputs each candidate writes in place (a decode step's cache,
+    ``compile_graph(in_place=…)``), as it will run: its cache writes then cost what they will."""
     sets = rotated_sets(example_inputs)
     results = []
     for i, g in enumerate(ugraphs):
@@ -70,7 +72,8 @@ def profile_candidates(ugraphs: Sequence[KernelGraph], example_inputs: Sequence[
                 continue
             try:
                 launch = None if config is None else {k.name: config for k in _kernels(g)}
-                cg = compile_graph(g, backend=backend, device=example_inputs[0].device, launch=launch, pdl=pdl)
+                cg = compile_graph(g, backend=backend, device=example_inputs[0].device, launch=launch, pdl=pdl,
+                                   in_place=in_place)
                 us = time_call(cg, sets, graph=True, reps=reps)
             except Exception as e:  # a candidate that cannot build or run loses, with its reason
                 err = f"{type(e).__name__}: {e}"

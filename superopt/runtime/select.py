@@ -48,12 +48,14 @@ def default_workers() -> int:
 
 class Selector:
     """Profiles candidates on ``device``; holds a pool of build workers until ``close()``. ``pdl``:
-    candidates are built with programmatic dependent launch where the GPU has it (``PatchOptions.pdl``)."""
+    candidates are built with programmatic dependent launch where the GPU has it (``PatchOptions.pdl``);
+    ``in_place``: the inputs they write in place, as they will run (``profile_candidates``)."""
 
     def __init__(self, device: torch.device, workers: int | None = None,
-                 configs: Sequence[Launch] = DEFAULT_CONFIGS, pdl: bool = True):
+                 configs: Sequence[Launch] = DEFAULT_CONFIGS, pdl: bool = True, in_place: Sequence[str] = ()):
         self.device = torch.device(device)
         self.pdl = pdl
+        self.in_place = tuple(in_place)
         self.workers = default_workers() if workers is None else workers
         self.configs = tuple(configs)
         self._pool = None
@@ -68,13 +70,15 @@ class Selector:
         unique = list({to_text(g): g for g in candidates}.values())
         self._prebuild([(g, c) for g in unique for c in PROBE
                         if (c is None or applies(g, c)) and fits(g, c)], inputs)
-        first = profile_candidates(unique, inputs, configs=PROBE, refused=self._refused, pdl=self.pdl)
+        first = profile_candidates(unique, inputs, configs=PROBE, refused=self._refused, pdl=self.pdl,
+                                   in_place=self.in_place)
         top = [r.ugraph for r in first if r.error is None][:SWEEP_TOP]
         top += [g for g in sweep_also if g not in top]
         # configs whose shared memory cannot fit are skipped by the timing pass: do not build them
         self._prebuild([(g, c) for g in top for c in self.configs if applies(g, c) and fits(g, c)],
                        inputs)
-        swept = profile_candidates(top, inputs, configs=self.configs, refused=self._refused, pdl=self.pdl)
+        swept = profile_candidates(top, inputs, configs=self.configs, refused=self._refused, pdl=self.pdl,
+                                   in_place=self.in_place)
         best = {to_text(r.ugraph): r for r in first}
         for r in swept:  # keep each graph's faster result: a probe launch or a swept one
             k = to_text(r.ugraph)
@@ -89,7 +93,7 @@ class Selector:
             self._pool = self._new_pool()
         specs = [(tuple(t.shape), str(t.dtype).removeprefix("torch.")) for t in inputs]
         index = self.device.index if self.device.index is not None else torch.cuda.current_device()
-        args = [(to_text(g), c, specs, index, self.pdl) for g, c in jobs]
+        args = [(to_text(g), c, specs, index, self.pdl, self.in_place) for g, c in jobs]
         self._pool, crashed = map_isolating_crashes(self._pool, self._new_pool, _build_once, args)
         for i in crashed:
             text, c = args[i][:2]
@@ -157,13 +161,13 @@ def _example(shape, dtype: torch.dtype, device) -> torch.Tensor:
 
 def _build_once(job) -> str | None:
     """Worker: build ``graph`` at ``config`` and launch it once on random inputs; the error, if any."""
-    text, config, specs, device_index, pdl = job
+    text, config, specs, device_index, pdl, in_place = job
     try:
         g = from_text(text)
         device = torch.device("cuda", device_index)
         xs = [_example(shape, getattr(torch, dtype), device) for shape, dtype in specs]
         launch = None if config is None else {k.name: config for k in render_triton(g).kernels}
-        compile_graph(g, device=device, launch=launch, pdl=pdl)(*xs)
+        compile_graph(g, device=device, launch=launch, pdl=pdl, in_place=in_place)(*xs)
         torch.cuda.synchronize(device)
         return None
     except Exception as e:  # the timing pass in the parent reports it

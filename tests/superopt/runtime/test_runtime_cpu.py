@@ -225,6 +225,35 @@ def test_selector_sweeps_the_launches_of_a_graph_it_is_told_to(monkeypatch):
     assert sel.pick(graphs, [], sweep_also=[graphs[4]])[0].ugraph is graphs[4]
 
 
+def test_candidates_are_timed_writing_their_in_place_inputs(monkeypatch):
+    # a decode step's cache writes run in place (a kernel stores them, codegen.store_through): the profile must
+    # build each candidate so, or it times a copy of the whole cache per write
+    from superopt.runtime import profile, select
+    from superopt.runtime.profile import ProfileResult
+
+    graphs = [FIXTURES[n]().ugraph for n in sorted(FIXTURES)[:2]]
+    seen = []
+
+    def fake_profile(ugraphs, inputs, configs, **kw):
+        seen.append(kw.get("in_place"))
+        return [ProfileResult(i, g, {}, 1.0 + i) for i, g in enumerate(ugraphs)]
+
+    monkeypatch.setattr(select, "profile_candidates", fake_profile)
+    monkeypatch.setattr(select, "fits", lambda g, c: True)
+    select.Selector(torch.device("cpu"), workers=1, in_place=("k_cache", "v_cache")).pick(graphs, [])
+    assert seen and all(s == ("k_cache", "v_cache") for s in seen)
+
+    built = []
+
+    def fake_compile(g, **kw):
+        built.append(kw.get("in_place"))
+        raise RuntimeError("not built here")
+    monkeypatch.setattr(profile, "compile_graph", fake_compile)
+    monkeypatch.setattr(profile, "rotated_sets", lambda xs: [xs])
+    r = profile.profile_candidates(graphs[:1], [torch.zeros(1)], configs=(None,), in_place=("k_cache",))
+    assert built == [("k_cache",)] and "not built here" in r[0].error
+
+
 def test_a_job_that_kills_its_worker_is_found_and_the_others_still_run():
     # The H200 case (eleventh session): one candidate's Triton build hit an LLVM assertion, which
     # aborts the process; the broken pool failed every later build and the block benchmark lost
