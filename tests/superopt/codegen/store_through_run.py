@@ -22,7 +22,7 @@ from superopt.runtime import compile_graph  # noqa: E402
 UGRAPH = Path(__file__).resolve().parent / "ugraphs" / "decode_attention_b2_q4_kv2_d16_L32.txt"
 
 
-def inputs(g, seed: int, pos: int) -> list[torch.Tensor]:
+def inputs(g, seed: int, pos: int, device: str) -> list[torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     xs = []
     for v in g.inputs:
@@ -34,23 +34,24 @@ def inputs(g, seed: int, pos: int) -> list[torch.Tensor]:
             xs.append(m)
         else:
             xs.append(torch.randn(v.type.shape, generator=gen))
-    return xs
+    return [x.to(device) for x in xs]
 
 
 def _others(cache: torch.Tensor, pos: int) -> torch.Tensor:
     return torch.cat([cache[:, :, :pos], cache[:, :, pos + 1:]], 2)
 
 
-def main() -> None:
+def compare(device: str) -> dict:
+    """The lowered graph (plain and bound calls) against the library scatters' on ``device``."""
     g = from_text(UGRAPH.read_text())
     names = [v.name for v in g.inputs]
-    plain = compile_graph(g, device="cpu")            # functional scatters: the caches copied, then written
-    lowered = compile_graph(g, device="cpu", in_place=("k_cache", "v_cache"))
+    plain = compile_graph(g, device=device)            # functional scatters: the caches copied, then written
+    lowered = compile_graph(g, device=device, in_place=("k_cache", "v_cache"))
     bound = lowered.bind([None] * len(names))
     out = {"stored": [s.cache for s in lowered.module.stored], "launches": [plain.launches, lowered.launches],
            "steps": []}
     for step, pos in enumerate((0, 17, 31)):  # the first slot, one inside, the last
-        xs = inputs(g, step, pos)
+        xs = inputs(g, step, pos, device)
         want = [t.clone() for t in plain(*[x.clone() for x in xs])]
         for how, run in (("call", lowered), ("bound", bound)):
             mine = [x.clone() for x in xs]
@@ -64,7 +65,7 @@ def main() -> None:
                 "other_slots_kept": all(torch.equal(_others(c, pos), _others(xs[names.index(n)], pos))
                                         for c, n in zip(caches, ("k_cache", "v_cache"))),
             })
-    xs = inputs(g, 9, 3)  # a cache that is not contiguous: the kernel's offsets would miss it, so refused
+    xs = inputs(g, 9, 3, device)  # a cache that is not contiguous: the kernel's offsets would miss it, so refused
     i = names.index("k_cache")
     xs[i] = xs[i].transpose(2, 3).contiguous().transpose(2, 3)
     try:
@@ -72,7 +73,11 @@ def main() -> None:
         out["strided_refused"] = ""
     except ValueError as e:
         out["strided_refused"] = str(e)
-    print(json.dumps(out))
+    return out
+
+
+def main() -> None:
+    print(json.dumps(compare("cpu")))
 
 
 if __name__ == "__main__":

@@ -64,14 +64,24 @@ def interpreted() -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_interpreted_the_kernel_writes_the_slot_the_scatter_would(interpreted):
-    assert interpreted["stored"] == ["k_cache", "v_cache"]
-    plain, lowered = interpreted["launches"]
+def _writes_the_slots_the_scatters_would(r: dict) -> None:
+    assert r["stored"] == ["k_cache", "v_cache"]
+    plain, lowered = r["launches"]
     assert lowered == plain - 2
-    assert len(interpreted["steps"]) == 6  # positions 0, 17, 31; a plain and a bound call each
-    for step in interpreted["steps"]:
+    assert len(r["steps"]) == 6  # positions 0, 17, 31; a plain and a bound call each
+    for step in r["steps"]:
         assert all(step[k] for k in ("outputs_equal", "caches_are_inputs", "caches_written", "other_slots_kept")), step
-    assert "k_cache is written in place by a kernel and must be contiguous" in interpreted["strided_refused"]
+    assert "k_cache is written in place by a kernel and must be contiguous" in r["strided_refused"]
+
+
+def test_interpreted_the_kernel_writes_the_slots_the_scatters_would(interpreted):
+    _writes_the_slots_the_scatters_would(interpreted)
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_the_kernel_writes_the_slots_the_scatters_would():
+    from tests.superopt.codegen.store_through_run import compare
+    _writes_the_slots_the_scatters_would(compare("cuda"))
 
 
 @pytest.mark.slow
