@@ -2,8 +2,8 @@
 lowered, how the kernel stores, and (Triton's interpreter, its own process) the same values as library
 scatters with one launch fewer.
 
-The μGraph is the search's best for ``decode_layer_attention_program(2, 4, 2, 16, 32, dtype="float32")``
-(``SearchBudget(max_block_ops=40, max_seconds=60)``), kept as text so no test searches for it."""
+The μGraphs are the search's best for two decode-attention programs (``store_through_run.UGRAPHS``), kept as
+text so no test searches for them."""
 from __future__ import annotations
 
 import json
@@ -17,6 +17,7 @@ import pytest
 from superopt.codegen.store_through import StoreThrough, stores_through
 from superopt.codegen.triton import render_triton
 from superopt.ir import from_text
+from tests.superopt.codegen.store_through_run import UGRAPHS
 
 ROOT = Path(__file__).resolve().parents[3]
 UGRAPH = Path(__file__).resolve().parent / "ugraphs" / "decode_attention_b2_q4_kv2_d16_L32.txt"
@@ -74,14 +75,16 @@ def _writes_the_slots_the_scatters_would(r: dict) -> None:
     assert "k_cache is written in place by a kernel and must be contiguous" in r["strided_refused"]
 
 
-def test_interpreted_the_kernel_writes_the_slots_the_scatters_would(interpreted):
-    _writes_the_slots_the_scatters_would(interpreted)
+@pytest.mark.parametrize("name", UGRAPHS)
+def test_interpreted_the_kernel_writes_the_slots_the_scatters_would(interpreted, name):
+    _writes_the_slots_the_scatters_would(interpreted[name])
 
 
 @pytest.mark.gpu
-def test_on_the_gpu_the_kernel_writes_the_slots_the_scatters_would():
+@pytest.mark.parametrize("name", UGRAPHS)
+def test_on_the_gpu_the_kernel_writes_the_slots_the_scatters_would(name):
     from tests.superopt.codegen.store_through_run import compare
-    _writes_the_slots_the_scatters_would(compare("cuda"))
+    _writes_the_slots_the_scatters_would(compare("cuda", name))
 
 
 @pytest.mark.slow
