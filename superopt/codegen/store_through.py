@@ -38,7 +38,8 @@ class StoreThrough:
 
 def stores_through(g: KernelGraph, in_place: Iterable[str], excluded: frozenset[int] = frozenset()) \
         -> tuple[StoreThrough, ...]:
-    """The scatters of ``g`` into ``in_place`` inputs that their producer kernels can store themselves.
+    """The scatters of ``g`` into ``in_place`` inputs that kernels can store themselves: their producers', then
+    input rows copied beside a stored row of the same shape (``_copies``).
 
     The conditions, each what makes the kernel's store the scatter's: the row has one slot along the
     scatter's dim and its index one position (an input, read by the kernel); the row is the kernel's
@@ -47,38 +48,36 @@ def stores_through(g: KernelGraph, in_place: Iterable[str], excluded: frozenset[
     writing it earlier, when the kernel runs, changes nothing another node reads. ``excluded``:
     kernels rendered another way (chained with a consumer, ``ir.chain``), left as they are."""
     inputs = {v.name: v.type for v in g.inputs}
+    targets = set(in_place) & inputs.keys()
+    scatters = [(idx, n) for idx, n in enumerate(g.nodes) if n.op == "scatter" and n.args[0] in targets
+                and n.args[1] in inputs and inputs[n.args[1]].shape == (1,)]
     producer = {v.name: (i, j) for i, n in enumerate(g.nodes) if n.op == "customized"
                 for j, v in enumerate(n.outs)}
     readers: dict[str, int] = {}
     for n in g.nodes:
         for a in set(n.args):
             readers[a] = readers.get(a, 0) + 1
-    out = []
-    for idx, n in enumerate(g.nodes):
-        if n.op != "scatter" or n.args[0] not in set(in_place) or n.args[0] not in inputs:
-            continue
+    own = []
+    for idx, n in scatters:
         cache, index, row = n.args
-        if index not in inputs or inputs[index].shape != (1,) or row not in producer or row in g.outputs:
+        if row not in producer or row in g.outputs or readers.get(row) != 1:
             continue
         k, j = producer[row]
         node, dim = g.nodes[k], n.attr("dim")
         row_type = node.outs[j].type
-        if k in excluded or readers.get(row) != 1 or row_type.shape[dim] != 1 \
-                or row_type.dtype != inputs[cache].dtype or reduced_axes(node.block.outputs[j], node.block.grid):
+        if k in excluded or row_type.shape[dim] != 1 or row_type.dtype != inputs[cache].dtype \
+                or reduced_axes(node.block.outputs[j], node.block.grid):
             continue
-        out.append(StoreThrough(idx, k, j, cache, index, dim))
-    return tuple(out) + _copies(g, in_place, out, inputs)
+        own.append(StoreThrough(idx, k, j, cache, index, dim))
+    return tuple(own) + _copies(g, scatters, own, inputs)
 
 
-def _copies(g: KernelGraph, in_place: Iterable[str], stored: list[StoreThrough], inputs: dict) \
-        -> tuple[StoreThrough, ...]:
-    """Scatters of an input row into an ``in_place`` input that a kernel storing a row of the same shape
-    at the same slot can copy as it stores its own: same index, dim and cache shape and dtype. (Reading an
-    input earlier than the scatter would changes nothing; the cache has no other reader.)"""
+def _copies(g: KernelGraph, scatters: list, stored: list[StoreThrough], inputs: dict) -> tuple[StoreThrough, ...]:
+    """Of ``scatters``, those of an input row that a kernel storing a row of the same type at the same slot
+    can copy as it stores its own: same index and dim, caches of one type. (Reading an input earlier than
+    the scatter would changes nothing; the cache has no other reader.)"""
     out = []
-    for idx, n in enumerate(g.nodes):
-        if n.op != "scatter" or n.args[0] not in set(in_place) or n.args[0] not in inputs:
-            continue
+    for idx, n in scatters:
         cache, index, row = n.args
         if row not in inputs:
             continue

@@ -167,7 +167,8 @@ class CompiledGraph:
                                  f"{v.type.dtype}{list(v.type.shape)}")
             if t is not None and v.name in through and not t.is_contiguous():  # a kernel writes it at offsets
                 raise ValueError(f"{g.name}: input %{v.name} is written in place by a kernel and must be "
-                                 f"contiguous (strides {t.stride()}); allocate it contiguous, as a copy would take the write")
+                                 f"contiguous (strides {t.stride()}); allocate it contiguous, as a copy "
+                                 f"would take the write")
 
     def __call__(self, *inputs: torch.Tensor, out: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
         g = self.graph
