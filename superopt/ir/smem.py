@@ -112,6 +112,9 @@ def triton_smem_bytes(b: BlockGraph, num_warps: int | None = None, num_stages: i
         elif cat is Category.REDUCE:
             src, dim = n.args[0], n.attr("dim")
             transient = max(transient, math.prod(pad[n.out.name]) * min(num_warps, pad[src][dim]) * 4)
+        elif n.op == "concat":  # rendered as tl.join + permute + reshape (RoPE's rotate_half): the joined
+            # tile may change layout through shared memory (512 B for a [2, 64] fp32 tile on sm_90)
+            transient = max(transient, math.prod(pad[n.out.name]) * 4)
         elif n.op == "transpose":
             po = pad[n.out.name]
             full = math.prod(po) * 4
