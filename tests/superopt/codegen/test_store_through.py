@@ -6,10 +6,6 @@ The μGraphs are the search's best for two decode-attention programs (``store_th
 text so no test searches for them."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,9 +13,9 @@ import pytest
 from superopt.codegen.store_through import StoreThrough, stores_through
 from superopt.codegen.triton import render_triton
 from superopt.ir import from_text
+from tests.interpreter import run_interpreted
 from tests.superopt.codegen.store_through_run import UGRAPHS
 
-ROOT = Path(__file__).resolve().parents[3]
 UGRAPH = Path(__file__).resolve().parent / "ugraphs" / "decode_attention_b2_q4_kv2_d16_L32.txt"
 CACHES = frozenset({"k_cache", "v_cache"})
 
@@ -58,11 +54,7 @@ def test_a_row_with_another_reader_is_not_lowered(graph):
 
 @pytest.fixture(scope="module")
 def interpreted() -> dict:
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-m", "tests.superopt.codegen.store_through_run"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_interpreted("-m", "tests.superopt.codegen.store_through_run")
 
 
 def _writes_the_slots_the_scatters_would(r: dict, name: str) -> None:

@@ -1,26 +1,17 @@
 """Fused norm / activation μGraphs (issue 27) render to Triton and match float64 in its CPU interpreter."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from tests.interpreter import run_interpreted
 from tests.superopt.codegen.activation_cases import CASES, fused_graph, program
 
-ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
 def results() -> dict:
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-m", "tests.superopt.codegen.activations_interp_run"], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_interpreted("-m", "tests.superopt.codegen.activations_interp_run", timeout=900)
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -1,29 +1,20 @@
 """Generated Triton kernels, run in Triton's CPU interpreter, match the float64 program (fp32, fp16)."""
 from __future__ import annotations
 
-import json
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from tests.interpreter import run_interpreted
 from tests.superopt.codegen.triton_cases import CASES, CHAIN_CASES, INTERP_DTYPES
 
-ROOT = Path(__file__).resolve().parents[3]
 TOL = {"float32": 1e-5, "float16": 2e-3}  # docs/conventions.md tolerance table
 
 
 @pytest.fixture(scope="module")
 def interp_errors() -> dict:
     # one interpreter process for all cases: TRITON_INTERPRET must precede triton's import
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-m", "tests.superopt.codegen.triton_interp_run"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_interpreted("-m", "tests.superopt.codegen.triton_interp_run")
 
 
 @pytest.mark.parametrize("dtype", INTERP_DTYPES)

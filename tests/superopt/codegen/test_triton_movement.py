@@ -15,6 +15,7 @@ import pytest
 from superopt.codegen.triton import render_triton
 from superopt.search import superoptimize
 from tests.fixtures import movement as mv
+from tests.interpreter import run_interpreted
 from tests.superopt.codegen.triton_movement_run import CASES, DTYPES
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -23,11 +24,7 @@ TOL = {"float32": 1e-5, "float16": 2e-3}  # CONVENTIONS.md tolerance table
 
 @pytest.fixture(scope="module")
 def interp_errors() -> dict:
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-m", "tests.superopt.codegen.triton_movement_run"], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_interpreted("-m", "tests.superopt.codegen.triton_movement_run", timeout=900)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -17,6 +17,7 @@ import pytest
 from superopt.search import SearchBudget, superoptimize
 from superopt.search.instantiate import split_counts
 from tests.fixtures.ugraphs import FIXTURES
+from tests.interpreter import run_interpreted
 
 
 def _layouts(graphs, kv_len: int) -> set[tuple]:
@@ -80,12 +81,7 @@ def test_searched_decode_attention_with_a_block_per_kv_head_runs_in_the_interpre
     # reshapes searched, raised back, compiled to Triton and run in its CPU interpreter against the
     # program's float64 value; 3 rows, 2 kv heads of 3 q heads each, 6144 positions (3 · 2048: at
     # a few hundred the cost model rightly keeps KV whole and verifies no split design)
-    import json
     import math
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
 
     from superopt.ir import to_text
     fx = FIXTURES["decode_attention"](batch=3, q_heads=6, kv_heads=2, head_dim=16, kv_len=6144, dtype="float32")
@@ -100,12 +96,7 @@ def test_searched_decode_attention_with_a_block_per_kv_head_runs_in_the_interpre
     for name, g in cases.items():
         (tmp_path / f"{name}.program.txt").write_text(to_text(fx.program))
         (tmp_path / f"{name}.ugraph.txt").write_text(to_text(g))
-    root = Path(__file__).resolve().parents[3]
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(root))
-    proc = subprocess.run([sys.executable, "-m", "tests.superopt.search.attention_interp_run", str(tmp_path)],
-                          cwd=root, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    errs = json.loads(proc.stdout.strip().splitlines()[-1])
+    errs = run_interpreted("-m", "tests.superopt.search.attention_interp_run", str(tmp_path))
     for name, err in errs.items():
         assert not isinstance(err, str), f"{name}: {err}"
         assert math.isfinite(err) and err <= 1e-5, f"{name}: relative error {err:.3e}"  # fp32 tolerance

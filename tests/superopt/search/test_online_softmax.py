@@ -4,13 +4,8 @@ maxes combined by a second kernel — at small odd shapes (3 kv heads × group 2
 Triton render of found μGraphs (fp32, and fp16 with its fp32 softmax) runs in the interpreter."""
 from __future__ import annotations
 
-import json
 import math
-import os
-import subprocess
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,8 +19,8 @@ from superopt.lax.attention import decode_attention_program
 from superopt.search import SearchBudget, superoptimize
 from superopt.search.softmax import cancel_max
 from superopt.verify import check_equivalent
+from tests.interpreter import run_interpreted
 
-ROOT = Path(__file__).resolve().parents[3]
 BUDGET = SearchBudget(max_seconds=40, max_states=200_000, workers=1, verify_top=8)  # every design verified
 SMALL = dict(batch=1, q_heads=6, kv_heads=3, head_dim=16, dtype="float32")
 
@@ -166,11 +161,7 @@ def test_triton_render_of_found_attention_runs_in_the_interpreter(found, tmp_pat
     for name, (prog, g) in cases.items():
         (tmp_path / f"{name}.program.txt").write_text(to_text(prog))
         (tmp_path / f"{name}.ugraph.txt").write_text(to_text(g))
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-m", "tests.superopt.search.attention_interp_run", str(tmp_path)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    errs = json.loads(proc.stdout.strip().splitlines()[-1])
+    errs = run_interpreted("-m", "tests.superopt.search.attention_interp_run", str(tmp_path))
     assert set(errs) == set(cases)
     for name, err in errs.items():
         assert not isinstance(err, str), f"{name}: {err}"

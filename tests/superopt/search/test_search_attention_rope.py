@@ -5,12 +5,7 @@ a small pre kernel, the cache writes as library ops, RoPE on q fused into the at
 Small odd shapes: 3 kv heads × group 2, head_dim 16, cache lengths 73 / 96."""
 from __future__ import annotations
 
-import json
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,8 +15,8 @@ from superopt.ir import to_text
 from superopt.lax.attention import decode_layer_attention_program
 from superopt.search import SearchBudget, superoptimize
 from superopt.verify import check_equivalent
+from tests.interpreter import run_interpreted
 
-ROOT = Path(__file__).resolve().parents[3]
 SMALL = dict(batch=1, q_heads=6, kv_heads=3, head_dim=16)
 
 
@@ -135,11 +130,7 @@ def test_found_design_runs_in_the_triton_interpreter(tmp_path):
         assert best is not program
         (tmp_path / f"{dtype}.program.txt").write_text(to_text(program))
         (tmp_path / f"{dtype}.ugraph.txt").write_text(to_text(best))
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-m", "tests.superopt.search.attention_interp_run", str(tmp_path)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    errs = json.loads(proc.stdout.strip().splitlines()[-1])
+    errs = run_interpreted("-m", "tests.superopt.search.attention_interp_run", str(tmp_path))
     for dtype, tol in (("float32", 1e-5), ("float16", 2e-3)):   # docs/conventions.md tolerance table
         assert not isinstance(errs[dtype], str), errs[dtype]
         assert math.isfinite(errs[dtype]) and errs[dtype] <= tol, f"{dtype}: relative error {errs[dtype]:.3e}"

@@ -10,11 +10,6 @@ fastest with 128 KV splits, so these tests use that shape; the before-design is 
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,6 +21,7 @@ from superopt.ir import check, to_text
 from superopt.search import SearchBudget, superoptimize
 from tests.fixtures.precision import narrow_partials
 from tests.fixtures.ugraphs import FIXTURES
+from tests.interpreter import run_interpreted
 
 SPLITS = 128
 QWEN_B1 = dict(batch=1, q_heads=14, kv_heads=2, head_dim=64, kv_len=4096)
@@ -106,12 +102,7 @@ def test_128_kv_splits_in_fp16_are_within_tolerance_in_the_triton_interpreter(tm
     for name, g in {"wide": wide, "narrow": check(narrow_partials(wide))}.items():
         (tmp_path / f"{name}.program.txt").write_text(to_text(fx.program))
         (tmp_path / f"{name}.ugraph.txt").write_text(to_text(g))
-    root = Path(__file__).resolve().parents[3]
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(root))
-    proc = subprocess.run([sys.executable, "-m", "tests.superopt.search.attention_interp_run", str(tmp_path),
-                           str(SCALE)], cwd=root, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    errs = json.loads(proc.stdout.strip().splitlines()[-1])
+    errs = run_interpreted("-m", "tests.superopt.search.attention_interp_run", str(tmp_path), str(SCALE))
     print(f"fp16 {SPLITS} splits, Triton interpreter: fp32 partials {errs['wide']}, fp16 partials {errs['narrow']}")
     assert not isinstance(errs["wide"], str), errs["wide"]
     assert errs["wide"] <= TOL["float16"]

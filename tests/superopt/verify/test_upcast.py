@@ -10,6 +10,7 @@ from superopt.ir import check, from_text, to_text
 from superopt.verify import check_equivalent
 from superopt.verify.precision import constant_violations, precision_violations
 from superopt.verify.upcast import upcast
+from tests.interpreter import run_interpreted
 
 # HF's RMSNorm of a bf16 model (x.float(), fp32 square / mean / rsqrt, cast back, times the weight)
 PROGRAM = """graph norm_m3
@@ -194,18 +195,8 @@ print(json.dumps(errs))
 
 
 def test_the_widened_kernel_runs_in_the_triton_interpreter_within_bf16_tolerance():
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
 
-    root = Path(__file__).resolve().parents[3]
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(root))
-    proc = subprocess.run([sys.executable, "-c", _INTERP], cwd=root, env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    errs = json.loads(proc.stdout.strip().splitlines()[-1])
+    errs = run_interpreted("-c", _INTERP, timeout=300)
     assert len(errs) == 2 and all(e <= 1e-2 for e in errs), errs   # docs/conventions.md: bf16 1e-2
 
 
