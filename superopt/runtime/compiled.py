@@ -64,6 +64,7 @@ class CompiledGraph:
                                     in_place=frozenset(self.in_place.values()))
         # scatters a kernel stores (store_through): their rows get no buffer, the scatters no launch
         self.stored = {s.scatter for s in self.module.stored}
+        self.written = frozenset(s.cache for s in self.module.stored)  # inputs a kernel writes at offsets
         rows = {ugraph.nodes[s.scatter].args[2] for s in self.module.stored}
         self.compiles = 0   # kernels Triton compiled for this graph in this process (cache misses)
         self.loaded = 0     # kernels Triton loaded from its cache instead
@@ -160,12 +161,11 @@ class CompiledGraph:
         if len(inputs) != len(g.inputs):
             raise TypeError(f"{g.name}: expected {len(g.inputs)} inputs ({', '.join(v.name for v in g.inputs)}), "
                             f"got {len(inputs)}")
-        through = {s.cache for s in self.module.stored}
         for v, t in zip(g.inputs, inputs):
             if t is not None and (tuple(t.shape) != v.type.shape or t.dtype != TORCH_DTYPES[v.type.dtype]):
                 raise ValueError(f"{g.name}: input %{v.name} is {t.dtype}{list(t.shape)}, expected "
                                  f"{v.type.dtype}{list(v.type.shape)}")
-            if t is not None and v.name in through and not t.is_contiguous():  # a kernel writes it at offsets
+            if t is not None and v.name in self.written and not t.is_contiguous():
                 raise ValueError(f"{g.name}: input %{v.name} is written in place by a kernel and must be "
                                  f"contiguous (strides {t.stride()}); allocate it contiguous, as a copy "
                                  f"would take the write")
