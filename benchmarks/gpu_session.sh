@@ -6,7 +6,7 @@
 # and the tars at the end need a few seconds); a step with under 20 s left is skipped.
 # (environment: MIRAGE_SERVE_PDL, MIRAGE_SERVE_PAIRED_LAUNCH, MIRAGE_SERVE_FUSED_RESIDUAL, NEW_TOKENS, LLAMA_BATCH, BASELINES; overhead: OVERHEAD (MODEL:BATCH ...); unship: UNSHIP (MODEL:LABELS ..., shipped entries to delete in this copy, so later steps search them); warm: WARM_MODELS, WARM_BATCH; it leaves $OUT/shipped.tar,
 # entries in kernels_cache/ form to untar into the repo's kernels_cache/; blocks: BLOCKS_LIMIT (s, default 400), BLOCKS_SUITE (llama, paper, all), BLOCKS_ONLY (row label substrings), BLOCKS_DTYPES (the paper suite's), BLOCKS_WORKERS (build processes, default 12); attn-choice: ATTN_MODEL, ATTN_BATCH ("1 8"), ATTN_PROMPT; bench: BENCH_MODELS, BENCH_BATCH (default 1,8), BENCH_BASELINES (default static-compile), BENCH_LIMIT (s a model, default 420), a JSON a model and run; pytest: PYTEST_TARGETS, the GPU tests to run, PYTEST_LIMIT (s, default 300)). The kernel cache is $MIRAGE_SERVE_CACHE_DIR
-# (default /tmp/ms_cache) while running and is tarred to $OUT/cache.tar at the end,
+# (default /tmp/ms_cache) while running; the files the call wrote are tarred to $OUT/cache_new.tar at the end,
 # so searched μGraphs found on the GPU can be brought back (for kernels_cache/); a cache.tar in the
 # working directory is restored first. To run exactly a commit while others edit the tree, archive it
 # into an ignored folder and carry that: `git archive HEAD | tar -x -C .clean`, then `cd .clean && ...`
@@ -16,6 +16,7 @@ export PYTHONUNBUFFERED=1
 OUT=${OUT:?set OUT}
 export MIRAGE_SERVE_CACHE_DIR=${MIRAGE_SERVE_CACHE_DIR:-/tmp/ms_cache}
 [ -f cache.tar ] && tar -C / -xf cache.tar && echo "gpu_session: kernel cache restored from cache.tar"
+mkdir -p "$MIRAGE_SERVE_CACHE_DIR"; touch "$OUT/.restored"  # what is newer than this is what the call added
 python -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || tail -5 "$OUT/install.log"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 python -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
@@ -140,7 +141,10 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-tar -C / -cf "$OUT/cache.tar" "${MIRAGE_SERVE_CACHE_DIR#/}" 2>/dev/null
+# Only the entries this call wrote come back (a whole cache passes the device tool's size limit on what it
+# returns): $OUT/cache_new.tar, to untar over the cache.tar that was restored.
+(cd / && find "${MIRAGE_SERVE_CACHE_DIR#/}" -newer "$OUT/.restored" -type f -print | tar -cf "$OUT/cache_new.tar" -T -)
+rm -f "$OUT/.restored"
 # The device tool brings back at most 8 files from $OUT: everything but the tars goes into logs.tar
 # (logs.2.tar, ... when an earlier run of this script in the same command left one).
 logs=logs.tar; n=2
