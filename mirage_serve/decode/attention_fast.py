@@ -268,7 +268,7 @@ class FastAttention:
                 # never reached by the decode runner (it runs each new shape eagerly first)
                 return Decision("hand-written", "a new shape met inside a CUDA-graph capture"), None
             decision = self.search.decide(shape, lambda: self.search.graph(shape, step[0].device),
-                                          lambda graph: self._time(step, graph))
+                                          lambda graph: self._time(step, graph), step[0].device)
         graph = self.search.graph(shape, step[0].device) if decision.kernel == "searched" else None
         return decision, graph
 

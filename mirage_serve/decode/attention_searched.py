@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 from dataclasses import dataclass, replace
 
 import torch
@@ -62,12 +63,20 @@ class Shape:
         return replace(self, batch=0, capacity=0)
 
 
+# A profile where the hand-written reference took at most this share of the searched μGraph's time decides a
+# larger capacity of the same rows and heads without a search (``AttentionSearch._carried``). Measured on H100
+# (Llama-3.1-8B / -3.2-3B, 256 slots): 0.50–0.65.
+CARRY_MARGIN = 0.8
+
+
 @dataclass(frozen=True)
 class Decision:
-    """Which kernels run a shape's decode attention, and why."""
+    """Which kernels run a shape's decode attention, and why; with the profile's times where one ran."""
 
     kernel: str   # "searched" or "hand-written"
     why: str
+    searched_us: float | None = None
+    reference_us: float | None = None
 
 
 class SearchedGraph:
@@ -148,6 +157,7 @@ class AttentionSearch:
         self._graphs: dict[Shape, SearchedGraph | str] = {}
         self._seeds: dict[Shape, object] = {}   # Shape.family() -> SearchResult, re-instantiated at new shapes
         self._decisions: dict[Shape, Decision] = {}
+        self._profiles: dict[Shape, tuple[float, float]] = {}  # (searched µs, reference µs) this process measured
 
     def graph(self, shape: Shape, device: torch.device) -> SearchedGraph | str:
         """The built μGraph of ``shape`` (choosing it the first time), or why there is none."""
@@ -245,13 +255,18 @@ class AttentionSearch:
     def decision(self, shape: Shape) -> Decision | None:
         return self._decisions.get(shape)
 
-    def decide(self, shape: Shape, graph, timed) -> Decision:
+    def decide(self, shape: Shape, graph, timed, device: torch.device | None = None) -> Decision:
         """Which kernels run ``shape``: the searched μGraph unless there is none, the mode says otherwise,
         or ``timed(graph)`` (-> (searched µs, hand-written µs), or None where no GPU can time them) finds the
         hand-written reference faster. ``graph()`` gives the built μGraph or why there is none; it is not called
-        where the mode is 'hand-written' (choosing a μGraph is a search on a cold cache: seconds to a minute)."""
+        where the mode is 'hand-written' (choosing a μGraph is a search on a cold cache: seconds to a minute), nor
+        where a profile at a smaller capacity decides (``_carried``). ``device``: the model's, under which a
+        profile's times are kept in the kernel cache for later processes (None: this process only)."""
+        carried = self._carried(shape, device) if self.mode == "profiled" else None
         if self.mode == "hand-written":
             d = Decision("hand-written", "PatchOptions.attention='hand-written'")
+        elif carried is not None:
+            d = carried
         else:
             built = graph()
             if isinstance(built, str):
@@ -260,9 +275,74 @@ class AttentionSearch:
                 d = Decision("searched", f"{built.describe()} (PatchOptions.attention='searched')")
             else:
                 d = _profiled(built, lambda: timed(built))
+                if d.reference_us is not None:
+                    self._keep_profile(shape, d, device)
         self._decisions[shape] = d
         log.info("mirage_serve: decode attention %s runs the %s kernels: %s", _label(shape), d.kernel, d.why)
         return d
+
+
+    # ------------------------------------------------------------ profiles carried to longer caches
+    def _carried(self, shape: Shape, device: torch.device | None) -> Decision | None:
+        """The reference, unsearched, where the profile nearest below ``shape``'s capacity (same rows, heads,
+        dtype: this process's or one kept in the cache) timed it at most ``CARRY_MARGIN`` of the searched
+        μGraph's time; None where no such profile exists or the nearest one was closer (then the shape is
+        chosen and profiled as usual). Why a longer cache keeps the order: the searched program reads every
+        slot of the static cache, masked, and the reference stops at the position, so the searched μGraph's
+        reads grow with the capacity at least as fast as the reference's, and neither launches more."""
+        below = {c for c in _SIBLING_CAPACITIES if c < shape.capacity}
+        below |= {s.capacity for s in self._profiles if s.capacity < shape.capacity
+                  and replace(s, capacity=shape.capacity) == shape}
+        for capacity in sorted(below, reverse=True):
+            other = replace(shape, capacity=capacity)
+            times = self._profiles.get(other) or self._stored_profile(other, device)
+            if times is None:
+                continue
+            searched, reference = times
+            if reference > CARRY_MARGIN * searched:
+                return None
+            return Decision("hand-written", f"the hand-written reference timed {reference:.1f} µs against the "
+                                            f"searched μGraph's {searched:.1f} µs at cache {capacity} with these rows "
+                                            f"and heads; a longer cache keeps that order, so cache "
+                                            f"{shape.capacity} is not searched")
+        return None
+
+    def _keep_profile(self, shape: Shape, d: Decision, device: torch.device | None) -> None:
+        """Remember a profile's times for ``_carried``: in this process, and in the meta of ``shape``'s cache
+        entry where this user signed it (``_stored_profile`` believes no other: a shipped or imported entry's times
+        are anyone's claim)."""
+        self._profiles[shape] = (d.searched_us, d.reference_us)
+        if self.cache is None or device is None:
+            return
+        from ..cache import CacheWarning
+
+        key = self._key(shape, shape.program(), device)
+        try:
+            with self.cache.lock(key):
+                entry = self.cache.get(key, count=False)
+                if entry is None or not entry.signed:
+                    return
+                times = {"searched_us": round(d.searched_us, 2), "reference_us": round(d.reference_us, 2),
+                         "device": _device_name(device)}
+                self.cache.put(key, replace(entry, origin="", meta={**entry.meta, "versus_reference": times}),
+                               replace_existing=True)
+        except (OSError, ValueError, TimeoutError) as e:  # a profile not kept must not fail the step
+            warnings.warn(f"mirage_serve cache: the attention profile of {key.dirname()} not kept ({e})",
+                          CacheWarning, stacklevel=2)
+
+    def _stored_profile(self, shape: Shape, device: torch.device | None) -> tuple[float, float] | None:
+        """(searched µs, reference µs) an earlier process kept for ``shape`` on this kind of device, or None."""
+        if self.cache is None or device is None:
+            return None
+        entry = self.cache.get(self._key(shape, shape.program(), device), count=False)
+        times = entry.meta.get("versus_reference") if entry is not None and entry.signed else None
+        if not isinstance(times, dict) or times.get("device") != _device_name(device):
+            return None
+        return float(times["searched_us"]), float(times["reference_us"])
+
+
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
 
 
 def _profiled(graph: SearchedGraph, timed) -> Decision:
@@ -275,8 +355,9 @@ def _profiled(graph: SearchedGraph, timed) -> Decision:
         return Decision("searched", f"{graph.describe()} (not timed: no GPU)")
     if us[1] < us[0]:
         return Decision("hand-written", f"the hand-written reference timed faster: {us[1]:.1f} µs against the "
-                                        f"searched μGraph's {us[0]:.1f} µs ({graph.describe()})")
-    return Decision("searched", f"{graph.describe()}: {us[0]:.1f} µs, the hand-written reference {us[1]:.1f} µs")
+                                        f"searched μGraph's {us[0]:.1f} µs ({graph.describe()})", *us)
+    return Decision("searched", f"{graph.describe()}: {us[0]:.1f} µs, the hand-written reference {us[1]:.1f} µs",
+                    *us)
 
 
 # Where ``_stored_seed`` looks: the decode buckets, and the capacities the owned caches take (multiples of

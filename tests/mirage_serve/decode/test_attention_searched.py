@@ -140,3 +140,72 @@ def test_a_new_process_reinstantiates_the_structures_an_earlier_one_searched(tmp
     assert again.source == "reinstantiated" and again.graph.num_kernels == chosen.graph.num_kernels
     assert later._stored_seed(Shape(1, 4, 2, 16, 256, "float32", 0.5, None, None), torch.device("cpu"),
                               "sm_90") is None  # another scale: another family, nothing stored
+
+
+def _unbuildable():
+    raise AssertionError("a μGraph was chosen (a search on a cold cache) where a smaller capacity decides")
+
+
+@pytest.mark.parametrize("us,carried", [((9.3, 6.0), True), ((9.0, 8.0), False), ((9.0, 10.0), False)])
+def test_a_reference_that_won_clearly_decides_longer_caches_unsearched(us, carried):
+    search = AttentionSearch(None, 0, True)
+    small = Shape(1, 4, 2, 16, 256, "bfloat16", 0.25, None, None)
+    search.decide(small, _Graph, lambda graph: us)
+    longer = Shape(1, 4, 2, 16, 768, "bfloat16", 0.25, None, None)
+    built = []
+    d = search.decide(longer, lambda: built.append(1) or _Graph(), lambda graph: (5.0, 4.0))
+    assert built == ([] if carried else [1])
+    if carried:
+        assert d.kernel == "hand-written" and d.searched_us is None
+        assert "6.0 µs against the searched μGraph's 9.3 µs at cache 256" in d.why and "768 is not searched" in d.why
+
+
+@pytest.mark.parametrize("other", [
+    Shape(1, 4, 2, 16, 128, "bfloat16", 0.25, None, None),   # a shorter cache: the order may turn
+    Shape(8, 4, 2, 16, 768, "bfloat16", 0.25, None, None),   # other rows: other designs
+    Shape(1, 4, 2, 16, 768, "float16", 0.25, None, None),    # another dtype
+])
+def test_only_a_longer_cache_of_the_same_rows_and_heads_is_carried(other):
+    search = AttentionSearch(None, 0, True)
+    search.decide(Shape(1, 4, 2, 16, 256, "bfloat16", 0.25, None, None), _Graph, lambda graph: (9.3, 6.0))
+    built = []
+    search.decide(other, lambda: built.append(1) or _Graph(), lambda graph: (5.0, 4.0))
+    assert built == [1]
+
+
+@pytest.mark.parametrize("mode", ["searched", "hand-written"])
+def test_a_forced_mode_is_never_carried(mode):
+    search = AttentionSearch(None, 0, True, mode)
+    search._profiles[Shape(1, 4, 2, 16, 256, "bfloat16", 0.25, None, None)] = (9.3, 6.0)
+    d = search.decide(Shape(1, 4, 2, 16, 768, "bfloat16", 0.25, None, None), _Graph, lambda graph: (1.0, 2.0))
+    assert d.kernel == mode and "not searched" not in d.why
+
+
+def test_a_later_process_carries_the_profile_its_user_signed_and_no_other(tmp_path):
+    from dataclasses import replace as replaced
+
+    from mirage_serve.cache import CacheEntry, KernelCache
+    from superopt.ir.text import to_text
+
+    cpu = torch.device("cpu")
+    small = Shape(1, 4, 2, 16, 256, "float32", 0.25, None, None)
+    longer = replaced(small, capacity=1024)
+    cache = KernelCache(tmp_path / "kc")
+    first = AttentionSearch(cache, 0, True)
+    key = first._key(small, small.program(), cpu)
+    cache.put(key, CacheEntry(to_text(small.program()), {}, {}, {"verified": True}))
+    first.decide(small, _Graph, lambda graph: (9.3, 6.0), cpu)
+    kept = cache.get(key).meta["versus_reference"]
+    assert kept == {"searched_us": 9.3, "reference_us": 6.0, "device": "cpu"}
+
+    later = AttentionSearch(KernelCache(tmp_path / "kc"), 0, True)
+    d = later.decide(longer, _unbuildable, lambda graph: (5.0, 4.0), cpu)
+    assert d.kernel == "hand-written" and "at cache 256" in d.why
+    # the same times in an entry this user did not sign (here: shipped with the package) decide nothing
+    assert cache.export_shipped(tmp_path / "shipped") == 1
+    shipped = KernelCache(tmp_path / "empty", shipped_dir=tmp_path / "shipped")
+    assert shipped.get(key).meta["versus_reference"] == kept and not shipped.get(key).signed
+    built = []
+    AttentionSearch(shipped, 0, True).decide(longer, lambda: built.append(1) or _Graph(),
+                                              lambda graph: (5.0, 4.0), cpu)
+    assert built == [1]
