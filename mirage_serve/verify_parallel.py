@@ -72,10 +72,29 @@ def _workers() -> int:
         return os.cpu_count() or 1
 
 
+def _one_blas_thread() -> None:
+    """Pool initializer: each worker's BLAS on one thread. The pool already runs a process per core, and the
+    OpenBLAS that numpy loaded in the parent starts a thread per core in every forked worker (15 × 16 spinning
+    threads on a 16-core host), so the float64 limb matmuls of the trials fought for the cores: Llama-3.1-8B's 12
+    shipped μGraphs verified in 13.7 s with the default, 8.9 s with one thread, on 2 cores
+    (``benchmarks/verify_first_use.py``). threadpoolctl finds whichever BLAS and OpenMP runtimes are loaded; an
+    environment without it (a GPU host's own, installed with --no-deps) keeps the default."""
+    global _limits
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return
+    _limits = threadpool_limits(1)  # held for the worker's life
+
+
+_limits = None
+
+
 def _get_pool() -> ProcessPoolExecutor:
     global _pool
     if _pool is None:
-        _pool = ProcessPoolExecutor(max(2, _workers() - 1), mp_context=multiprocessing.get_context("fork"))
+        _pool = ProcessPoolExecutor(max(2, _workers() - 1), mp_context=multiprocessing.get_context("fork"),
+                                    initializer=_one_blas_thread)
         atexit.register(_pool.shutdown, wait=False, cancel_futures=True)
     return _pool
 

@@ -58,3 +58,16 @@ def test_a_prefetched_check_is_the_same_check_and_rejects_a_forgery():
     assert not verify_parallel._pending
     assert not bad.equivalent and "independent trial" in bad.reason
     assert good.equivalent and good.error_bound <= verify_parallel.TARGET_BOUND
+
+
+def _blas_threads() -> list[int]:
+    from threadpoolctl import threadpool_info
+    return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+
+
+def test_each_worker_runs_its_blas_on_one_thread():
+    # a thread per core in each of a process per core fought for the cores (13.7 s against 8.9 s on 2)
+    pytest.importorskip("threadpoolctl")
+    import numpy  # noqa: F401  (BLAS loaded before the fork, as in patch())
+    threads = verify_parallel._get_pool().submit(_blas_threads).result()
+    assert threads and set(threads) == {1}, threads
