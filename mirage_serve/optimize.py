@@ -60,12 +60,18 @@ class Verification:
 
 
 def default_budget(budget, backend: str):
-    """``search_budget=None``: the search's own default on GPU, a short search on the torch backend."""
-    if budget is not None or backend != "torch":
+    """``search_budget=None``: the search's own default on GPU, its block searches spread over a worker process per
+    core but one (as the verification's, ``verify_parallel``), and a short search in this process on the torch
+    backend. The workers change how fast a search ends, not what it finds: each block search keeps its own state
+    budget and the results are merged in key order (``superopt.search.driver``). Qwen3-8B's decode attention at
+    b1: 48.9 s of block searches in one process, 30.4 s in two, on 2 cores, the same 31 candidates."""
+    if budget is not None:
         return budget
     from superopt.search import SearchBudget  # the search and the verifier load on first use
 
-    return SearchBudget(max_seconds=float("inf"), max_states=CPU_SEARCH_STATES)
+    if backend == "torch":
+        return SearchBudget(max_seconds=float("inf"), max_states=CPU_SEARCH_STATES)
+    return SearchBudget(workers=max(1, verify_parallel.cores() - 1))
 
 
 def choose(program: KernelGraph, *, budget, arch: str, cache=None, key=None, seed=None, pick=None,

@@ -65,7 +65,8 @@ def trials_for(eps: float) -> int:
     return max(MIN_TRIALS, min(TRIALS, math.ceil(math.log(TARGET_BOUND) / math.log(eps) - 1e-9)))
 
 
-def _workers() -> int:
+def cores() -> int:
+    """The cores this process may run on."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:   # not Linux
@@ -93,7 +94,7 @@ _limits = None
 def _get_pool() -> ProcessPoolExecutor:
     global _pool
     if _pool is None:
-        _pool = ProcessPoolExecutor(max(2, _workers() - 1), mp_context=multiprocessing.get_context("fork"),
+        _pool = ProcessPoolExecutor(max(2, cores() - 1), mp_context=multiprocessing.get_context("fork"),
                                     initializer=_one_blas_thread)
         atexit.register(_pool.shutdown, wait=False, cancel_futures=True)
     return _pool
@@ -114,7 +115,7 @@ def _task(program: KernelGraph, candidate: KernelGraph, seed: int, trials: int, 
 def _parallel(program: KernelGraph, min_elements: int | None) -> bool:
     least = MIN_ELEMENTS if min_elements is None else min_elements
     large = sum(v.type.numel for v in program.inputs) >= least
-    return large and _workers() >= 2 and "fork" in multiprocessing.get_all_start_methods()
+    return large and cores() >= 2 and "fork" in multiprocessing.get_all_start_methods()
 
 
 def _compile(text: str, launch, pdl: bool, target) -> int | str:
