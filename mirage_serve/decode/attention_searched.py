@@ -64,8 +64,8 @@ class Shape:
 
 
 # A profile where the hand-written reference took at most this share of the searched μGraph's time decides a
-# larger capacity of the same rows and heads without a search (``AttentionSearch._carried``). Measured on H100
-# (Llama-3.1-8B / -3.2-3B, 256 slots): 0.50–0.65.
+# larger capacity of the same rows and heads without a search (``AttentionSearch._carried``). What H100 profiles
+# measured (Llama-3.1-8B, Llama-3.2-3B, Mistral-7B, Qwen2.5-7B; 256–512 slots, b1 and b8): 0.17–0.65.
 CARRY_MARGIN = 0.8
 
 
@@ -280,7 +280,6 @@ class AttentionSearch:
         self._decisions[shape] = d
         log.info("mirage_serve: decode attention %s runs the %s kernels: %s", _label(shape), d.kernel, d.why)
         return d
-
 
     # ------------------------------------------------------------ profiles carried to longer caches
     def _carried(self, shape: Shape, device: torch.device | None) -> Decision | None:
