@@ -87,7 +87,11 @@ class SearchedGraph:
         # every input given per call; planned once (``CompiledGraph.bind``), so an eager step pays no per-call
         # input checks or environment building: ``Shape`` already fixes what a call hands in
         self.run = compiled.bind([None] * len(choice.graph.inputs))
-        self.launches = compiled.launches  # the cache writes a kernel stores launch nothing (store_through)
+        # the cache writes a kernel stores launch nothing (store_through), nor does the length its last kernel counts
+        self.launches = compiled.launches
+        # what the last kernel counts where the caller has no counter of its own (a cache indexed by HF's
+        # cache_position): advancing it changes nothing anyone reads
+        self._scratch = torch.zeros(1, dtype=torch.int64, device=compiled.device)
         self.kernels = sum(n.op == "customized" for n in choice.graph.nodes)
 
     def describe(self) -> str:
@@ -96,7 +100,9 @@ class SearchedGraph:
         return (f"μGraph {where.get(self.choice.source, self.choice.source)}: {self.kernels} generated kernels, "
                 f"{self.launches} launches")
 
-    def __call__(self, q, k, v, cos, sin, keys, values, pos, mask, norms=None) -> torch.Tensor:
+    def __call__(self, q, k, v, cos, sin, keys, values, pos, mask, norms=None, advance=None) -> torch.Tensor:
+        """The attention output [b, Hq·d]; ``advance``: the cache's device-side length, which the graph adds one to
+        (``CompiledGraph(counter="pos")``: in its last kernel where that is legal)."""
         s = self.shape
         b, d = s.batch, s.head_dim
         rot = [t.view(t.shape[0], 1, 1, d).expand(b, 1, 1, d) for t in (cos, sin)]
@@ -104,7 +110,7 @@ class SearchedGraph:
                keys, values, pos.view(1), additive_mask(mask, b, keys.dtype, pos)]
         if s.qk_norm_eps is not None:
             ins += list(norms)
-        return self.run(*ins)[0].view(b, s.q_heads * d)
+        return self.run(*ins, self._scratch if advance is None else advance)[0].view(b, s.q_heads * d)
 
 
 class _Additive:
@@ -189,7 +195,7 @@ class AttentionSearch:
             self._seeds.setdefault(shape.family(), choice.result)
         try:
             compiled = compile_graph(choice.graph, device=device, launch=choice.launch, pdl=self.pdl,
-                                     in_place=("k_cache", "v_cache"))
+                                     in_place=("k_cache", "v_cache"), counter="pos")
         except Exception as e:
             return f"its {choice.source} μGraph did not build: {type(e).__name__}: {e}".splitlines()[0]
         built = SearchedGraph(shape, choice, compiled)

@@ -34,6 +34,7 @@ from ..ir import (BlockGraph, Category, KernelGraph, Node, Variance, block_varia
                   reduced_axes)
 from ..ir.chain import Chain, chains
 from .common import identifier
+from .counted import counting_kernel
 from .store_through import StoreThrough, stores_through
 from .triton_block import BlockWriter, deferred_sums, tile_mask
 
@@ -59,12 +60,14 @@ class KernelSpec:
                                # launch leaves them (and the workspaces) so
     tail: int = -1             # the consumer node this kernel also runs (``ir.chain``), or -1: then
                                # ``args`` / ``outs`` continue with the consumer's
+    counts: bool = False       # also adds one to the caller's int64 call counter ``n`` (``codegen.counted``)
 
     def params(self) -> list[str]:
         """The launcher's tensor parameters, in order (one instance's; ``paired`` takes them twice)."""
         ins = [f"a{j}" for j in range(len(self.args))]
         outs = [f"o{j}" for j in range(len(self.outs))]
-        return ins + outs + [f"w{j}" for j in self.workspaces] + (["c"] if self.counters else [])
+        return (ins + outs + [f"w{j}" for j in self.workspaces] + (["c"] if self.counters else [])
+                + (["n"] if self.counts else []))
 
 
 def kernel_param_dtypes(spec: KernelSpec, g: KernelGraph) -> dict[str, str]:
@@ -74,6 +77,8 @@ def kernel_param_dtypes(spec: KernelSpec, g: KernelGraph) -> dict[str, str]:
     out.update({f"w{j}_ptr": "float32" for j in spec.workspaces})
     if spec.counters:
         out["c_ptr"] = "int32"
+    if spec.counts:
+        out["n_ptr"] = "int64"
     return out
 
 
@@ -85,6 +90,7 @@ class TritonModule:
     graph: KernelGraph
     pdl: bool = False  # every kernel waits for its predecessor first: launch it with ``launch_pdl``
     stored: tuple[StoreThrough, ...] = ()  # scatters their producer kernels store (``store_through``): not run
+    counting: int | None = None  # the node whose kernel advances the caller's call counter (``counted``), if any
 
 
 # Programmatic dependent launch (sm_90+, superopt.runtime.grid_dependency): a kernel rendered with
@@ -95,7 +101,7 @@ PDL_SIGNAL = "tl.extra.cuda.gdc_launch_dependents()"
 
 def render_triton(ugraph: KernelGraph, prefetch: frozenset[str] = frozenset(), paired: bool = False,
                   chain: frozenset[str] = frozenset(), pdl: bool = False,
-                  in_place: frozenset[str] = frozenset()) -> TritonModule:
+                  in_place: frozenset[str] = frozenset(), counted: str | None = None) -> TritonModule:
     """Render every customized op of ``ugraph``; library ops are left to the runtime.
 
     Kernels named in ``prefetch`` load the next iteration's tiles before this iteration's work
@@ -110,7 +116,9 @@ def render_triton(ugraph: KernelGraph, prefetch: frozenset[str] = frozenset(), p
     signal its successor (``PDL_WAIT``, ``PDL_SIGNAL``; why that order is safe next to any neighbour:
     ``superopt.runtime.grid_dependency``); the module is then launched with dependent launch.
     ``in_place``: inputs the runtime lets the graph write; a scatter of a kernel's row into one of them is
-    stored by that kernel where ``store_through`` finds it legal (``TritonModule.stored``)."""
+    stored by that kernel where ``store_through`` finds it legal (``TritonModule.stored``). ``counted``: the graph
+    input a caller's call counter may be; the last kernel advances the counter where ``counted.counting_kernel``
+    finds it legal (``TritonModule.counting``; else the caller counts after the graph). Never with ``paired``."""
     base = identifier(ugraph.name)
     parts = ["import torch", "import triton", "import triton.language as tl",
              "from torch.library import wrap_triton", ""]
@@ -118,16 +126,19 @@ def render_triton(ugraph: KernelGraph, prefetch: frozenset[str] = frozenset(), p
     runs = {idx: c for idx, c in legal.items() if f"{base}_k{idx}" in chain}
     consumed = {c.consumer for c in runs.values()}
     stored = () if paired or not in_place else stores_through(ugraph, in_place, frozenset(runs) | consumed)
-    kernels = []
-    for idx, n in enumerate(ugraph.nodes):
-        if n.op != "customized" or idx in consumed:
-            continue
+
+    def render(idx: int, counts: bool = False) -> tuple[KernelSpec, str]:
         name = f"{base}_k{idx}"
-        through = [s for s in stored if s.kernel == idx]
-        spec, text = _render_kernel(name, idx, n, ugraph, name in prefetch, paired, runs.get(idx), pdl, through)
-        kernels.append(spec)
-        parts.append(text)
-    return TritonModule(base, "\n".join(parts), kernels, ugraph, pdl, stored)
+        return _render_kernel(name, idx, ugraph.nodes[idx], ugraph, name in prefetch, paired, runs.get(idx), pdl,
+                              [s for s in stored if s.kernel == idx], counts)
+    rendered = {idx: render(idx) for idx, n in enumerate(ugraph.nodes) if n.op == "customized" and idx not in consumed}
+    counting = None if paired or counted is None else \
+        counting_kernel(ugraph, counted, {idx: spec.args for idx, (spec, _) in rendered.items()}, frozenset(consumed))
+    if counting is not None:
+        rendered[counting] = render(counting, counts=True)
+    kernels = [spec for spec, _ in rendered.values()]
+    parts += [text for _, text in rendered.values()]
+    return TritonModule(base, "\n".join(parts), kernels, ugraph, pdl, stored, counting)
 
 
 def _narrow(node: Node, g: KernelGraph) -> str | None:
@@ -138,7 +149,7 @@ def _narrow(node: Node, g: KernelGraph) -> str | None:
 
 def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph, prefetch: bool = False,
                    paired: bool = False, chain: Chain | None = None, pdl: bool = False,
-                   through: list[StoreThrough] | None = None) -> tuple[KernelSpec, str]:
+                   through: list[StoreThrough] | None = None, counts: bool = False) -> tuple[KernelSpec, str]:
     """One customized op as a @triton.jit kernel and its launcher.
 
     ``prefetch``: the loop's tiles are loaded one iteration ahead (iteration 0's before the loop,
@@ -150,7 +161,8 @@ def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph, prefetch: b
     it takes the consumer's other arguments after its own and writes the consumer's outputs after
     its own. ``through``: outputs stored at a slot of an in-place input, and input rows copied to one as
     an output is tiled (``store_through``): the kernel writes those inputs (outputs after its own for the
-    copies), and takes the slot's index and the copied rows as arguments after its own."""
+    copies), and takes the slot's index and the copied rows as arguments after its own. ``counts``: when its work is
+    done, block (0, 0, 0) adds one to the int64 counter it takes last (``codegen.counted``)."""
     b: BlockGraph = node.block
     k = BlockWriter(b, _narrow(node, g))
     if pdl:  # before any load or store: nothing is touched until the predecessor is complete
@@ -175,7 +187,7 @@ def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph, prefetch: b
     spec = KernelSpec(kname, f"launch_{kname}", idx, tuple(b.grid), args, outs,
                       tuple(j for j, a in enumerate(atomic) if a), max(1, b.block_threads // 32),
                       default_stages(b) or 1, paired, sum(tiles) + (chain.groups if chain else 0),
-                      chain.consumer if chain else -1)
+                      chain.consumer if chain else -1, counts)
     params = [f"{p_}_ptr" for p_ in spec.params()]
     grid = tuple(b.grid)
     pids = [a for a in range(3) if b.grid[a] > 1]
@@ -214,6 +226,9 @@ def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph, prefetch: b
         k.finish_sums([(j, o, node.outs[j].type.shape) for j, o in enumerate(b.outputs) if reduced[j] == r], r, first)
     if chain is not None:
         _emit_chained(k, chain, g, len(node.args), len(node.outs), sum(tiles))
+    if counts:  # nothing in this kernel reads the counter (``counted``): no other block waits for this store
+        k.emit("if (tl.program_id(0) == 0) & (tl.program_id(1) == 0) & (tl.program_id(2) == 0):", 1)
+        k.emit("tl.store(n_ptr, tl.load(n_ptr) + 1)", 2)
     body = "\n".join(k.lines) if k.lines else "    pass"
     text = f"@triton.jit\ndef {kname}({', '.join(params)}):\n{body}\n"
     spec = dataclasses.replace(spec, grid=grid)

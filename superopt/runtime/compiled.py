@@ -17,6 +17,11 @@ step neither copies its cache nor holds a second one (the input may have no othe
 the written row is a kernel's output, that kernel stores it at the slot itself and the scatter
 launches nothing (``codegen.store_through``).
 
+``counter`` names the input a caller's int64 call counter may be (a KV cache's device-side length, which is also
+the position its writes go to): every call then takes that counter (``count=``, or the bound call's last
+argument) and adds one to it after the graph's work, in its last kernel where that is legal (``codegen.counted``),
+else as one more launch.
+
 The Python module that runs is always the one rendered here from the μGraph: no caller can hand
 in source text to execute instead (a cache stores none; see docs/architecture.md, "Cache trust").
 Stored binaries are matched to it by Triton's own hash of the rendered source, so a binary built
@@ -46,11 +51,13 @@ _VIEWS = ("reshape", "transpose", "slice")
 
 
 class CompiledGraph:
-    """Callable: ``compiled(*inputs, out=None) -> list[Tensor]`` (inputs in ``ugraph.inputs`` order)."""
+    """Callable: ``compiled(*inputs, out=None, count=None) -> list[Tensor]`` (inputs in ``ugraph.inputs`` order;
+    ``count``: the call counter, with ``counter``)."""
 
     def __init__(self, ugraph: KernelGraph, device: str | torch.device = "cuda",
                  launch: dict[str, Launch] | None = None, cache_dir=None,
-                 binaries: dict[str, bytes] | None = None, pdl: bool = True, in_place: Sequence[str] = ()):
+                 binaries: dict[str, bytes] | None = None, pdl: bool = True, in_place: Sequence[str] = (),
+                 counter: str | None = None):
         self.graph = check(ugraph)
         self.in_place = _in_place_scatters(self.graph, in_place)  # node index -> the input it writes
         self.device = torch.device(device)
@@ -61,7 +68,9 @@ class CompiledGraph:
         # seed Triton's cache, which uses them where their hash matches this source.
         self.pdl = applies(self.device, pdl)
         self.module = render_triton(ugraph, prefetched(launch), chain=chained(launch), pdl=self.pdl,
-                                    in_place=frozenset(self.in_place.values()))
+                                    in_place=frozenset(self.in_place.values()), counted=counter)
+        # the call counter: advanced by this node's kernel (``codegen.counted``), or by an add after the graph
+        self.counter, self.counting = counter, self.module.counting
         # scatters a kernel stores (store_through): their rows get no buffer, the scatters no launch
         self.stored = {s.scatter for s in self.module.stored}
         self.written = frozenset(s.cache for s in self.module.stored)  # inputs a kernel writes at offsets
@@ -133,9 +142,10 @@ class CompiledGraph:
     @property
     def launches(self) -> int:
         """Launches a call makes: kernels (a chain's consumer runs in its producer's) and library ops, less
-        views, constants and the scatters a kernel stores (``codegen.store_through``)."""
+        views, constants and the scatters a kernel stores (``codegen.store_through``); with the call counter's add
+        where no kernel counts (``codegen.counted``)."""
         return sum(n.op not in (*_VIEWS, "const") and i not in self.tails and i not in self.stored
-                   for i, n in enumerate(self.graph.nodes))
+                   for i, n in enumerate(self.graph.nodes)) + (self.counter is not None and self.counting is None)
 
     @property
     def source(self) -> str:
@@ -170,9 +180,12 @@ class CompiledGraph:
                                  f"contiguous (strides {t.stride()}); allocate it contiguous, as a copy "
                                  f"would take the write")
 
-    def __call__(self, *inputs: torch.Tensor, out: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
+    def __call__(self, *inputs: torch.Tensor, out: Sequence[torch.Tensor] | None = None,
+                 count: torch.Tensor | None = None) -> list[torch.Tensor]:
         g = self.graph
         self._check_inputs(inputs)
+        if (count is None) != (self.counter is None):
+            raise TypeError(f"{g.name}: count= is the call counter of a graph built with counter=, and only of one")
         env: dict[str, torch.Tensor] = dict(zip((v.name for v in g.inputs), inputs))
         targets = dict(self.pool)
         direct = {}
@@ -197,11 +210,14 @@ class CompiledGraph:
                 op, spec, launch = self.kernels[idx]
                 args = [self._arg(idx, j, env[a]) for j, a in enumerate(spec.args)]
                 outs = [env[v] if v in env else targets[v] for v in spec.outs]  # an input: a stored-through cache
-                op(*args, *outs, *self.finish_args(idx), launch.num_warps, launch.num_stages)
+                counts = [count] if spec.counts else []
+                op(*args, *outs, *self.finish_args(idx), *counts, launch.num_warps, launch.num_stages)
                 env.update(zip(spec.outs, outs))
             else:
                 run_library(n, [env[a] for a in n.args], targets[n.out.name])
                 env[n.out.name] = targets[n.out.name]
+        if count is not None and self.counting is None:
+            count.add_(1)
         for name, t in direct.items():
             t.copy_(env[name])
             env[name] = t
@@ -210,7 +226,8 @@ class CompiledGraph:
     def bind(self, fixed: Sequence[torch.Tensor | None]) -> Callable[..., list[torch.Tensor]]:
         """A thinner call for a caller that passes the same tensors for some inputs on every call
         (a layer's weights): ``fixed[i]`` is input i's tensor, or None for an input given per call;
-        the result takes the per-call inputs, in order, and returns what ``__call__`` returns.
+        the result takes the per-call inputs, in order (then the call counter, with ``counter``), and returns what
+        ``__call__`` returns.
 
         Without CUDA graphs a decode step pays this call's host time once per site per layer, so
         the work that does not change between calls is done here, once: shapes and dtypes of the
@@ -228,6 +245,10 @@ class CompiledGraph:
         for v, t in zip(g.inputs, fixed):
             if t is not None:
                 plan.add(v.name, t)
+        counted = [] if self.counter is None else [len(plan.values)]  # the counter's slot, given per call
+        if counted:
+            plan.values.append(None)
+            given += counted
         for idx, n in enumerate(g.nodes):
             if n.op in _VIEWS:
                 src = plan.fixed_value(n.args[0])
@@ -248,10 +269,11 @@ class CompiledGraph:
                 op, spec, launch = self.kernels[idx]
                 args = [plan.slot[a] for a in spec.args]
                 staged = [functools.partial(self._arg, idx, j) for j in range(len(spec.args))]
-                if any(v in plan.slot for v in spec.outs):  # it stores through into an input (per call)
+                if spec.counts or any(v in plan.slot for v in spec.outs):  # it writes a per-call tensor
                     outs = [plan.slot[v] if v in plan.slot else plan.add(v, self.pool[v]) for v in spec.outs]
                     plan.steps.append(functools.partial(_kernel_into_step, op.launch, args, staged, outs,
-                                                        self.finish_args(idx), launch.num_warps, launch.num_stages))
+                                                        self.finish_args(idx), counted if spec.counts else [],
+                                                        launch.num_warps, launch.num_stages))
                     continue
                 for v in spec.outs:
                     plan.add(v, self.pool[v])
@@ -262,6 +284,8 @@ class CompiledGraph:
                 plan.add(n.out.name, self.pool[n.out.name])
                 plan.steps.append(functools.partial(_library_step, library_fn(n, self.pool[n.out.name]),
                                                     [plan.slot[a] for a in n.args]))
+        if counted and self.counting is None:
+            plan.steps.append(functools.partial(_library_step, _advance, counted))
         outputs = [plan.slot[o] for o in g.outputs]
         start, steps = plan.values, plan.steps
         merged = list(fixed)
@@ -271,7 +295,7 @@ class CompiledGraph:
             if torch.compiler.is_compiling():
                 for i, x in zip(holes, xs):
                     merged[i] = x
-                return self(*merged)
+                return self(*merged, count=xs[-1] if counted else None)
             env = start.copy()
             for i, x in zip(given, xs):
                 env[i] = x
@@ -317,11 +341,16 @@ def _kernel_step(launch, args: list[int], staged: list, tail: list, nw: int, ns:
            *tail, nw, ns)
 
 
-def _kernel_into_step(launch, args: list[int], staged: list, outs: list[int], finish: list, nw: int, ns: int,
-                      env: list) -> None:
-    # a kernel that also writes a per-call input (a cache row stored through, ``codegen.store_through``)
+def _kernel_into_step(launch, args: list[int], staged: list, outs: list[int], finish: list, counts: list[int],
+                      nw: int, ns: int, env: list) -> None:
+    # a kernel that also writes a per-call tensor: an input it stores a cache row into (``codegen.store_through``),
+    # the call counter it advances (``codegen.counted``)
     launch(*[t if t.is_contiguous() else stage(t) for t, stage in zip([env[i] for i in args], staged)],
-           *[env[i] for i in outs], *finish, nw, ns)
+           *[env[i] for i in outs], *finish, *[env[i] for i in counts], nw, ns)
+
+
+def _advance(count: torch.Tensor) -> None:
+    count.add_(1)
 
 
 def _library_step(fn, args: list[int], env: list) -> None:
@@ -331,14 +360,15 @@ def _library_step(fn, args: list[int], env: list) -> None:
 def compile_graph(ugraph: KernelGraph, backend: str = "triton", device: str | torch.device = "cuda",
                   launch: dict[str, Launch] | None = None, cache_dir=None,
                   binaries: dict[str, bytes] | None = None, pdl: bool = True,
-                  in_place: Sequence[str] = ()) -> CompiledGraph:
+                  in_place: Sequence[str] = (), counter: str | None = None) -> CompiledGraph:
     """Build ``ugraph`` for ``device``; ``launch`` maps kernel names to ``Launch`` (or its stored
     list form). ``binaries``: a trusted cache entry's ``CompiledGraph.binaries()`` (the source is
     always rendered from ``ugraph``). ``pdl``: programmatic dependent launch where the GPU has it.
-    ``in_place``: inputs a library scatter may write (see the module docstring)."""
+    ``in_place``: inputs a library scatter may write; ``counter``: the input a call counter may be (see the
+    module docstring)."""
     if backend != "triton":
         raise NotImplementedError(f"compile_graph: backend {backend!r}; this runtime builds 'triton' only")
-    return CompiledGraph(ugraph, device, launch, cache_dir, binaries, pdl, in_place)
+    return CompiledGraph(ugraph, device, launch, cache_dir, binaries, pdl, in_place, counter)
 
 
 def _in_place_scatters(g: KernelGraph, names: Sequence[str]) -> dict[int, str]:

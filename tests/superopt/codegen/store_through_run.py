@@ -1,6 +1,8 @@
 """Run searched decode-attention μGraphs (``UGRAPHS``: the RoPE kernel one block, or a block per kv head) in
 Triton's CPU interpreter with its caches in place, the new key stored and the new value copied by the RoPE kernel
-(``codegen.store_through``), and with plain library scatters; print one JSON line comparing them.
+(``codegen.store_through``), and with plain library scatters; then with the position also the call counter the
+last kernel advances (``codegen.counted``), as a decode step hands in its cache's length; print one JSON line
+comparing them.
 
 Run as ``python -m tests.superopt.codegen.store_through_run`` in its own process (TRITON_INTERPRET must
 be set before triton is imported).
@@ -52,8 +54,11 @@ def compare(device: str, name: str) -> dict:
     plain = compile_graph(g, device=device)            # functional scatters: the caches copied, then written
     lowered = compile_graph(g, device=device, in_place=("k_cache", "v_cache"))
     bound = lowered.bind([None] * len(names))
+    counted = compile_graph(g, device=device, in_place=("k_cache", "v_cache"), counter="pos")
+    # a counter the last kernel reads (the mask; the counter itself is another tensor): counted after the graph
+    after = compile_graph(g, device=device, in_place=("k_cache", "v_cache"), counter="mask")
     out = {"stored": [s.cache for s in lowered.module.stored], "launches": [plain.launches, lowered.launches],
-           "steps": []}
+           "counted_launches": [counted.launches, after.launches], "steps": [], "counted": []}
     for step, pos in enumerate(UGRAPHS[name]):
         xs = inputs(g, step, pos, device)
         want = [t.clone() for t in plain(*[x.clone() for x in xs])]
@@ -68,6 +73,17 @@ def compare(device: str, name: str) -> dict:
                 "caches_written": all(torch.equal(c, w) for c, w in zip(caches, want[1:])),
                 "other_slots_kept": all(torch.equal(_others(c, pos), _others(xs[names.index(n)], pos))
                                         for c, n in zip(caches, ("k_cache", "v_cache"))),
+            })
+        for how, graph in (("call", counted), ("bound", counted.bind([None] * len(names))), ("after", after)):
+            mine = [x.clone() for x in xs]
+            caches = [mine[names.index(n)] for n in ("k_cache", "v_cache")]
+            count = mine[names.index("pos")] if graph is not after else torch.tensor([pos], device=device)
+            got = graph(*mine, count=count) if how != "bound" else graph(*mine, count)
+            out["counted"].append({
+                "pos": pos, "how": how,
+                "outputs_equal": all(torch.equal(a, b) for a, b in zip(got, want)),
+                "caches_written": all(torch.equal(c, w) for c, w in zip(caches, want[1:])),
+                "advanced": int(count) == pos + 1,
             })
     xs = inputs(g, 9, 3, device)  # a cache that is not contiguous: the kernel's offsets would miss it, so refused
     i = names.index("k_cache")

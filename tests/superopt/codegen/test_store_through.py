@@ -52,6 +52,31 @@ def test_a_row_with_another_reader_is_not_lowered(graph):
     assert stores_through(from_text(text), CACHES) == ()
 
 
+def test_the_last_kernel_counts_calls_where_it_reads_no_position(graph):
+    tm = render_triton(graph, in_place=CACHES, counted="pos")
+    last = tm.kernels[-1]
+    assert tm.counting == last.node_index and last.counts and last.params()[-1] == "n"
+    assert [s.counts for s in tm.kernels[:-1]] == [False] * (len(tm.kernels) - 1)
+    assert "tl.store(n_ptr, tl.load(n_ptr) + 1)" in tm.source
+    # its counter could be the mask it reads, or the graph runs paired: the caller counts after the graph
+    assert render_triton(graph, in_place=CACHES, counted="mask").counting is None
+    assert render_triton(graph, in_place=CACHES, counted="pos", paired=True).counting is None
+    assert render_triton(graph, in_place=CACHES).counting is None and "n_ptr" not in render_triton(graph).source
+
+
+def test_a_library_op_after_the_last_kernel_leaves_the_count_to_the_caller(graph):
+    # a node launched after the last kernel could read the counter after the kernel advanced it
+    from superopt.codegen.counted import counting_kernel
+    text = UGRAPH.read_text()
+    last = max(i for i, n in enumerate(graph.nodes) if n.op == "customized")
+    launched = {last: ("t15",)}
+    assert counting_kernel(graph, "pos", launched) == last
+    assert counting_kernel(graph, "pos", {last: ("pos",)}) is None
+    extra = from_text(text.replace("output %t30 %t15 %t16", "%t99 = neg(%t30) : float32[2,4,1,16]\n"
+                                   "output %t99 %t15 %t16"))
+    assert counting_kernel(extra, "pos", launched) is None
+
+
 @pytest.fixture(scope="module")
 def interpreted() -> dict:
     return run_interpreted("-m", "tests.superopt.codegen.store_through_run")
@@ -65,6 +90,11 @@ def _writes_the_slots_the_scatters_would(r: dict, name: str) -> None:
     for step in r["steps"]:
         assert all(step[k] for k in ("outputs_equal", "caches_are_inputs", "caches_written", "other_slots_kept")), step
     assert "k_cache is written in place by a kernel and must be contiguous" in r["strided_refused"]
+    # the call counter: in the last kernel (no launch of its own) where that kernel reads no position, else after
+    assert r["counted_launches"] == [lowered, lowered + 1]
+    assert len(r["counted"]) == 3 * len(UGRAPHS[name])
+    for step in r["counted"]:
+        assert all(step[k] for k in ("outputs_equal", "caches_written", "advanced")), step
 
 
 @pytest.mark.parametrize("name", UGRAPHS)
@@ -80,10 +110,14 @@ def test_on_the_gpu_the_kernel_writes_the_slots_the_scatters_would(name):
 
 
 @pytest.mark.slow
-def test_the_storing_kernel_compiles_for_sm90(graph):
-    # the slot read as an int64 and the store at an offset lower to sm_90 (no GPU), with PDL as patch() runs it
+def test_the_storing_and_counting_kernels_compile_for_sm90(graph):
+    # the slot read as an int64 and the store at an offset lower to sm_90 (no GPU), with PDL as patch() runs it,
+    # and so does the call counter's add in the last kernel
     from superopt.runtime.aot import aot_compile
 
-    kernels = aot_compile(render_triton(graph, in_place=CACHES, pdl=True), arch=90)
+    kernels = aot_compile(render_triton(graph, in_place=CACHES, pdl=True, counted="pos"), arch=90)
     ptx = kernels["decode_layer_attention_fused_k0"].asm["ptx"]
     assert ".target sm_90" in ptx and "ld.global.b64" in ptx and ptx.count("st.global") >= 2
+    # the last kernel's count: an int64 loaded, one added, stored back
+    counting = kernels["decode_layer_attention_fused_k4"].asm["ptx"]
+    assert "ld.global.b64" in counting and "st.global.b64" in counting
