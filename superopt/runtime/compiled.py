@@ -185,7 +185,8 @@ class CompiledGraph:
         g = self.graph
         self._check_inputs(inputs)
         if (count is None) != (self.counter is None):
-            raise TypeError(f"{g.name}: count= is the call counter of a graph built with counter=, and only of one")
+            raise TypeError(f"{g.name}: built with counter={self.counter!r}, so a call "
+                            + ("takes the counter as count=" if count is None else "takes no count="))
         env: dict[str, torch.Tensor] = dict(zip((v.name for v in g.inputs), inputs))
         targets = dict(self.pool)
         direct = {}
