@@ -81,6 +81,30 @@ def test_in_place_inputs_take_the_cache_write_without_a_copy(bound):
     assert not any(buf.shape == caches[0].shape for buf in cg.pool.values())
 
 
+@pytest.mark.parametrize("bound", [False, True])
+def test_a_graph_no_kernel_can_count_for_counts_its_calls_after_its_work(bound):
+    # library ops only (the program itself): the counter, here the position itself as a decode step hands it in,
+    # is advanced after the cache writes read it: one more launch (``codegen.counted``)
+    prog, xs = _cache_write_case()
+    names = [v.name for v in prog.inputs]
+    want = [o.clone() for o in compile_graph(prog, device="cpu")(*[x.clone() for x in xs])]
+    cg = compile_graph(prog, device="cpu", in_place=("k_cache", "v_cache"), counter="pos")
+    assert cg.counting is None
+    assert cg.launches == compile_graph(prog, device="cpu", in_place=("k_cache", "v_cache")).launches + 1
+    pos = xs[names.index("pos")]
+    was = int(pos)
+    got = cg.bind([None] * len(xs))(*xs, pos) if bound else cg(*xs, count=pos)
+    assert all(torch.equal(g, w) for g, w in zip(got, want)) and int(pos) == was + 1
+
+
+def test_the_call_counter_is_taken_exactly_by_a_graph_built_for_one():
+    prog, xs = _cache_write_case()
+    with pytest.raises(TypeError, match="counter='pos', so a call takes the counter as count="):
+        compile_graph(prog, device="cpu", counter="pos")(*xs)
+    with pytest.raises(TypeError, match="counter=None, so a call takes no count="):
+        compile_graph(prog, device="cpu")(*xs, count=torch.zeros(1, dtype=torch.int64))
+
+
 def test_in_place_is_refused_for_an_input_with_another_reader():
     prog, _ = _cache_write_case()
     with pytest.raises(ValueError, match="q.*one reader"):
