@@ -17,9 +17,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from ..ir import KernelGraph
-
-# nodes the runtime runs without a launch (``runtime.compiled``: views of a tensor, constants in its pool)
-_NO_LAUNCH = frozenset({"reshape", "transpose", "slice", "const"})
+from ..ir.graph import VIEW_OPS
 
 
 def counting_kernel(g: KernelGraph, may_be: str, launched: Mapping[int, tuple[str, ...]],
@@ -36,6 +34,6 @@ def counting_kernel(g: KernelGraph, may_be: str, launched: Mapping[int, tuple[st
     if may_be in launched[last]:
         return None
     for idx in range(last + 1, len(g.nodes)):
-        if idx not in inside and g.nodes[idx].op not in _NO_LAUNCH:
+        if idx not in inside and g.nodes[idx].op not in VIEW_OPS:
             return None
     return last
