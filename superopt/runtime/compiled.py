@@ -39,6 +39,7 @@ import torch
 from ..codegen.launch import Launch, chained, prefetched
 from ..codegen.triton import render_triton
 from ..ir import KernelGraph, check
+from ..ir.graph import VIEW_OPS
 from . import binaries as _binaries
 from .build import kernel_op, load_module
 from .dtypes import TORCH_DTYPES
@@ -144,7 +145,7 @@ class CompiledGraph:
         """Launches a call makes: kernels (a chain's consumer runs in its producer's) and library ops, less
         views, constants and the scatters a kernel stores (``codegen.store_through``); with the call counter's add
         where no kernel counts (``codegen.counted``)."""
-        return sum(n.op not in (*_VIEWS, "const") and i not in self.tails and i not in self.stored
+        return sum(n.op not in VIEW_OPS and i not in self.tails and i not in self.stored
                    for i, n in enumerate(self.graph.nodes)) + (self.counter is not None and self.counting is None)
 
     @property
