@@ -25,6 +25,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 
+COPIES = ("Memcpy", "Memset")  # CUPTI's names for copies and fills: not launches of a kernel
+
+
 @dataclass(frozen=True)
 class KernelSpan:
     name: str
@@ -52,15 +55,19 @@ def summarize(spans: list[KernelSpan], steps: int) -> dict:
 def decode_steps(spans: list[KernelSpan], steps: int) -> tuple[list[KernelSpan], bool]:
     """The last ``steps`` decode steps of a profiled ``generate()`` and whether they were found
     exactly. A CUDA-graph replay launches the same kernels in the same order every step, so a step
-    is the shortest ``p`` with which the last ``steps × p`` kernel names repeat; what comes before
-    is the prefill (HF's own path: another kernel count) and the warm step. Where the tail does not
-    repeat (an eager baseline), 1/(steps+1) of the kernels is dropped as the prefill (approximate)."""
+    is the shortest ``p`` with which ``steps × p`` kernel names repeat, ending at most a step's worth
+    of kernels before the end: what comes before is the prefill (HF's own path: another kernel
+    count) and the warm step, what comes after is generate()'s own epilogue (the output's concat).
+    Where no such run exists (an eager baseline), 1/(steps+1) of the kernels is dropped as the
+    prefill (approximate)."""
     names = [s.name for s in spans]
     n = len(names)
-    for p in range(1, n // steps + 1):
-        tail = names[n - steps * p:]
-        if all(tail[i] == tail[i + p] for i in range(len(tail) - p)):
-            return spans[n - steps * p:], True
+    for cut in range(n // (steps + 1) + 1):
+        end = n - cut
+        for p in range(1, end // steps + 1):
+            tail = names[end - steps * p:end]
+            if all(tail[i] == tail[i + p] for i in range(len(tail) - p)):
+                return spans[end - steps * p:end], True
     return spans[n - round(n * steps / (steps + 1)):], False
 
 
@@ -117,7 +124,9 @@ def _profile(model, ids, steps: int) -> list[KernelSpan]:
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             model.generate(ids, **kw)
             torch.cuda.synchronize()
-    kernels = sorted((e for e in prof.events() if e.device_type.name == "CUDA"), key=lambda e: e.time_range.start)
+    # kernels only: the loop's poll of its finished flags is a device-to-host copy every few steps
+    kernels = sorted((e for e in prof.events() if e.device_type.name == "CUDA" and not e.name.startswith(COPIES)),
+                     key=lambda e: e.time_range.start)
     return [KernelSpan(e.name, e.time_range.start, e.time_range.end) for e in kernels]  # prefill too
 
 

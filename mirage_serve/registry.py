@@ -123,13 +123,13 @@ def get(name: str) -> ModelEntry:
     raise UnknownModelError(name, suggest(name))
 
 
-def _head_dim(cfg: Mapping[str, Any]) -> int:
+def head_dim(cfg: Mapping[str, Any]) -> int:
     return cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
 
 
 def layer_params(cfg: Mapping[str, Any]) -> int:
     """Parameters of one decoder layer."""
-    h, inter, hd = cfg["hidden_size"], cfg["intermediate_size"], _head_dim(cfg)
+    h, inter, hd = cfg["hidden_size"], cfg["intermediate_size"], head_dim(cfg)
     q_out = cfg["num_attention_heads"] * hd
     kv_out = cfg.get("num_key_value_heads", cfg["num_attention_heads"]) * hd
     family = cfg["model_type"]

@@ -76,3 +76,10 @@ def test_a_paired_program_counts_both_parts_weights():
     apart = prof.site_bandwidth([("attn_in_1_m8_fused_k0", 64.0, 640.0)], {"attn_in_1": 8_000_000},
                                 {"attn_in_1": 64})
     assert apart[0][0] == "attn_in_1" and apart[0][3] == 8_000_000
+
+
+def test_decode_steps_leave_out_what_generate_launches_after_the_last_step():
+    step = ["norm", "gemv", "add"] * 3 + ["lm_head", "argmax"]
+    epilogue = ["cat", "copy", "gemv"]  # generate() assembling its output after the loop
+    spans, exact = prof.decode_steps(_trace(["sdpa", "gemm"] * 9, step, 6) + _trace(epilogue, [], 0), steps=6)
+    assert exact and [s.name for s in spans] == step * 6
