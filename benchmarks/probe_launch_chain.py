@@ -15,7 +15,8 @@ Designs, per decoder layer (the bytes from the registry's config; KV cache at ``
 - ``1/layer``: one launch reading the whole layer (a persistent kernel per layer);
 plus lm_head and one small kernel (the token choice) a step, each with and without programmatic
 dependent launch (PDL, as the generated kernels use it on sm_90). ``1/step`` is one launch reading
-everything: the stream's own ceiling.
+everything: the stream's own ceiling. It passes 100%: the floor is the bench's, bytes ÷ the copy
+bandwidth (read and write), and a pure read stream runs a few % faster than a copy.
 
     python benchmarks/probe_launch_chain.py [--models Qwen2.5-0.5B,Qwen3-0.6B,Llama-3.2-1B,Llama-3.1-8B]
         [--context 256] [--batch 1]
@@ -41,12 +42,12 @@ def _stream(src, out, n, PER_PROG: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.co
     if PDL:  # as every generated kernel starts (superopt.runtime.grid_dependency)
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    pid = tl.program_id(0)
+    start = tl.program_id(0).to(tl.int64) * PER_PROG  # a 1/step stream of an 8B model passes 2**31 elements
     acc = tl.zeros([BLOCK], tl.float32)
     for i in range(0, PER_PROG, BLOCK):
-        offs = pid * PER_PROG + i + tl.arange(0, BLOCK)
+        offs = start + i + tl.arange(0, BLOCK)
         acc += tl.load(src + offs, mask=offs < n, other=0.0).to(tl.float32)
-    tl.store(out + pid, tl.sum(acc))
+    tl.store(out + tl.program_id(0), tl.sum(acc))
 
 
 def design_bytes(cfg: dict, design: str, context: int, batch: int) -> list[int]:
