@@ -26,8 +26,11 @@ import logging
 
 import torch
 
+from superopt.runtime.interpreter import interpreting
+
 from ..hf_names import CACHE_KWARG
 from . import attention_fast, graph_step, window_layers
+from .greedy_kernels import GreedyAdvance
 from .token_choice import TokenChooser
 
 log = logging.getLogger("mirage_serve")
@@ -43,6 +46,10 @@ class DecodeLoop:
         vocab = model.config.get_text_config().vocab_size
         with torch.inference_mode(False):  # normal tensors: updatable in and outside inference mode
             self._alloc(batch, cache_len, vocab, dev)
+        # greedy without warpers on a GPU (or Triton's interpreter): the choice and bookkeeping in
+        # two launches instead of ~12 (greedy_kernels); the torch ops otherwise
+        self.greedy = (GreedyAdvance(batch, vocab, dev) if chooser.plain_greedy and (dev.type == "cuda" or interpreting())
+                       else None)
         self.graph = None
         self.sliding = window_layers.sliding_layers(cache)  # steps past a full window run eagerly
         self.captures = 0
@@ -145,11 +152,15 @@ class DecodeLoop:
             position_ids=self.pos, **self.extra)
         out = self.forward(**inputs, return_dict=True)
         self.pos.add_(1)
-        self._advance(out.logits[:, -1].to(copy=True, dtype=torch.float32))
+        self._advance(out.logits[:, -1])
 
     def _advance(self, logits: torch.Tensor) -> None:
         """Token choice and HF's bookkeeping of ``_sample``, in place on the device buffers."""
+        if self.greedy is not None:
+            self.greedy(logits, self)
+            return
         # Few, fused-where-possible ops: each is a kernel launch inside the graph, every token.
+        logits = logits.to(copy=True, dtype=torch.float32)  # HF chooses from float32 scores
         tok = self.chooser(logits, self.t, self.min_new, self.eos_mask)  # [B]
         self.generated.add_(self.unfinished.any())  # HF runs this step iff a row is unfinished
         tok = torch.where(self.unfinished, tok, self.pad)  # HF: tok * unf + pad * (1 - unf)

@@ -69,6 +69,7 @@ class TokenChooser:
         self.warpers = warpers
         self.do_sample = do_sample
         self.key = (do_sample, warper_key(warpers))
+        self.plain_greedy = not do_sample and not warpers  # the argmax of the raw logits (greedy_kernels)
 
     def __call__(self, logits: torch.Tensor, generated: torch.Tensor, min_new: torch.Tensor,
                  eos_mask: torch.Tensor) -> torch.Tensor:

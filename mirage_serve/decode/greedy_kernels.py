@@ -1,0 +1,109 @@
+"""Greedy token choice and the decode loop's bookkeeping in two launches.
+
+``DecodeLoop._advance`` written as torch ops is about a dozen launches a token: the float32 copy of
+the logits, the EOS suppression, ``argmax`` (one block reducing a 150k-wide row: 8–27 µs on an
+H100), then HF's bookkeeping (``generated``, padding finished rows, the token written, ``unfinished``,
+``ids``, ``t``). A 0.5–1B model's step is ~200 launches of 1–3 µs each, so these are several % of
+it (issue 29; docs/architecture.md, "The decode loop"). For greedy decoding without warpers (the
+case whose result is an argmax of the raw logits) two kernels do the same:
+
+1. ``_partial_argmax``, grid (rows, chunks): the largest value of its chunk of one row and the first
+   index holding it, reading the logits in their own dtype (the float32 upcast is exact), EOS ids
+   at −inf while fewer than ``min_new`` tokens were generated (HF's min-length processors);
+2. ``_choose_and_book``, one program: per row the first index of the largest chunk maximum, which
+   is ``torch.argmax``'s answer (ties: the first occurrence; NaN counts as the largest, and the first
+   NaN wins), then ``_advance``'s bookkeeping, op for op.
+
+Sampling and warpers keep the torch ops (``token_choice.TokenChooser``).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+CHUNK = 8192   # logits a program of the first kernel scans: ~19 programs a row at a 150k vocabulary
+BLOCK = 1024   # lanes of that scan
+NONE = 2**31 - 1  # "no index": above any vocabulary index
+
+
+@triton.jit
+def _partial_argmax(logits_ptr, l_sb, V, eos_ptr, t_ptr, min_new_ptr, val_ptr, idx_ptr, nan_ptr,
+                    CHUNK: tl.constexpr, BLOCK: tl.constexpr, NONE: tl.constexpr):
+    row = tl.program_id(0)
+    chunk = tl.program_id(1)
+    parts = tl.num_programs(1)
+    suppress = tl.load(t_ptr) < tl.load(min_new_ptr)
+    lane = tl.arange(0, BLOCK)
+    best_v = tl.full([BLOCK], float("-inf"), tl.float32)
+    best_i = tl.full([BLOCK], NONE, tl.int32)
+    nan_i = tl.full([BLOCK], NONE, tl.int32)
+    for s in range(0, CHUNK, BLOCK):
+        offs = chunk * CHUNK + s + lane
+        ok = offs < V
+        x = tl.load(logits_ptr + row * l_sb + offs, mask=ok, other=float("-inf")).to(tl.float32)
+        eos = tl.load(eos_ptr + offs, mask=ok, other=0) != 0
+        x = tl.where(suppress & eos, float("-inf"), x)
+        is_nan = x != x
+        nan_i = tl.where(ok & is_nan & (nan_i == NONE), offs, nan_i)
+        # a lane keeps the first index of its largest value: offsets only grow, so "strictly
+        # greater" keeps the first; its first valid value is always taken (a row of -inf has an argmax)
+        take = ok & (~is_nan) & ((x > best_v) | (best_i == NONE))
+        best_v = tl.where(take, x, best_v)
+        best_i = tl.where(take, offs, best_i)
+    m = tl.max(best_v, 0)
+    i = tl.min(tl.where((best_v == m) & (best_i != NONE), best_i, NONE), 0)
+    out = row * parts + chunk
+    tl.store(val_ptr + out, m)
+    tl.store(idx_ptr + out, i)
+    tl.store(nan_ptr + out, tl.min(nan_i, 0))
+
+
+@triton.jit
+def _choose_and_book(val_ptr, idx_ptr, nan_ptr, rows, parts, unfinished_ptr, pad_ptr, tokens_ptr, tok_sb,
+                     eos_ptr, ids_ptr, ids_sb, t_ptr, generated_ptr,
+                     BLOCK_B: tl.constexpr, BLOCK_S: tl.constexpr, NONE: tl.constexpr):
+    r = tl.arange(0, BLOCK_B)
+    s = tl.arange(0, BLOCK_S)
+    r_ok = r < rows
+    ok = r_ok[:, None] & (s < parts)[None, :]
+    at = r[:, None] * parts + s[None, :]
+    v = tl.load(val_ptr + at, mask=ok, other=float("-inf"))
+    i = tl.load(idx_ptr + at, mask=ok, other=NONE)
+    first_nan = tl.min(tl.load(nan_ptr + at, mask=ok, other=NONE), 1)
+    m = tl.max(v, 1)
+    best = tl.min(tl.where(v == m[:, None], i, NONE), 1)
+    tok = tl.where(first_nan != NONE, first_nan, best).to(tl.int64)
+    # HF's bookkeeping, in _advance's order
+    unf = tl.load(unfinished_ptr + r, mask=r_ok, other=0) != 0
+    tl.store(generated_ptr, tl.load(generated_ptr) + tl.max(unf.to(tl.int64), 0))
+    tok = tl.where(unf, tok, tl.load(pad_ptr))
+    t = tl.load(t_ptr)
+    tl.store(tokens_ptr + r * tok_sb + t, tok, mask=r_ok)
+    hit = tl.load(eos_ptr + tok, mask=r_ok, other=0) != 0
+    tl.store(unfinished_ptr + r, unf & ~hit, mask=r_ok)
+    tl.store(ids_ptr + r * ids_sb, tok, mask=r_ok)
+    tl.store(t_ptr, t + 1)
+
+
+class GreedyAdvance:
+    """``loop._advance(logits)`` for greedy decoding without warpers, in two launches; scratch
+    buffers for ``rows`` rows of a ``vocab``-wide vocabulary, allocated once (a graph replays them)."""
+
+    def __init__(self, rows: int, vocab: int, device):
+        self.rows, self.vocab = rows, vocab
+        self.parts = triton.cdiv(vocab, CHUNK)
+        self.val = torch.empty(rows * self.parts, dtype=torch.float32, device=device)
+        self.idx = torch.empty(rows * self.parts, dtype=torch.int32, device=device)
+        self.nan = torch.empty(rows * self.parts, dtype=torch.int32, device=device)
+
+    def __call__(self, logits: torch.Tensor, loop) -> None:
+        if logits.stride(-1) != 1:
+            logits = logits.contiguous()
+        _partial_argmax[(self.rows, self.parts)](
+            logits, logits.stride(0), self.vocab, loop.eos_mask, loop.t, loop.min_new, self.val, self.idx, self.nan,
+            CHUNK=CHUNK, BLOCK=BLOCK, NONE=NONE)
+        _choose_and_book[(1,)](
+            self.val, self.idx, self.nan, self.rows, self.parts, loop.unfinished, loop.pad, loop.tokens,
+            loop.tokens.stride(0), loop.eos_mask, loop.ids, loop.ids.stride(0), loop.t, loop.generated,
+            BLOCK_B=triton.next_power_of_2(self.rows), BLOCK_S=triton.next_power_of_2(self.parts), NONE=NONE)
