@@ -4,7 +4,7 @@
 the logits, the EOS suppression, ``argmax`` (one block reducing a 150k-wide row: 8–27 µs on an
 H100), then HF's bookkeeping (``generated``, padding finished rows, the token written, ``unfinished``,
 ``ids``, ``t``). A 0.5–1B model's step is ~200 launches of 1–3 µs each, so these are several % of
-it (issue 29; docs/architecture.md, "The decode loop"). For greedy decoding without warpers (the
+it (issue 29; docs/architecture.md, "From a decode step to the GPU"). For greedy decoding without warpers (the
 case whose result is an argmax of the raw logits) two kernels do the same:
 
 1. ``_partial_argmax``, grid (rows, chunks): the largest value of its chunk of one row and the first
