@@ -1,8 +1,9 @@
-"""The two-launch greedy advance (``greedy_kernels``) in Triton's CPU interpreter against the torch
-ops of ``DecodeLoop._advance``; prints one JSON line: per case, whether every buffer came out equal.
+"""The two-launch greedy advance (``greedy_kernels``) against the torch ops of ``DecodeLoop._advance``:
+per case, whether every buffer came out equal (``compare(device)``).
 
-Run as ``python -m tests.mirage_serve.decode.greedy_interp_run`` (TRITON_INTERPRET=1, set by
-``tests.interpreter.run_interpreted``).
+Run as ``python -m tests.mirage_serve.decode.greedy_interp_run`` in Triton's CPU interpreter
+(TRITON_INTERPRET=1, set by ``tests.interpreter.run_interpreted``), it prints them as one JSON line;
+the GPU test calls ``compare("cuda")``.
 """
 from __future__ import annotations
 
@@ -16,14 +17,15 @@ from mirage_serve.decode.greedy_kernels import BLOCK, CHUNK, GreedyAdvance
 from mirage_serve.decode.token_choice import TokenChooser
 
 
-def _state(rows: int, vocab: int, g: torch.Generator, t: int, min_new: int):
+def _state(rows: int, vocab: int, g: torch.Generator, t: int, min_new: int, device: str):
     eos = torch.zeros(vocab, dtype=torch.bool)
     eos[torch.randint(0, vocab, (3,), generator=g)] = True
-    return SimpleNamespace(
-        chooser=TokenChooser((), do_sample=False), greedy=None, eos_mask=eos,
-        t=torch.tensor(t), min_new=torch.tensor(min_new), generated=torch.tensor(5), pad=torch.tensor(7),
-        unfinished=torch.rand(rows, generator=g) > 0.3, tokens=torch.randint(0, vocab, (rows, 40), generator=g),
-        ids=torch.randint(0, vocab, (rows, 1), generator=g))
+    state = dict(eos_mask=eos, t=torch.tensor(t), min_new=torch.tensor(min_new), generated=torch.tensor(5),
+                 pad=torch.tensor(7), unfinished=torch.rand(rows, generator=g) > 0.3,
+                 tokens=torch.randint(0, vocab, (rows, 40), generator=g),
+                 ids=torch.randint(0, vocab, (rows, 1), generator=g))
+    return SimpleNamespace(chooser=TokenChooser((), do_sample=False), greedy=None,
+                           **{k: v.to(device) for k, v in state.items()})
 
 
 def _logits(rows: int, vocab: int, dtype, g: torch.Generator, kind: str, eos: torch.Tensor) -> torch.Tensor:
@@ -44,23 +46,27 @@ def _logits(rows: int, vocab: int, dtype, g: torch.Generator, kind: str, eos: to
     return x
 
 
-def main() -> None:
+def compare(device: str = "cpu") -> dict[str, dict[str, bool]]:
     g = torch.Generator().manual_seed(0)
     results = {}
     for rows, vocab in ((1, 97), (3, CHUNK + 5), (8, 2 * CHUNK + 1000)):
         for dtype in (torch.float32, torch.bfloat16, torch.float16):
             for kind in ("random", "ties", "eos_on_top", "nan", "all_inf"):
                 for t, min_new in ((2, 4), (6, 4)):
-                    want = _state(rows, vocab, g, t, min_new)
-                    logits = _logits(rows, vocab, dtype, g, kind, want.eos_mask)
+                    want = _state(rows, vocab, g, t, min_new, device)
+                    logits = _logits(rows, vocab, dtype, g, kind, want.eos_mask.cpu()).to(device)
                     got = SimpleNamespace(**{k: (v.clone() if isinstance(v, torch.Tensor) else v)
                                              for k, v in vars(want).items()})
                     DecodeLoop._advance(want, logits)
-                    GreedyAdvance(rows, vocab, "cpu")(logits, got)
+                    GreedyAdvance(rows, vocab, device)(logits, got)
                     same = {k: bool(torch.equal(getattr(got, k), getattr(want, k)))
                             for k in ("tokens", "ids", "unfinished", "t", "generated")}
                     results[f"{rows}x{vocab}/{str(dtype)[6:]}/{kind}/t{t}"] = same
-    print(json.dumps(results))
+    return results
+
+
+def main() -> None:
+    print(json.dumps(compare()))
 
 
 if __name__ == "__main__":

@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from tests.interpreter import run_interpreted
+
+from .greedy_interp_run import compare
 
 
 @pytest.fixture(scope="module")
@@ -11,8 +14,16 @@ def interpreted():
     return run_interpreted("-m", "tests.mirage_serve.decode.greedy_interp_run")
 
 
+def _wrong(results: dict) -> dict:
+    assert len(results) == 3 * 3 * 5 * 2  # shapes × dtypes × kinds × (suppressed, not)
+    return {case: [k for k, same in got.items() if not same] for case, got in results.items() if not all(got.values())}
+
+
 def test_every_buffer_matches_the_torch_ops(interpreted):
-    assert len(interpreted) == 3 * 3 * 5 * 2  # shapes × dtypes × kinds × (suppressed, not)
-    wrong = {case: [k for k, same in got.items() if not same] for case, got in interpreted.items()
-             if not all(got.values())}
-    assert not wrong
+    assert not _wrong(interpreted)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_the_gpu_every_buffer_matches_the_torch_ops():
+    assert not _wrong(compare("cuda"))
