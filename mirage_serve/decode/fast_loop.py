@@ -31,6 +31,7 @@ from superopt.runtime.interpreter import interpreting
 from ..hf_names import CACHE_KWARG
 from . import attention_fast, graph_step, window_layers
 from .greedy_kernels import GreedyAdvance
+from .rotary_table import RotaryTables
 from .token_choice import TokenChooser
 
 log = logging.getLogger("mirage_serve")
@@ -50,6 +51,7 @@ class DecodeLoop:
         # two launches instead of ~12 (greedy_kernels); the torch ops otherwise
         self.greedy = (GreedyAdvance(batch, vocab, dev) if chooser.plain_greedy and (dev.type == "cuda" or interpreting())
                        else None)
+        self.rotary = RotaryTables(model, cache_len)  # cos/sin as one gather a step (rotary_table)
         self.graph = None
         self.sliding = window_layers.sliding_layers(cache)  # steps past a full window run eagerly
         self.captures = 0
@@ -150,7 +152,8 @@ class DecodeLoop:
         inputs = self.model.prepare_inputs_for_generation(
             self.ids, next_sequence_length=1, attention_mask=self.mask, **{CACHE_KWARG: self.cache},
             position_ids=self.pos, **self.extra)
-        out = self.forward(**inputs, return_dict=True)
+        with self.rotary.active():
+            out = self.forward(**inputs, return_dict=True)
         self.pos.add_(1)
         self._advance(out.logits[:, -1])
 
