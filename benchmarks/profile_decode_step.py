@@ -71,6 +71,22 @@ def decode_steps(spans: list[KernelSpan], steps: int) -> tuple[list[KernelSpan],
     return spans[n - round(n * steps / (steps + 1)):], False
 
 
+def period_break(names: list[str], steps: int) -> str:
+    """Why ``decode_steps`` found no exact steps: for the period whose repeating tail is longest,
+    how many whole periods repeat and the first pair of kernels (from the end) that differ."""
+    best = (0, 0, -1)  # (repeating kernels, period, index of the first mismatch from the end)
+    for p in range(1, len(names) // steps + 1):
+        i = len(names) - 1 - p
+        while i >= 0 and names[i] == names[i + p]:
+            i -= 1
+        best = max(best, (len(names) - 1 - p - i, p, i))
+    run, p, i = best
+    if i < 0:
+        return f"period {p}: the whole trace repeats"
+    return (f"longest repeating tail: {run + p} kernels at a period of {p} ({(run + p) / p:.1f} periods); it breaks at "
+            f"kernel {i} of {len(names)}: {names[i][:60]!r} where {p} later comes {names[i + p][:60]!r}")
+
+
 def site_bandwidth(rows: list[tuple[str, float, float]], part_bytes: dict[str, int],
                    twins: dict[str, int] | None = None) -> list[tuple]:
     """Per site program (``sites.site_parts`` label): (label, calls/step, µs per call, bytes per call,
@@ -177,7 +193,10 @@ def _report(args, lm, ids, bw, part_bytes) -> None:
 
     from mirage_serve import registry
 
-    spans, exact = decode_steps(_profile(lm.model, ids, args.steps), args.steps)
+    trace = _profile(lm.model, ids, args.steps)
+    spans, exact = decode_steps(trace, args.steps)
+    if not exact:
+        print("decode steps not found exactly: " + period_break([t.name for t in trace], args.steps))
     s = summarize(spans, args.steps)
     print(f"{torch.cuda.get_device_name()}: copy {bw / 1e12:.2f} TB/s; {lm.name} batch {args.batch}; "
           f"{s['kernels_per_step']:.0f} kernels/step, GPU busy {s['busy_us']:.0f} µs/step, idle gaps "

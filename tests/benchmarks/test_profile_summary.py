@@ -83,3 +83,11 @@ def test_decode_steps_leave_out_what_generate_launches_after_the_last_step():
     epilogue = ["cat", "copy", "gemv"]  # generate() assembling its output after the loop
     spans, exact = prof.decode_steps(_trace(["sdpa", "gemm"] * 9, step, 6) + _trace(epilogue, [], 0), steps=6)
     assert exact and [s.name for s in spans] == step * 6
+
+
+def test_period_break_names_the_kernels_where_the_steps_stop_repeating():
+    step = ["norm", "gemv", "add", "lm_head"]
+    names = ["sdpa"] * 5 + step * 3 + ["norm", "copy", "add", "lm_head"] + step * 4  # one odd step
+    why = prof.period_break(names, steps=6)
+    assert "period of 4" in why and "'copy' where 4 later comes 'gemv'" in why
+    assert prof.period_break(step * 6, steps=6).endswith("the whole trace repeats")
