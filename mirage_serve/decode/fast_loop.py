@@ -49,8 +49,8 @@ class DecodeLoop:
             self._alloc(batch, cache_len, vocab, dev)
         # greedy without warpers on a GPU (or Triton's interpreter): the choice and bookkeeping in
         # two launches instead of ~12 (greedy_kernels); the torch ops otherwise
-        self.greedy = (GreedyAdvance(batch, vocab, dev) if chooser.plain_greedy and (dev.type == "cuda" or interpreting())
-                       else None)
+        on_triton = dev.type == "cuda" or interpreting()
+        self.greedy = GreedyAdvance(batch, vocab, dev) if chooser.plain_greedy and on_triton else None
         self.rotary = RotaryTables(model, cache_len)  # cos/sin as one gather a step (rotary_table)
         self.graph = None
         self.sliding = window_layers.sliding_layers(cache)  # steps past a full window run eagerly

@@ -101,6 +101,9 @@ class GreedyAdvance:
         self.nan = torch.empty(rows * self.parts, dtype=torch.int32, device=device)
 
     def __call__(self, logits: torch.Tensor, loop) -> None:
+        if tuple(logits.shape) != (self.rows, self.vocab):
+            raise ValueError(f"GreedyAdvance: logits of shape {tuple(logits.shape)}, expected ({self.rows}, "
+                             f"{self.vocab}) (rows, the config's vocabulary)")
         if logits.stride(-1) != 1:
             logits = logits.contiguous()
         _partial_argmax[(self.rows, self.parts)](
