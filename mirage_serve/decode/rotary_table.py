@@ -69,17 +69,22 @@ class RotaryTables:
                     m.forward = own
 
     def _forward(self, module, original):
-        def forward(x, position_ids, *args, **kwargs):
-            if position_ids.dim() != 2 or position_ids.shape[1] != 1:
-                return original(x, position_ids, *args, **kwargs)
-            key = (id(module), x.dtype, x.device, args, tuple(sorted(kwargs.items())))
+        def forward(*args, **kwargs):
+            # HF's call: (x, position_ids, [layer_type]), position_ids by position or by name
+            kw = dict(kwargs)
+            x, rest = (args[0], args[1:]) if args else (kw.pop("x", None), ())
+            position_ids, rest = (rest[0], rest[1:]) if rest else (kw.pop("position_ids", None), rest)
+            if not (isinstance(x, torch.Tensor) and isinstance(position_ids, torch.Tensor)
+                    and position_ids.dim() == 2 and position_ids.shape[1] == 1):
+                return original(*args, **kwargs)
+            key = (id(module), x.dtype, x.device, rest, tuple(sorted(kw.items())))
             if key not in self.tables:
                 if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-                    return original(x, position_ids, *args, **kwargs)  # tables are built eagerly, never recorded
-                self.tables[key] = self._build(lambda pos: original(x, pos, *args, **kwargs), position_ids)
+                    return original(*args, **kwargs)  # tables are built eagerly, never recorded
+                self.tables[key] = self._build(lambda pos: original(x, pos, *rest, **kw), position_ids)
             table = self.tables[key]
             if table is None:
-                return original(x, position_ids, *args, **kwargs)
+                return original(*args, **kwargs)
             both = table[position_ids]  # [b, 1, 2, d]: one gather
             return both[..., 0, :], both[..., 1, :]
         return forward

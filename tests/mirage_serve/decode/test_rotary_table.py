@@ -70,6 +70,18 @@ def test_other_calls_run_the_module_and_the_forward_is_put_back():
     assert "forward" not in module.__dict__ and len(tables.tables) == 1
 
 
+def test_calls_by_keyword_are_tabled_and_unknown_calls_reach_the_module():
+    module, _ = _rotaries()["llama"]
+    tables = RotaryTables(module, capacity=64)
+    x, pos = torch.randn(2, 1, 64), torch.tensor([[7], [63]])
+    with tables.active():
+        by_name = module(x=x, position_ids=pos)
+        with pytest.raises(TypeError):  # what the module itself says of a call it cannot take
+            module(x, seq_len=5)
+    assert len(tables.tables) == 1
+    assert all(torch.equal(g, w) for g, w in zip(by_name, module(x, pos)))
+
+
 def test_the_decode_loop_takes_cos_and_sin_from_its_table():
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(vocab_size=97, intermediate_size=88, num_hidden_layers=2, **_SHAPE)).eval()
