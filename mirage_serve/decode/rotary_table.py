@@ -78,6 +78,10 @@ class RotaryTables:
                     and position_ids.dim() == 2 and position_ids.shape[1] == 1):
                 return original(*args, **kwargs)
             key = (id(module), x.dtype, x.device, rest, tuple(sorted(kw.items())))
+            try:
+                hash(key)
+            except TypeError:  # an argument the table cannot be keyed by: the module answers
+                return original(*args, **kwargs)
             if key not in self.tables:
                 if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
                     return original(*args, **kwargs)  # tables are built eagerly, never recorded
