@@ -23,8 +23,8 @@ import triton
 import triton.language as tl
 
 # logits a program of the first kernel scans, BLOCK lanes at a time: ~75 programs a row at a 150k
-# vocabulary. Latency, not bandwidth, sets this kernel's time: at 8192 a program (8 loads in turn) it
-# took 6.5 µs on an H100 (Qwen3-0.6B, benchmarks/results/floor_2026-11-27_s28).
+# vocabulary. Latency, not bandwidth, sets this kernel's time: on an H100 (Qwen3-0.6B, b1) it took
+# 6.5 µs at 8192 a program (8 loads in turn) and 2.2 µs at 2048 (benchmarks/results/floor_2026-11-27_s28).
 CHUNK = 2048
 BLOCK = 1024
 NONE = 2**31 - 1  # "no index": above any vocabulary index
