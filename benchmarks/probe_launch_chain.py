@@ -24,14 +24,13 @@ bandwidth (read and write), and a pure read stream runs a few % faster than a co
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
 import triton
 import triton.language as tl
 
 from superopt.runtime.grid_dependency import launch_options
-from superopt.runtime.timing import copy_bandwidth
+from superopt.runtime.timing import copy_bandwidth, time_call
 
 BLOCK = 4096  # bf16 elements one program loads per loop iteration (8 KB)
 PER_PROGRAM = (BLOCK, 2 * BLOCK, 4 * BLOCK, 8 * BLOCK, 16 * BLOCK, 32 * BLOCK)  # the grids tried
@@ -87,27 +86,9 @@ class Chain:
                           **launch_options(self.pdl))
 
 
-def graph_us(fn, reps: int = 20) -> float:
-    """Median µs of one replay of a CUDA graph of ``fn``."""
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s), torch.cuda.graph(g, stream=s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(reps):
-        start.record()
-        g.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
+def graph_us(fn) -> float:
+    """Median µs of one replay of a CUDA graph of ``fn()`` (``superopt.runtime.timing.time_call``)."""
+    return time_call(fn, [[]], graph=True, reps=20)
 
 
 def best_grids(buf: torch.Tensor, sizes: set[int], pdl: bool, copies: int = 24) -> dict[int, int]:

@@ -22,7 +22,6 @@ import contextlib
 
 import torch
 
-SEQUENCE_DEPENDENT = ("dynamic", "longrope")  # rope types whose inv_freq follows the sequence length
 _CHECKED_POSITIONS = 4
 
 
@@ -38,7 +37,7 @@ def rotary_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     for m in model.modules():
         if getattr(m, "rope_type", None) is None or not any("inv_freq" in n for n, _ in m.named_buffers()):
             continue
-        if any(t in SEQUENCE_DEPENDENT or "dynamic" in t for t in _rope_types(m)):
+        if any("dynamic" in t or t == "longrope" for t in _rope_types(m)):  # HF's dynamic_rope_update updates these
             continue
         out.append(m)
     return out
