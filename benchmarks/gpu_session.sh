@@ -5,7 +5,7 @@
 # blocks | research | unship | warm | bench | diagnose. Every step's limit is cut to what is left before DEADLINE (default 560 s: a device command may run 600 s,
 # and the tars at the end need a few seconds); a step with under 20 s left is skipped.
 # (environment: MIRAGE_SERVE_PDL, MIRAGE_SERVE_PAIRED_LAUNCH, MIRAGE_SERVE_FUSED_RESIDUAL, NEW_TOKENS, LLAMA_BATCH, BASELINES; overhead: OVERHEAD (MODEL:BATCH ...); unship: UNSHIP (MODEL:LABELS ..., shipped entries to delete in this copy, so later steps search them); warm: WARM_MODELS, WARM_BATCH; it leaves $OUT/shipped.tar,
-# entries in kernels_cache/ form to untar into the repo's kernels_cache/; blocks: BLOCKS_LIMIT (s, default 400), BLOCKS_SUITE (llama, paper, all), BLOCKS_ONLY (row label substrings), BLOCKS_DTYPES (the paper suite's), BLOCKS_WORKERS (build processes, default 12); attn-choice: ATTN_MODEL, ATTN_BATCH ("1 8"), ATTN_PROMPT; profile-floor: PROFILE_MODELS, PROFILE_BATCH ("1 8"), PROFILE_ATTENTION (hand-written), PROFILE_PDL (1; 0: per-kernel times without the overlap); bench: BENCH_MODELS, BENCH_BATCH (default 1,8), BENCH_BASELINES (default static-compile), BENCH_LIMIT (s a model, default 420), a JSON a model and run; pytest: PYTEST_TARGETS, the GPU tests to run, PYTEST_LIMIT (s, default 300)). The kernel cache is $MIRAGE_SERVE_CACHE_DIR
+# entries in kernels_cache/ form to untar into the repo's kernels_cache/; blocks: BLOCKS_LIMIT (s, default 400), BLOCKS_SUITE (llama, paper, all), BLOCKS_ONLY (row label substrings), BLOCKS_DTYPES (the paper suite's), BLOCKS_WORKERS (build processes, default 12); attn-choice: ATTN_MODEL, ATTN_BATCH ("1 8"), ATTN_PROMPT; sweep-attn: SWEEP_ARGS (sweep_attention.py flags); profile-floor: PROFILE_MODELS, PROFILE_BATCH ("1 8"), PROFILE_ATTENTION (hand-written), PROFILE_PDL (1; 0: per-kernel times without the overlap); bench: BENCH_MODELS, BENCH_BATCH (default 1,8), BENCH_BASELINES (default static-compile), BENCH_LIMIT (s a model, default 420), a JSON a model and run; pytest: PYTEST_TARGETS, the GPU tests to run, PYTEST_LIMIT (s, default 300)). The kernel cache is $MIRAGE_SERVE_CACHE_DIR
 # (default /tmp/ms_cache) while running; the files the call wrote are tarred to $OUT/cache_new.tar at the end,
 # so searched μGraphs found on the GPU can be brought back (for kernels_cache/); a cache.tar in the
 # working directory is restored first. To run exactly a commit while others edit the tree, archive it
@@ -111,7 +111,7 @@ while [ $# -gt 0 ]; do
                      --batch "$b" --prompt-len "${ATTN_PROMPT:-128}" --attention hand-written,searched,profiled
                  done ;;
     profile-attn) step profile_attn 200 env PYTHONPATH="$PWD" python benchmarks/profile_attention.py ;;  # issue 4: per kernel
-    sweep-attn) step sweep_attn 450 env PYTHONPATH="$PWD" python benchmarks/sweep_attention.py ;;  # launch plans
+    sweep-attn) step sweep_attn 450 env PYTHONPATH="$PWD" python benchmarks/sweep_attention.py ${SWEEP_ARGS:-} ;;  # launch plans
     probe-chain) step probe_chain 240 env PYTHONPATH="$PWD" python benchmarks/probe_launch_chain.py ;;  # issue 29's ceiling
     probe-gemv) step probe_gemv_qkv 150 env PYTHONPATH="$PWD" python benchmarks/probe_gemv_ceiling.py --n 6144 --k 4096
                 step probe_gemv_o 150 env PYTHONPATH="$PWD" python benchmarks/probe_gemv_ceiling.py --n 4096 --k 4096 ;;
