@@ -133,7 +133,8 @@ def sites(model, ids, at: list[int], rows: int) -> None:
     for i in at:
         for site in family.sites:
             x = seen[(i, site.name)]  # [rows, D]: what the model feeds the site
-            for label, part, _ in site_parts(site.name, site_module(layers[i], site)):
+            for label, part, _ in site_parts(site.name, site_module(layers[i], site),
+                                             PatchOptions().stacked_projections):
                 ex = extract(part, (x,), f"{label}_m{rows}")
                 entry = entries.get((digest(ex.graph), f"b{rows}"))
                 if entry is None:

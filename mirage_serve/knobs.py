@@ -5,8 +5,8 @@ Each knob is a `Knob` in the module-level table `KNOBS`; code reads one with its
 parser and a one-line doc; `describe()` lists them all (the CLI prints it, docs quote it).
 
 Values are read at call time, not import time. The switches that change what ``patch()`` does
-(``PDL``, ``PAIRED_LAUNCH``, ``RESEARCH``, ``FUSED_RESIDUAL``, ``ATTENTION``) are only the defaults of
-``mirage_serve.PatchOptions``' fields, read when the options are made; code and tests pass options,
+(``PDL``, ``PAIRED_LAUNCH``, ``STACKED_PROJECTIONS``, ``RESEARCH``, ``FUSED_RESIDUAL``, ``ATTENTION``) are only
+the defaults of ``mirage_serve.PatchOptions``' fields, read when the options are made; code and tests pass options,
 never set these variables.
 """
 from __future__ import annotations
@@ -83,6 +83,11 @@ PAIRED_LAUNCH: Knob[bool] = Knob(
     "run k_proj and v_proj as one launch where patch() times it faster (decision and kernels kept in the "
     "kernel cache); 0 keeps two launches (default of PatchOptions.paired_launch)")
 
+STACKED_PROJECTIONS: Knob[bool] = Knob(
+    "MIRAGE_SERVE_STACKED_PROJECTIONS", parse_bool, True,
+    "run a layer's q, k and v projections as one, on their weights stacked into one matrix that the originals "
+    "then view (no copy kept); 0 searches and launches them apart (default of PatchOptions.stacked_projections)")
+
 RESEARCH: Knob[bool] = Knob(
     "MIRAGE_SERVE_RESEARCH", parse_bool, False,
     "search again, where patch() profiles on the GPU, the programs the shipped kernel cache has: the shipped "
@@ -115,8 +120,8 @@ PROGRESS: Knob[bool] = Knob(
     "print a line on stderr when patch() or a first decode step starts something slow (a search, the GPU "
     "profile of its candidates, the choice of a decode-attention shape) and when it ends; 0 silences them")
 
-KNOBS: tuple[Knob, ...] = (CACHE_DIR, CACHE_READ_ONLY, CACHE_KEY, PDL, PAIRED_LAUNCH, RESEARCH, FUSED_RESIDUAL,
-                           ATTENTION, PROGRESS)
+KNOBS: tuple[Knob, ...] = (CACHE_DIR, CACHE_READ_ONLY, CACHE_KEY, PDL, PAIRED_LAUNCH, STACKED_PROJECTIONS, RESEARCH,
+                           FUSED_RESIDUAL, ATTENTION, PROGRESS)
 
 
 def torchrun_ranks() -> tuple[int, int, int] | None:

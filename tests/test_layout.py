@@ -99,6 +99,7 @@ def test_superopt_import_direction(path):
 # each stay below patch(). A package is one unit (mirage_serve.cache, mirage_serve.decode, the
 # adapters of patches/), except cache.warm: the ahead-of-time front end, which runs patch().
 MIRAGE_LAYERS = (
+    {"patching.stacking"},                             # q/k/v weights stacked into one (torch only)
     {"knobs", "cli_errors", "hf_names", "registry", "report", "backends", "verify_parallel", "cost_fit",
      "patching.sites", "patching.trace", "patching.handoff", "patching.forward_rewrite"},  # leaves
     {"options", "progress", "site_kernel", "patches", "cache", "tp",

@@ -24,7 +24,7 @@ from .pairing import Pairing, merge_twins, twins
 from ..registry import short_dtype
 from ..report import Counts, SiteReport
 from ..site_kernel import BucketKernel, bound_call
-from .sites import NormSite, ProjSite, signature, site_module, site_parts, unsupported_layers
+from .sites import NormSite, ProjSite, signature, site_module, site_parts, stacked_widths, unsupported_layers
 
 # docs/conventions.md tolerance table: relative Frobenius error against a float64 reference.
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
@@ -157,6 +157,9 @@ class Preparer:
         self.counts = Counts()  # searches, cache hits, compiles...: the pipeline adds them to the report
         self.options = options
         self.shard_tag = shard_tag  # "-tp<world>" under tensor parallelism: cache keys carry the world size
+        # q/k/v as one stacked projection (patching.stacking); not on shards, whose weights are views that
+        # patch() makes afresh for every site it traces, so they could not share one stacked storage
+        self.stack = options.stacked_projections and not shard_tag
         self.budget, self.cache = optimize.default_budget(search_budget, backend), cache
         self._extracted: dict[tuple, Extracted] = {}
         self._built: dict[tuple, tuple] = {}  # (digest, device, plain) -> (choice, verification, executor)
@@ -244,13 +247,14 @@ class Preparer:
     def _prepare(self, wrapper, site, sig, dim: int, device, sr: SiteReport, plain: bool):
         parts, kernels, launches = [], 0, 0
         seen: list[str] = []
-        for name, part, outputs in site_parts(site.name, wrapper):
+        for name, part, outputs in site_parts(site.name, wrapper, self.stack):
             sr.kernels = sr.launches = 0
             twin = seen.count(name)  # > 0: an earlier part runs this program (v after k)
             seen.append(name)
             per_bucket: dict[int, BucketKernel] = {}
+            splits = stacked_widths(wrapper, outputs)
             for m in sorted(self.buckets, reverse=True):  # search the largest bucket, re-instantiate the rest
-                per_bucket[m] = self._kernel(part, name, sig, dim, m, device, sr, plain, twin)
+                per_bucket[m] = replace(self._kernel(part, name, sig, dim, m, device, sr, plain, twin), splits=splits)
             parts.append((name, per_bucket, outputs))
             kernels, launches = kernels + sr.kernels, launches + sr.launches
         merged = self._merge_twins(parts, device, sr) if self.options.paired_launch else [p[1:] for p in parts]
@@ -369,7 +373,7 @@ class Preparer:
         self._prefetched.add((site.name, sig))
         dim, device = _dim(wrapper.head), next(wrapper.parameters()).device
         pdl, target = self._compile_target(device)
-        for name, part, _ in site_parts(site.name, wrapper):
+        for name, part, _ in site_parts(site.name, wrapper, self.stack):
             for m in sorted(self.buckets, reverse=True):
                 program = self._program(part, name, sig, dim, m, device).graph
                 key = self._cache_key(digest(program), name, m, device)

@@ -17,12 +17,13 @@ import torch
 from superopt.ir import KernelGraph
 
 
-def layer_programs(name: str, rows: tuple[int, ...], fused_residual: bool | None = None
-                   ) -> Iterator[tuple[str, int, KernelGraph]]:
+def layer_programs(name: str, rows: tuple[int, ...], fused_residual: bool | None = None,
+                   stacked: bool | None = None) -> Iterator[tuple[str, int, KernelGraph]]:
     """(site program label, rows, program) for every site part of one layer of registry model
     ``name`` at each row count (a label can repeat: k and v share one). ``fused_residual`` (default:
     ``PatchOptions().fused_residual``): the projections with the layer's residual add, where
-    ``patch()`` would fuse it (``patching.residual``)."""
+    ``patch()`` would fuse it (``patching.residual``). ``stacked`` (default:
+    ``PatchOptions().stacked_projections``): q/k/v as one stacked projection (``patching.stacking``)."""
     from transformers import AutoModelForCausalLM
 
     from superopt.lax.extract import extract
@@ -47,13 +48,15 @@ def layer_programs(name: str, rows: tuple[int, ...], fused_residual: bool | None
         if family is None:
             raise ValueError(f"{name}: {why}")
     _, layers = find_layers(model, family)
-    fused = PatchOptions().fused_residual if fused_residual is None else fused_residual
+    defaults = PatchOptions()
+    fused = defaults.fused_residual if fused_residual is None else fused_residual
+    stack = defaults.stacked_projections if stacked is None else stacked
     plan = _residual_plans(model, family, layers)[0][0] if fused else None
     top = max(rows)
     for site in family.sites:
         if plan is not None and isinstance(site, ProjSite):
             site = plan.site_for(site)  # with the layer's residual add (and its post-norm or scale)
-        for label, part, _ in site_parts(site.name, site_module(layers[0], site)):
+        for label, part, _ in site_parts(site.name, site_module(layers[0], site), stack):
             acts = tuple(torch.randn(top, d, dtype=torch.bfloat16) for d in activation_dims(part))
             ex = extract(part, acts, f"{label}_m{top}")
             rows_inputs = [v.name for v, src in zip(ex.graph.inputs, ex.sources) if src[0] == "arg"]

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
+from .stacking import stack_linears, stackable
+
 
 @dataclass(frozen=True)
 class Consumer:
@@ -127,7 +129,8 @@ class SiteModule(nn.Module):
         return (n, *outs) if self.norm_output else outs
 
 
-def site_parts(name: str, wrapper: SiteModule) -> list[tuple[str, SiteModule, tuple[int, ...]]]:
+def site_parts(name: str, wrapper: SiteModule, stack: bool = False
+               ) -> list[tuple[str, SiteModule, tuple[int, ...]]]:
     """The programs site ``name`` is optimized as: (program name, module, which of the site's
     outputs it computes), in the order they are prepared; together they compute every output.
 
@@ -138,15 +141,35 @@ def site_parts(name: str, wrapper: SiteModule) -> list[tuple[str, SiteModule, tu
     and sums with atomics (25% of bandwidth on Llama-3-8B's k/v). The norm alone is one small
     row-wise kernel. Consumers with equal structure (k and v) get one program name, so they are
     one program, searched and built once; norms of one shape are one program ("norm").
+
+    ``stack``: the plain ``nn.Linear`` consumers (q, k, v) are one part instead, their weights
+    stacked into one (``stacking``): one weight, so one grid tiles all their columns. That part's
+    program has one output, the consumers' outputs side by side (``stacked_widths``).
     """
     if not len(wrapper.consumers):
         return [(name, wrapper, (0,))]
+    modules = list(wrapper.consumers)  # one a part, in site order
+    outputs = [(1 + i,) for i in range(len(modules))]
+    linear = [i for i, c in enumerate(modules) if type(c) is nn.Linear]
+    if stack and stackable([modules[i] for i in linear]):
+        keep = [i for i in range(len(modules)) if i == linear[0] or i not in linear]
+        modules[linear[0]] = stack_linears([modules[i] for i in linear])
+        outputs[linear[0]] = tuple(1 + i for i in linear)
+        modules, outputs = [modules[i] for i in keep], [outputs[i] for i in keep]
     labels: dict[tuple, str] = {}
     parts = []
-    for i, c in enumerate(wrapper.consumers):
+    for c, outs in zip(modules, outputs):
         label = labels.setdefault(signature(c), name if not labels else f"{name}_{len(labels)}")
-        parts.append((label, SiteModule(wrapper.head, [c], norm_output=False), (1 + i,)))
+        parts.append((label, SiteModule(wrapper.head, [c], norm_output=False), outs))
     return parts + [("norm", SiteModule(wrapper.head, []), (0,))]
+
+
+def stacked_widths(wrapper: SiteModule, outputs: tuple[int, ...]) -> tuple[int, ...]:
+    """The output widths of the consumers a part of ``site_parts`` computes as one stacked
+    projection (its ``outputs``, more than one), in order; () for a part with one output."""
+    if len(outputs) < 2:
+        return ()
+    return tuple(wrapper.consumers[o - 1].out_features for o in outputs)
 
 
 def _without(module: nn.Module, child: str) -> nn.Module:

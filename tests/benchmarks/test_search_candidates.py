@@ -15,7 +15,7 @@ sys.modules[_spec.name] = tool
 _spec.loader.exec_module(tool)
 
 
-@pytest.mark.parametrize("program", ["attn_in_1", "mlp_out"])  # mlp_out: its input is the MLP's width
+@pytest.mark.parametrize("program", ["attn_in", "mlp_out"])  # mlp_out: its input is the MLP's width
 def test_prints_the_searched_and_the_reinstantiated_buckets_candidates(program, capsys):
     tool.main(["SmolLM2-135M", program, "--batch", "4,2"])
     out = capsys.readouterr().out
@@ -26,13 +26,13 @@ def test_prints_the_searched_and_the_reinstantiated_buckets_candidates(program, 
 
 
 def test_names_the_programs_a_model_has_when_asked_for_another():
-    with pytest.raises(SystemExit, match="no site program 'qkv'.*attn_in_1"):
+    with pytest.raises(SystemExit, match="no site program 'qkv'.*attn_in, norm"):
         tool.main(["SmolLM2-135M", "qkv", "--batch", "1"])
 
 
 @pytest.mark.slow
 def test_aot_adds_each_candidate_kernels_registers_and_shared_memory(capsys):
-    tool.main(["SmolLM2-135M", "attn_in_1", "--batch", "2", "--aot"])
+    tool.main(["SmolLM2-135M", "attn_in", "--batch", "2", "--aot"])
     out = capsys.readouterr().out
     kernels = [line for line in out.splitlines() if line.startswith("    grid (")]
     compiled = [line for line in kernels if " regs, " in line and " KB smem" in line]

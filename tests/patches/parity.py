@@ -57,16 +57,20 @@ def _generate(model, ids, mask, **kw):
     return out.sequences, torch.stack(out.logits, 1)
 
 
-def _param_memory(model) -> tuple[int, set]:
-    ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    return nbytes, ptrs
+def _param_memory(model) -> int:
+    """Bytes of the distinct storages the parameters live in: a fused copy of a weight adds one, while
+    stacked projections (patching.stacking) move their weights into one storage of the same size."""
+    storages = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in model.parameters()}
+    return sum(storages.values())
 
 
-def check_family(config, monkeypatch, fused_residual: bool = False, post_attn: str = "") -> mirage_serve.PatchReport:
+def check_family(config, monkeypatch, fused_residual: bool = False, post_attn: str = "",
+                 stacked: bool = True) -> mirage_serve.PatchReport:
     """``fused_residual``: every layer's o_proj and down_proj sites must take the residual
     (patching.residual, the default) on decode-sized forwards; False: with
-    ``PatchOptions(fused_residual=False)``, none may. ``post_attn``: how the report names the norm
+    ``PatchOptions(fused_residual=False)``, none may. ``stacked``: q/k/v as one stacked projection
+    (``PatchOptions.stacked_projections``, the default), the attention input site then one program and its norm;
+    False: each consumer a program of its own. ``post_attn``: how the report names the norm
     fused after o_proj, if any (" (+ post_attention_layernorm)")."""
     model = build(config)
     ids1, ids3, mask3 = prompts(config.vocab_size, pad=0)
@@ -81,12 +85,12 @@ def check_family(config, monkeypatch, fused_residual: bool = False, post_attn: s
     mem = _param_memory(model)
 
     report = mirage_serve.patch(model, backend="torch", search_budget=0, batch_sizes=BUCKETS,
-                                options=PatchOptions(fused_residual=fused_residual))
+                                options=PatchOptions(fused_residual=fused_residual, stacked_projections=stacked))
     assert report.supported, str(report)
     assert report.sites and not report.unpatched, str(report)
     assert all(s.check_error is not None and s.check_error <= 1e-5 for s in report.sites), str(report)
     assert list(model.state_dict()) == keys
-    assert _param_memory(model) == mem  # same storages, no fused copies
+    assert _param_memory(model) == mem  # no fused copies
 
     calls, with_residual = [], []
     run = prepare.SiteRuntime.run
@@ -106,6 +110,8 @@ def check_family(config, monkeypatch, fused_residual: bool = False, post_attn: s
     # program of its own (sites.site_parts) and defers its norm program (patching.install)
     runs = programs_per_forward(report)
     assert all(s.parts >= 2 for s in report.sites if s.site.endswith("_in")), str(report)
+    if stacked:
+        assert all(s.parts == 2 for s in report.sites if s.site == "attn_in"), str(report)
     assert len(calls) == runs, calls
     torch.testing.assert_close(got_short, before_short, rtol=1e-4, atol=1e-5)
     for b, (ids, m) in {1: (ids1, None), 3: (ids3, mask3)}.items():

@@ -48,7 +48,7 @@ def test_search_once_then_cache_hits(monkeypatch, tmp_path):
 
     first = mirage_serve.patch(model, backend="torch", cache_dir=tmp_path, batch_sizes=(2,))
     assert not first.unpatched, str(first)
-    assert first.searches == 6 and len(calls) == 6  # one per distinct program (q, k+v, gate+up, o, down, norm), not per layer
+    assert first.searches == 5 and len(calls) == 5  # one per distinct program (stacked q/k/v, gate+up, o, down, norm), not per layer
     assert {a for _, a in calls} == {"sm_90"}  # the GPU target, even for the CPU backend
     assert all(s.source == "search" and s.verdict.startswith("equivalent") for s in first.sites)
     with torch.no_grad():
@@ -56,9 +56,9 @@ def test_search_once_then_cache_hits(monkeypatch, tmp_path):
     mirage_serve.unpatch(model)
 
     second = mirage_serve.patch(model, backend="torch", cache_dir=tmp_path, batch_sizes=(2,))
-    assert second.searches == 0 and second.cache_hits == 6 and len(calls) == 6
+    assert second.searches == 0 and second.cache_hits == 5 and len(calls) == 5
     assert all(s.source == "cache" for s in second.sites)
-    assert "6 cache hits" in str(second)
+    assert "5 cache hits" in str(second)
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, ref, rtol=1e-4, atol=1e-5)
     mirage_serve.unpatch(model)
@@ -87,7 +87,7 @@ def test_an_entry_without_a_stored_verdict_is_verified_once_then_trusted(monkeyp
     real_verify = optimize.verify
     monkeypatch.setattr(optimize, "verify", lambda p, g: verified.append(p.name) or real_verify(p, g))
     again = mirage_serve.patch(model, backend="torch", cache_dir=tmp_path, batch_sizes=(2,))
-    assert again.cache_hits == 6 and len(verified) == 6
+    assert again.cache_hits == 5 and len(verified) == 5
     assert all(s.verdict.startswith("equivalent") for s in again.sites)
     mirage_serve.unpatch(model)
     assert all(KernelCache(tmp_path, shipped_dir=False).get(i.key, count=False).meta["verified"] is True
@@ -95,7 +95,7 @@ def test_an_entry_without_a_stored_verdict_is_verified_once_then_trusted(monkeyp
 
     verified.clear()
     third = mirage_serve.patch(model, backend="torch", cache_dir=tmp_path, batch_sizes=(2,))
-    assert third.cache_hits == 6 and verified == []
+    assert third.cache_hits == 5 and verified == []
     assert all(s.verdict.startswith("verified when cached: equivalent") for s in third.sites)
 
 
@@ -116,7 +116,7 @@ def test_searched_graph_that_does_not_build_falls_back_to_the_program(monkeypatc
                       num_attention_heads=3, num_key_value_heads=1, head_dim=8)
     model = build(cfg)
     report = mirage_serve.patch(model, backend="torch", batch_sizes=(2,))
-    assert not report.unpatched and len(calls) == 6
+    assert not report.unpatched and len(calls) == 5
     assert all(s.source == "fallback" and "did not build" in s.source_note for s in report.sites)
     assert "codegen does not cover" in str(report)
     mirage_serve.unpatch(model)
@@ -146,7 +146,7 @@ def test_searched_graph_that_fails_to_run_falls_back_to_the_program(monkeypatch)
     with torch.no_grad():
         ref = model(ids).logits
     report = mirage_serve.patch(model, backend="torch", batch_sizes=(2,))
-    assert not report.unpatched and len(calls) == 6, str(report)
+    assert not report.unpatched and len(calls) == 5, str(report)
     assert all(s.source == "fallback" and "failed to run" in s.source_note for s in report.sites)
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, ref, rtol=1e-4, atol=1e-5)
@@ -191,9 +191,9 @@ def test_each_program_is_traced_once_for_all_buckets(monkeypatch):
     assert not report.unpatched, str(report)
     # one trace per program part of the first layer's sites, at the largest bucket (the two norm sites,
     # one program: the second reads the first one's record, cache/programs.py)
-    assert sorted(traced) == sorted(f"{n}_m3" for n in ("attn_in", "attn_in_1", "attn_out", "mlp_in", "mlp_out",
+    assert sorted(traced) == sorted(f"{n}_m3" for n in ("attn_in", "attn_out", "mlp_in", "mlp_out",
                                                           "norm")), traced
-    assert report.programs == 6 * 3
+    assert report.programs == 5 * 3
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, ref, rtol=1e-4, atol=1e-5)  # 3 rows: bucket 3
         torch.testing.assert_close(model(ids[:, :1]).logits, ref[:, :1], rtol=1e-4, atol=1e-5)  # bucket 1
@@ -225,7 +225,7 @@ def test_foreign_entries_are_verified_all_at_once_and_a_forged_one_rejected(monk
                 f.unlink()
             write_entry(d, info.key, bad)
             forged += 1
-    assert 0 < forged < 6
+    assert 0 < forged < 5
 
     events = []
     real_pending, real_verify = verify_parallel._Pending, optimize.verify
@@ -241,8 +241,8 @@ def test_foreign_entries_are_verified_all_at_once_and_a_forged_one_rejected(monk
     with pytest.warns(CacheWarning, match="rejected: it failed verification"):
         again = mirage_serve.patch(model, backend="torch", cache_dir=tmp_path, batch_sizes=(2,))
     assert not again.unpatched, str(again)
-    assert events[:6] == ["submitted"] * 6 and "collected" in events   # all six before any site waits
-    assert again.cache_hits == 6 - forged and again.searches == forged
+    assert events[:5] == ["submitted"] * 5 and "collected" in events   # all five before any site waits
+    assert again.cache_hits == 5 - forged and again.searches == forged
     assert all(s.verdict.startswith("equivalent") for s in again.sites)
     bounds = [float(s.verdict.split("error bound ")[1].split(",")[0]) for s in again.sites]
     assert max(bounds) <= verify_parallel.TARGET_BOUND
