@@ -3,7 +3,7 @@
     python benchmarks/sweep_attention.py [--only "attn 4k b1"]
 
 For each shape: every ``LaunchPlan`` (waves of programs, cache positions per iteration, warps,
-pipeline stages, the splits merged in a second kernel or folded into the first), one call replayed in a CUDA graph over inputs rotated beyond L2, as a share of
+pipeline stages), one call replayed in a CUDA graph over inputs rotated beyond L2, as a share of
 the copy bandwidth measured in the same run; the default plan is marked. What the split plan of
 ``attention_launch`` should be is read off this table, not guessed.
 """
@@ -26,15 +26,14 @@ def main() -> None:
     ap.add_argument("--block-n", default="32,64,128")
     ap.add_argument("--warps", default="2,4,8")
     ap.add_argument("--stages", default="2,3,4")
-    ap.add_argument("--fold", default="0,1", help="1: the splits merged in the first kernel (LaunchPlan.fold)")
     ap.add_argument("--top", type=int, default=5, help="plans printed per shape (the default always)")
     args = ap.parse_args()
     ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
-    plans = [LaunchPlan(*p[:4], fold=bool(p[4])) for p in itertools.product(
-        ints(args.waves), ints(args.block_n), ints(args.warps), ints(args.stages), ints(args.fold))]
+    plans = [LaunchPlan(*p) for p in itertools.product(ints(args.waves), ints(args.block_n), ints(args.warps),
+                                                       ints(args.stages))]
     bw = copy_bandwidth()
     print(f"device: {torch.cuda.get_device_name()}; copy bandwidth {bw / 1e12:.2f} TB/s; {len(plans)} plans\n")
-    print("| row | plan (waves, block_n, warps, stages, fold) | graph µs | % copy BW | vs default |")
+    print("| row | plan (waves, block_n, warps, stages) | graph µs | % copy BW | vs default |")
     print("|---|---|---|---|---|")
     for label, _, kw, dt in attention_rows(args.only):
         timed = {}
@@ -50,8 +49,7 @@ def main() -> None:
         for plan in ranked[:args.top] + ([DEFAULT_PLAN] if DEFAULT_PLAN not in ranked[:args.top] else []):
             us = timed[plan]
             mark = " (default)" if plan == DEFAULT_PLAN else ""
-            print(f"| {label} | {plan.waves}, {plan.block_n}, {plan.num_warps}, {plan.num_stages}, "
-                  f"{int(plan.fold)}{mark} | {us:.1f} | "
+            print(f"| {label} | {plan.waves}, {plan.block_n}, {plan.num_warps}, {plan.num_stages}{mark} | {us:.1f} | "
                   f"{100 * nbytes / (us * 1e-6) / bw:.0f}% | {base / us if base else float('nan'):.2f}× |", flush=True)
 
 

@@ -15,12 +15,6 @@ cache's index_copy, a mask, repeat_kv copies on older transformers, SDPA, a tran
 2. ``_combine``: the splits' partial softmaxes merged into the attention output, in the layout
    o_proj reads; its first program also advances the cache's device-side length, if it has one.
 
-With ``FOLD`` the first kernel does the second's work and the layer is one launch: each program
-counts itself done for its (row, kv head); the last to finish merges that group's splits
-(``_merge_splits``, the partials read at L2 after an acquire-release count, as the codegen's
-chained kernels do: superopt/codegen/triton.py, ``_emit_chained``) and resets its counter; the
-last group to finish advances the length (every program has read the slot by then).
-
 The number of splits depends only on the cache's capacity and the launch shape, never on the
 current length, so one CUDA graph serves every step.
 """
@@ -74,44 +68,21 @@ def _softcap(s, cap):
 
 
 @triton.jit
-def _merge_splits(o_ptr, m_ptr, l_ptr, out_ptr, row, head, splits, o_sb, o_sh, o_ss, ml_sb, ml_sh, out_sb,
-                  D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Head ``head`` of row ``row``: its ``splits`` partial softmaxes merged, stored in the layout o_proj
-    reads. The partials are read at L2 (``.cg``): another SM wrote them (``FOLD``)."""
-    s = tl.arange(0, BLOCK_S)
-    d = tl.arange(0, BLOCK_D)
-    s_ok = s < splits
-    ml = row * ml_sb + head * ml_sh + s
-    m = tl.load(m_ptr + ml, mask=s_ok, other=float("-inf"), cache_modifier=".cg")
-    l = tl.load(l_ptr + ml, mask=s_ok, other=0.0, cache_modifier=".cg")
-    m_all = tl.max(m, 0)
-    w = tl.where(m == float("-inf"), 0.0, tl.exp(m - m_all))
-    o = tl.load(o_ptr + row * o_sb + head * o_sh + s[:, None] * o_ss + d[None, :],
-                mask=s_ok[:, None] & (d[None, :] < D), other=0.0, cache_modifier=".cg")
-    res = tl.sum(o * w[:, None], 0) / tl.sum(l * w, 0)
-    tl.store(out_ptr + row * out_sb + head * D + d, res.to(out_ptr.dtype.element_ty), mask=d < D)
-
-
-@triton.jit
 def _attend_split(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr, mask_ptr,
-                  o_ptr, m_ptr, l_ptr, qn_ptr, kn_ptr, cnt_ptr, out_ptr, len_ptr,
-                  q_sb, k_sb, v_sb, cs_sb, c_sb, c_sh, c_sn, mk_sb, mk_sn, o_sb, o_sh, o_ss, ml_sb, ml_sh, out_sb,
+                  o_ptr, m_ptr, l_ptr, qn_ptr, kn_ptr,
+                  q_sb, k_sb, v_sb, cs_sb, c_sb, c_sh, c_sn, mk_sb, mk_sn, o_sb, o_sh, o_ss, ml_sb, ml_sh,
                   scale, eps, chunk,
                   HKV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr,
                   BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                   MASK_KIND: tl.constexpr, QK_NORM: tl.constexpr, PDL: tl.constexpr, ROT: tl.constexpr,
-                  SOFTCAP: tl.constexpr = 0.0, ROPE_WIDE: tl.constexpr = 0,
-                  FOLD: tl.constexpr = 0, ADVANCE: tl.constexpr = 0, BLOCK_S: tl.constexpr = 1):
+                  SOFTCAP: tl.constexpr = 0.0, ROPE_WIDE: tl.constexpr = 0):
     """MASK_KIND: 0 none (attend to every written slot), 1 boolean (True = attend), 2 additive.
     QK_NORM: 0 none, else q and k RMS-normalised per head before RoPE in that form of ``_head``
     (weights ``qn_ptr``, ``kn_ptr``, ``eps``).
     ROT: the rotary dims, the first ROT of each head (D, or fewer: StableLM's partial rotary); the rest
     pass through RoPE unchanged. SOFTCAP: > 0: the scaled scores are soft-capped (``_softcap``) before
     the mask, as HF's Gemma-2 does. ROPE_WIDE: RoPE in float32, rounded once (``_rope``).
-    PDL: launched with programmatic dependent launch (superopt.runtime.grid_dependency).
-    FOLD: the last program of each (row, kv head) merges its splits into ``out_ptr`` (the module
-    docstring); ``cnt_ptr``: int32 counters, one per (row, kv head) and one more, zero before the launch
-    and left at zero; ADVANCE: the last group adds one to ``len_ptr``."""
+    PDL: launched with programmatic dependent launch (superopt.runtime.grid_dependency)."""
     if PDL:  # nothing is read or written before the kernel before this one is complete
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -198,19 +169,6 @@ def _attend_split(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr
     ml_off = row * ml_sb + heads * ml_sh + split
     tl.store(m_ptr + ml_off, m_i, mask=g_ok)
     tl.store(l_ptr + ml_off, l_i, mask=g_ok)
-    if FOLD:
-        tl.debug_barrier()  # every thread's partials are stored before the count that publishes them
-        splits = tl.num_programs(1)
-        if tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel") == splits - 1:  # the group's last split
-            for i in range(GROUP):
-                _merge_splits(o_ptr, m_ptr, l_ptr, out_ptr, row, kv * GROUP + i, splits, o_sb, o_sh, o_ss,
-                              ml_sb, ml_sh, out_sb, D, BLOCK_S, BLOCK_D)
-            tl.store(cnt_ptr + pid, 0)
-            if ADVANCE:
-                groups = tl.num_programs(0)
-                if tl.atomic_add(cnt_ptr + groups, 1, sem="acq_rel") == groups - 1:  # every program read pos
-                    tl.store(len_ptr, tl.load(len_ptr) + 1)
-                    tl.store(cnt_ptr + groups, 0)
 
 
 @triton.jit
@@ -222,8 +180,20 @@ def _combine(o_ptr, m_ptr, l_ptr, out_ptr, len_ptr,
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0)
-    _merge_splits(o_ptr, m_ptr, l_ptr, out_ptr, pid // HQ, pid % HQ, SPLITS, o_sb, o_sh, o_ss, ml_sb, ml_sh, out_sb,
-                  D, BLOCK_S, BLOCK_D)
+    row = pid // HQ
+    head = pid % HQ
+    s = tl.arange(0, BLOCK_S)
+    d = tl.arange(0, BLOCK_D)
+    s_ok = s < SPLITS
+    ml = row * ml_sb + head * ml_sh + s
+    m = tl.load(m_ptr + ml, mask=s_ok, other=float("-inf"))
+    l = tl.load(l_ptr + ml, mask=s_ok, other=0.0)
+    m_all = tl.max(m, 0)
+    w = tl.where(m == float("-inf"), 0.0, tl.exp(m - m_all))
+    o = tl.load(o_ptr + row * o_sb + head * o_sh + s[:, None] * o_ss + d[None, :],
+                mask=s_ok[:, None] & (d[None, :] < D), other=0.0)
+    res = tl.sum(o * w[:, None], 0) / tl.sum(l * w, 0)
+    tl.store(out_ptr + row * out_sb + head * D + d, res.to(out_ptr.dtype.element_ty), mask=d < D)
     if ADVANCE:
         if pid == 0:  # the cache's length counter: every reader of it (kernels 1, 2) has finished
             tl.store(len_ptr, tl.load(len_ptr) + 1)

@@ -1,4 +1,4 @@
-"""Launch the decode-attention kernels (``attention_kernels``) for one layer and one step: two, or one folded.
+"""Launch the two decode-attention kernels (``attention_kernels``) for one layer and one step.
 
 Shapes (b rows, Hq query heads, Hkv kv heads, d head dim, L cache capacity):
 q, k, v: [b, Hq·d], [b, Hkv·d], [b, Hkv·d] (row stride free, unit stride inside a row);
@@ -26,23 +26,6 @@ class LaunchPlan:
     block_n: int = BLOCK_N  # cache positions per loop iteration
     num_warps: int = 4
     num_stages: int = 3     # Triton's default on Hopper
-    # the splits merged by the last program of each group, not by ``_combine``: one launch a layer, not
-    # two. Off until the sweep has timed it on a GPU (built in session 28 without one).
-    fold: bool = False
-
-
-_COUNTERS: dict[tuple, torch.Tensor] = {}
-
-
-def _counters(device: torch.device, n: int) -> torch.Tensor:
-    """``n`` int32 counters at zero for a folded launch. Every such launch leaves them at zero, and the
-    launches of one device run in stream order (a decode step's layers, one after another), so one set
-    per device and size serves them all. Allocated outside any capture: the first call of a shape is
-    the decode loop's eager step."""
-    key = (device, n)
-    if key not in _COUNTERS:
-        _COUNTERS[key] = torch.zeros(n, dtype=torch.int32, device=device)
-    return _COUNTERS[key]
 
 
 DEFAULT_PLAN = LaunchPlan()
@@ -99,22 +82,18 @@ def decode_attention(q, k, v, cos, sin, keys, values, pos, mask, scale: float,
         mask_t, mk_sb, mk_sn = mask, (mask.stride(0) if mask.shape[0] > 1 else 0), mask.stride(1)
     block_d = max(16, triton.next_power_of_2(d))  # tl.dot needs K ≥ 16
     q_w, k_w, eps, form = qk_norm if qk_norm is not None else (q, k, 0.0, 0)  # weights unread at form 0
-    out = torch.empty(b, hq * d, dtype=q.dtype, device=dev)
-    counters = _counters(dev, b * hkv + 1) if plan.fold else pos  # unread unless folded
     _attend_split[(b * hkv, splits)](
         q, k, v, cos, sin, keys, values, pos, mask_t, o_part, m_part, l_part, q_w, k_w,
-        counters, out, pos if advance is None else advance,
         q.stride(0), k.stride(0), v.stride(0), cos.stride(0) if cos.shape[0] > 1 else 0,
         keys.stride(0), keys.stride(1), keys.stride(2), mk_sb, mk_sn,
-        o_part.stride(0), o_part.stride(1), o_part.stride(2), m_part.stride(0), m_part.stride(1), out.stride(0),
+        o_part.stride(0), o_part.stride(1), o_part.stride(2), m_part.stride(0), m_part.stride(1),
         float(scale), float(eps), chunk,
         HKV=hkv, GROUP=group, D=d, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d,
         BLOCK_N=plan.block_n, MASK_KIND=kind, QK_NORM=form, PDL=pdl, ROT=rotary_dim or d,
         SOFTCAP=float(softcap or 0.0), ROPE_WIDE=int(cos.dtype == torch.float32 and q.dtype != torch.float32),
-        FOLD=int(plan.fold), ADVANCE=int(plan.fold and advance is not None),
-        BLOCK_S=triton.next_power_of_2(splits), num_warps=plan.num_warps, num_stages=plan.num_stages, **options)
-    if plan.fold:
-        return out
+        num_warps=plan.num_warps, num_stages=plan.num_stages, **options)
+
+    out = torch.empty(b, hq * d, dtype=q.dtype, device=dev)
     _combine[(b * hq,)](
         o_part, m_part, l_part, out, pos if advance is None else advance,
         o_part.stride(0), o_part.stride(1), o_part.stride(2), m_part.stride(0), m_part.stride(1),

@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-from functools import partial
 
 os.environ["TRITON_INTERPRET"] = "1"
 
@@ -36,9 +35,6 @@ from tests.mirage_serve.decode.attention_cases import (FAMILIES, GRANITE, KERNEL
 def main(part: int = 0, parts: int = 1) -> None:
     cases = [(f"kernel/{name}/{dtype}", kernel_case, (*case, dtype))
              for name, case in KERNEL_CASES.items() for dtype in ("float32", "float16")]
-    # the same cases in one launch (LaunchPlan.fold: the last split of each group merges them)
-    cases += [(f"kernel_fold/{name}/float32", partial(kernel_case, fold=True), (*case, "float32"))
-              for name, case in KERNEL_CASES.items()]
     families = [(n, c, "install") for n, c in FAMILIES.items()]
     families += [("llama_patched", FAMILIES["llama"], "patch"), ("llama_mutant", FAMILIES["llama"], "mutant"),
                  ("llama_patched_residual", FAMILIES["llama"], "patch_residual"),

@@ -34,9 +34,8 @@ ROT = {(2, 7, 64): 16}  # partial rotary (StableLM-2's quarter of the head) on o
 WIDE_ROPE = {(16, 1, 128)}  # RoPE in float32 from float32 cos/sin (OLMo-2's)
 
 
-@pytest.mark.parametrize("fold", [0, 1], ids=["two_launches", "folded"])
 @pytest.mark.parametrize("dtype,hkv,group,d,mask,qk_norm", CASES)
-def test_attention_kernels_compile_for_sm90(dtype, hkv, group, d, mask, qk_norm, fold):
+def test_attention_kernels_compile_for_sm90(dtype, hkv, group, d, mask, qk_norm):
     from mirage_serve.decode.attention_kernels import BLOCK_N, _attend_split, _combine
     from triton import next_power_of_2 as _pow2
 
@@ -46,17 +45,13 @@ def test_attention_kernels_compile_for_sm90(dtype, hkv, group, d, mask, qk_norm,
     types = {n: t for n in ("q_ptr", "k_ptr", "v_ptr", "cos_ptr", "sin_ptr", "kc_ptr", "vc_ptr", "qn_ptr", "kn_ptr")}
     types.update({"cos_ptr": "*fp32", "sin_ptr": "*fp32"} if wide else {})
     types.update({"pos_ptr": "*i64", "mask_ptr": {0: "*i64", 1: "*i1", 2: t}[mask],
-                  "o_ptr": "*fp32", "m_ptr": "*fp32", "l_ptr": "*fp32", "scale": "fp32", "eps": "fp32",
-                  "cnt_ptr": "*i32", "out_ptr": t, "len_ptr": "*i64"})
+                  "o_ptr": "*fp32", "m_ptr": "*fp32", "l_ptr": "*fp32", "scale": "fp32", "eps": "fp32"})
     pdl = mask != 0  # both ways: with programmatic dependent launch (as on sm_90+) and without
     k = _compile(_attend_split, types, dict(HKV=hkv, GROUP=group, D=d, BLOCK_G=max(16, _pow2(group)),
                                             BLOCK_D=block_d, BLOCK_N=BLOCK_N, MASK_KIND=mask, QK_NORM=qk_norm,
                                             PDL=pdl, ROT=ROT.get((hkv, group, d), d),
-                                            SOFTCAP=SOFTCAP.get((hkv, group, d), 0.0), ROPE_WIDE=int(wide),
-                                            FOLD=fold, ADVANCE=fold, BLOCK_S=8), 4)
+                                            SOFTCAP=SOFTCAP.get((hkv, group, d), 0.0), ROPE_WIDE=int(wide)), 4)
     assert k.asm["cubin"] and "mma.sync" in k.asm["ptx"]  # q·Kᵀ and p·V on tensor cores
-    # folded: the group's count is an acquire-release atomic, the partials are read at L2
-    assert ("acq_rel.add" in k.asm["ptx"] and "ld.global.cg" in k.asm["ptx"]) == bool(fold)
     c = _compile(_combine, {"o_ptr": "*fp32", "m_ptr": "*fp32", "l_ptr": "*fp32", "out_ptr": t, "len_ptr": "*i64"},
                  dict(HQ=hkv * group, D=d, SPLITS=5, BLOCK_S=8, BLOCK_D=block_d, ADVANCE=True, PDL=pdl), 1)
     assert c.asm["cubin"]
