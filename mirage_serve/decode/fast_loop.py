@@ -13,6 +13,8 @@ padded with zeros to the cache length, AND-ed with causality (kv ≤ the query's
 mask holds the prompt's mask followed by ones for every later column; the columns it differs on
 (beyond the current position) are removed by causality, so the 4D mask is the same, element for
 element, and it is built inside the captured step from device state (the cache length is a tensor).
+Where HF's 4D mask of the first step equals the one ``step_mask.StepMask`` keeps (one column a step),
+later steps pass that instead, and HF builds none.
 
 Finished rows: HF stops when every row has produced an EOS. Reading that needs a host sync, so the
 loop polls a non-blocking copy every ``check_every`` steps and may run a few steps past the stop;
@@ -32,6 +34,7 @@ from ..hf_names import CACHE_KWARG
 from . import attention_fast, graph_step, window_layers
 from .greedy_kernels import GreedyAdvance
 from .rotary_table import RotaryTables
+from .step_mask import StepMask
 from .token_choice import TokenChooser
 
 log = logging.getLogger("mirage_serve")
@@ -70,6 +73,7 @@ class DecodeLoop:
         self.unfinished = torch.ones(batch, dtype=torch.bool, device=dev)
         self.eos_mask = torch.zeros(vocab, dtype=torch.bool, device=dev)
         self.pad = torch.zeros((), dtype=long, device=dev)
+        self.step_mask = StepMask(batch, cache_len, dev)  # HF's 4D mask, one column a step (step_mask)
         pinned = dev.type == "cuda"
         self._alive_host = torch.zeros((), dtype=torch.bool, pin_memory=pinned)
         self._alive_event = torch.cuda.Event() if pinned else None
@@ -82,6 +86,7 @@ class DecodeLoop:
         self.mask.fill_(1)
         if prompt_mask is not None:
             self.mask[:, :width].copy_(prompt_mask)
+        self.step_mask.start(prompt_mask, width)
         self.pos.copy_(next_pos.expand_as(self.pos))  # position of the first generated token
         self.eos_mask.zero_()
         if eos_ids is not None:
@@ -149,9 +154,12 @@ class DecodeLoop:
             window_layers.advance(self.sliding, -1)  # the capture counted a token it did not write
 
     def _step(self) -> None:
+        mask = self.step_mask.advance()
         inputs = self.model.prepare_inputs_for_generation(
-            self.ids, next_sequence_length=1, attention_mask=self.mask, **{CACHE_KWARG: self.cache},
-            position_ids=self.pos, **self.extra)
+            self.ids, next_sequence_length=1, attention_mask=mask if self.step_mask.adopted else self.mask,
+            **{CACHE_KWARG: self.cache}, position_ids=self.pos, **self.extra)
+        if self.step_mask.adopted is None:  # the loop's first step: HF built its mask; is it ours?
+            self.step_mask.adopt(inputs.get("attention_mask"))
         with self.rotary.active():
             out = self.forward(**inputs, return_dict=True)
         self.pos.add_(1)

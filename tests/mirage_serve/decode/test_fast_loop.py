@@ -57,6 +57,8 @@ def test_greedy_tokens_match_hf_for_24_steps(family, lengths):
     (want,), (got,), runner = _hf_then_fast(model, [(kw, None)])
     assert runner.paths["fast"] == 1 and runner.paths["hf"] == 0
     assert got.shape == (len(lengths), max(lengths) + 24) and torch.equal(got, want)
+    # HF's mask of the first step was ours in every element, so the later steps passed ours (step_mask)
+    assert [loop.step_mask.adopted for loop in runner.loops.values()] == [True]
     uninstall_decode_graphs(model)
 
 
