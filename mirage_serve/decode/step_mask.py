@@ -2,7 +2,8 @@
 
 HF builds a decode step's mask from the 2D mask (``prepare_inputs_for_generation`` or the model's forward,
 by version): about a dozen small kernels a token (aranges, comparisons, an index, two ANDs) inside the captured
-step, where the weights of a 0.5–1B model take a few µs a kernel (docs/architecture.md, "Decode loop"). For a
+step, where the weights of a 0.5–1B model take a few µs a kernel (docs/architecture.md, "From a decode step to
+the GPU"). For a
 static cache and full attention that mask is, element for element,
 
     mask[b, 0, 0, j] = prompt_mask[b, j] (ones after the prompt)  and  j <= slot
