@@ -1,10 +1,9 @@
 """The decode step's 4D attention mask kept on the device, one column a step, instead of built by HF every step.
 
-HF builds a decode step's mask from the 2D mask (``prepare_inputs_for_generation`` or the model's forward,
-by version): about a dozen small kernels a token (aranges, comparisons, an index, two ANDs) inside the captured
-step, where the weights of a 0.5–1B model take a few µs a kernel (docs/architecture.md, "From a decode step to
-the GPU"). For a
-static cache and full attention that mask is, element for element,
+HF builds a decode step's mask from the 2D mask (in ``prepare_inputs_for_generation`` for a static cache): about
+a dozen small kernels a token (aranges, comparisons, an index, two ANDs) inside the captured step, where a 0.5–1B
+model's kernels take a few µs each (docs/architecture.md, "From a decode step to the GPU"). For a static cache and
+full attention that mask is, element for element,
 
     mask[b, 0, 0, j] = prompt_mask[b, j] (ones after the prompt)  and  j <= slot
 
