@@ -15,7 +15,8 @@ decode step the norm kernel is never needed (one launch per norm saved). The pla
 view of it, and nothing is deferred while a hook on the norm or a consumer could read it.
 
 Only instance attributes named ``forward`` are set; parameters, buffers, module names and
-``state_dict`` stay exactly as they were, and `restore` puts back what was there before.
+``state_dict`` stay exactly as they were (stacked q/k/v move their weights' storage, not their values:
+``stacking``), and `restore` puts back what was there before.
 """
 from __future__ import annotations
 
