@@ -117,8 +117,19 @@ class _Additive:
     """The last mask ``additive_mask`` converted: the layers of one step share one mask (each reads its own view
     of HF's 4D mask), so the key is the memory viewed and the view, and the conversion runs once a step, not
     once a layer. Holding that memory keeps a later step's mask from being allocated at the same address.
-    (Not the view's ``_base``: under ``torch.inference_mode`` views have none, and every layer missed.)"""
+    (Not the view's ``_base``: under ``torch.inference_mode`` views have none, and every layer missed.) A mask
+    written in place from step to step (``step_mask.StepMask``: one buffer, a column more a step) keeps its
+    address, so the key also holds its version counter, which every in-place write advances."""
     storage = key = out = None
+
+
+def _version(t: torch.Tensor) -> int | None:
+    """``t``'s in-place version counter; None for an inference tensor, which has none (and is never written
+    in place: a step's mask of that kind is a new tensor)."""
+    try:
+        return t._version
+    except RuntimeError:
+        return None
 
 
 def additive_mask(mask: torch.Tensor, rows: int, dtype: torch.dtype, pos: torch.Tensor) -> torch.Tensor:
@@ -129,7 +140,8 @@ def additive_mask(mask: torch.Tensor, rows: int, dtype: torch.dtype, pos: torch.
     same position while it runs these kernels (a sliding layer only until its window is full), so the first
     layer's ``pos`` serves the step."""
     storage = mask.untyped_storage()
-    key = (storage.data_ptr(), tuple(mask.shape), mask.stride(), mask.storage_offset(), mask.dtype, rows, dtype)
+    key = (storage.data_ptr(), tuple(mask.shape), mask.stride(), mask.storage_offset(), _version(mask), mask.dtype,
+           rows, dtype)
     if _Additive.key == key:
         return _Additive.out
     attends = mask if mask.dtype == torch.bool else mask == 0

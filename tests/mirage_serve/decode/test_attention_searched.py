@@ -209,3 +209,13 @@ def test_a_later_process_carries_the_profile_its_user_signed_and_no_other(tmp_pa
     AttentionSearch(shipped, 0, True).decide(longer, lambda: built.append(1) or _Graph(),
                                               lambda graph: (5.0, 4.0), cpu)
     assert built == [1]
+
+
+def test_a_mask_written_in_place_between_steps_is_converted_again():
+    # step_mask.StepMask keeps one buffer and sets a column a step: same address, a new version
+    mask = torch.zeros(2, 1, 1, 9, dtype=torch.bool)
+    mask[..., :4] = True
+    first = additive_mask(mask[:, 0, 0, :], 2, torch.float32, torch.tensor(8)).clone()
+    mask.index_fill_(3, torch.tensor([4]), True)
+    again = additive_mask(mask[:, 0, 0, :], 2, torch.float32, torch.tensor(8))
+    assert (first == 0).sum() == 2 * 4 and (again == 0).sum() == 2 * 5
