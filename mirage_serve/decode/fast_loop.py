@@ -154,11 +154,13 @@ class DecodeLoop:
             window_layers.advance(self.sliding, -1)  # the capture counted a token it did not write
 
     def _step(self) -> None:
-        mask = self.step_mask.advance()
+        own = self.step_mask.adopted  # None on the loop's first step, until HF's mask is compared with ours
+        if own is not False:  # a rejected step mask costs no launches
+            self.step_mask.advance()
         inputs = self.model.prepare_inputs_for_generation(
-            self.ids, next_sequence_length=1, attention_mask=mask if self.step_mask.adopted else self.mask,
+            self.ids, next_sequence_length=1, attention_mask=self.step_mask.mask if own else self.mask,
             **{CACHE_KWARG: self.cache}, position_ids=self.pos, **self.extra)
-        if self.step_mask.adopted is None:  # the loop's first step: HF built its mask; is it ours?
+        if own is None:  # HF built its mask this step: is it ours?
             self.step_mask.adopt(inputs.get("attention_mask"))
         with self.rotary.active():
             out = self.forward(**inputs, return_dict=True)

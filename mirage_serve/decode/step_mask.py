@@ -36,7 +36,7 @@ class StepMask:
         self.slot.fill_(width)
 
     def advance(self) -> torch.Tensor:
-        """This step's mask: its slot's column set (HF's causality), ready for the next step's."""
+        """This step's mask (``self.mask``): its slot's column set (HF's causality), ready for the next step's."""
         self.mask.index_fill_(3, self.slot, True)
         self.slot.add_(1)
         return self.mask
