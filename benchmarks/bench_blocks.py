@@ -248,12 +248,12 @@ def fmt(r: dict) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--suite", choices=("paper", "llama", "all"), default="all")
-    ap.add_argument("--paper-dtypes", default="bfloat16,float16")
+    ap.add_argument("--dtypes", default="bfloat16,float16", help="comma-separated; every suite runs in each")
     ap.add_argument("--compile-mode", default="max-autotune-no-cudagraphs",
                     help="torch.compile mode of the baselines (issue 4 asks for this one; 'default' compiles faster)")
     ap.add_argument("--compile-budget-s", type=float, default=420.0,
                     help="skip torch.compile baselines once the run has taken this long")
-    ap.add_argument("--only", default="", help="comma-separated substrings of row labels")
+    ap.add_argument("--only", default="", help="comma-separated substrings of 'LABEL DTYPE' (e.g. 'attn 4k b1 float16')")
     ap.add_argument("--out", default="")
     ap.add_argument("--workers", type=int, default=12, help="processes compiling kernels ahead of timing")
     ap.add_argument("--deadline-s", type=float, default=1e9, help="start no new row after this many seconds")
@@ -264,13 +264,13 @@ def main() -> None:
     args = ap.parse_args()
     t0 = time.time()
     rows = []
-    if args.suite in ("llama", "all"):
-        rows += list(llama_rows())
-    if args.suite in ("paper", "all"):
-        for dt in args.paper_dtypes.split(","):
+    for dt in args.dtypes.split(","):
+        if args.suite in ("llama", "all"):
+            rows += list(llama_rows(dt))
+        if args.suite in ("paper", "all"):
             rows += list(paper_rows(dt))
     if args.only:
-        rows = [r for r in rows if any(s in r[0] for s in args.only.split(","))]
+        rows = [r for r in rows if any(s in f"{r[0]} {r[3]}" for s in args.only.split(","))]
     rows = search_rows(rows, args.search_s, args.workers)
     print(f"searched {len(rows)} programs in {time.time() - t0:.0f} s", flush=True)
     if args.workers > 1:  # compile the baselines in parallel, time alone: timings never share the GPU

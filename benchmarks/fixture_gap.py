@@ -74,9 +74,7 @@ def parse_tiling(tiling: str) -> tuple[tuple[int, int, int], int, int]:
 def row_programs() -> dict[tuple[str, str], tuple[str, dict]]:
     """(label, dtype) -> (fixture name, shape kwargs) of every bench_blocks row."""
     from benchmarks.bench_blocks import llama_rows, paper_rows
-    rows = list(llama_rows())
-    for dt in ("bfloat16", "float16"):
-        rows += list(paper_rows(dt))
+    rows = [r for dt in ("bfloat16", "float16") for r in (*llama_rows(dt), *paper_rows(dt))]
     return {(label, dt): (name, kw) for label, name, kw, dt in rows}
 
 

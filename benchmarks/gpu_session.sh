@@ -5,7 +5,7 @@
 # blocks | research | unship | warm | bench | diagnose. Every step's limit is cut to what is left before DEADLINE (default 560 s: a device command may run 600 s,
 # and the tars at the end need a few seconds); a step with under 20 s left is skipped.
 # (environment: MIRAGE_SERVE_PDL, MIRAGE_SERVE_PAIRED_LAUNCH, MIRAGE_SERVE_FUSED_RESIDUAL, NEW_TOKENS, LLAMA_BATCH, BASELINES; overhead: OVERHEAD (MODEL:BATCH ...); unship: UNSHIP (MODEL:LABELS ..., shipped entries to delete in this copy, so later steps search them); warm: WARM_MODELS, WARM_BATCH; it leaves $OUT/shipped.tar,
-# entries in kernels_cache/ form to untar into the repo's kernels_cache/; blocks: BLOCKS_LIMIT (s, default 400), BLOCKS_SUITE (llama, paper, all), BLOCKS_ONLY (row label substrings), BLOCKS_DTYPES (the paper suite's), BLOCKS_WORKERS (build processes, default 12); attn-choice: ATTN_MODEL, ATTN_BATCH ("1 8"), ATTN_PROMPT; sweep-attn: SWEEP_ARGS (sweep_attention.py flags); profile-floor: PROFILE_MODELS, PROFILE_BATCH ("1 8"), PROFILE_ATTENTION (hand-written), PROFILE_PDL (1; 0: per-kernel times without the overlap); bench: BENCH_MODELS, BENCH_BATCH (default 1,8), BENCH_BASELINES (default static-compile), BENCH_LIMIT (s a model, default 420), a JSON a model and run; pytest: PYTEST_TARGETS, the GPU tests to run, PYTEST_LIMIT (s, default 300)). The kernel cache is $MIRAGE_SERVE_CACHE_DIR
+# entries in kernels_cache/ form to untar into the repo's kernels_cache/; blocks: BLOCKS_LIMIT (s, default 400), BLOCKS_SUITE (llama, paper, all), BLOCKS_ONLY (substrings of "LABEL DTYPE"), BLOCKS_DTYPES (bfloat16,float16: every suite in each), BLOCKS_WORKERS (build processes, default 12); attn-choice: ATTN_MODEL, ATTN_BATCH ("1 8"), ATTN_PROMPT; sweep-attn: SWEEP_ARGS (sweep_attention.py flags); profile-floor: PROFILE_MODELS, PROFILE_BATCH ("1 8"), PROFILE_ATTENTION (hand-written), PROFILE_PDL (1; 0: per-kernel times without the overlap); bench: BENCH_MODELS, BENCH_BATCH (default 1,8), BENCH_BASELINES (default static-compile), BENCH_LIMIT (s a model, default 420), a JSON a model and run; pytest: PYTEST_TARGETS, the GPU tests to run, PYTEST_LIMIT (s, default 300)). The kernel cache is $MIRAGE_SERVE_CACHE_DIR
 # (default /tmp/ms_cache) while running; the files the call wrote are tarred to $OUT/cache_new.tar at the end,
 # so searched μGraphs found on the GPU can be brought back (for kernels_cache/); a cache.tar in the
 # working directory is restored first. To run exactly a commit while others edit the tree, archive it
@@ -17,7 +17,8 @@ OUT=${OUT:?set OUT}
 export MIRAGE_SERVE_CACHE_DIR=${MIRAGE_SERVE_CACHE_DIR:-/tmp/ms_cache}
 [ -f cache.tar ] && tar -C / -xf cache.tar && echo "gpu_session: kernel cache restored from cache.tar"
 mkdir -p "$MIRAGE_SERVE_CACHE_DIR"; touch "$OUT/.restored"  # what is newer than this is what the call added
-python -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || tail -5 "$OUT/install.log"
+[ "${GPU_SESSION_INSTALLED:-0}" = 1 ] ||  # gpu_lanes.sh installs once for all its lanes
+  python -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || tail -5 "$OUT/install.log"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 python -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
 
@@ -133,7 +134,7 @@ while [ $# -gt 0 ]; do
             && tar -C /tmp -cf "$OUT/shipped.tar" shipped ;;
     blocks) limit=${BLOCKS_LIMIT:-400}  # issue 4's table; rows not started by the deadline say so
             step blocks "$limit" env PYTHONPATH="$PWD" python benchmarks/bench_blocks.py --suite "${BLOCKS_SUITE:-llama}" \
-              --paper-dtypes "${BLOCKS_DTYPES:-bfloat16,float16}" --deadline-s $((limit - 45)) --only "${BLOCKS_ONLY:-}" \
+              --dtypes "${BLOCKS_DTYPES:-bfloat16,float16}" --deadline-s $((limit - 45)) --only "${BLOCKS_ONLY:-}" \
               --compile-budget-s $((limit - 45)) --workers "${BLOCKS_WORKERS:-12}" --out "$OUT/blocks.md" ;;  # the baselines compile ahead: time them all
     diagnose) for m in ${DIAG_MODELS:?set DIAG_MODELS to registry names}; do  # a greedy divergence: kernels, loop or noise
                 step "diagnose_$m" 200 python benchmarks/diagnose_greedy.py "$m" --batch "${DIAG_BATCH:-8}" \
