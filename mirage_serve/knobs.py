@@ -5,7 +5,7 @@ Each knob is a `Knob` in the module-level table `KNOBS`; code reads one with its
 parser and a one-line doc; `describe()` lists them all (the CLI prints it, docs quote it).
 
 Values are read at call time, not import time. The switches that change what ``patch()`` does
-(``PDL``, ``PAIRED_LAUNCH``, ``STACKED_PROJECTIONS``, ``RESEARCH``, ``FUSED_RESIDUAL``, ``ATTENTION``) are only
+(``PDL``, ``PAIRED_LAUNCH``, ``STACKED_PROJECTIONS``, ``FINAL_NORM``, ``RESEARCH``, ``FUSED_RESIDUAL``, ``ATTENTION``) are only
 the defaults of ``mirage_serve.PatchOptions``' fields, read when the options are made; code and tests pass options,
 never set these variables.
 """
@@ -88,6 +88,11 @@ STACKED_PROJECTIONS: Knob[bool] = Knob(
     "run a layer's q, k and v projections as one, on their weights stacked into one matrix that the originals "
     "then view (no copy kept); 0 searches and launches them apart (default of PatchOptions.stacked_projections)")
 
+FINAL_NORM: Knob[bool] = Knob(
+    "MIRAGE_SERVE_FINAL_NORM", parse_bool, True,
+    "run the model's final norm (after the last decoder layer) as a site kernel, one launch instead of the norm's "
+    "own torch ops; 0 leaves it original (default of PatchOptions.final_norm)")
+
 RESEARCH: Knob[bool] = Knob(
     "MIRAGE_SERVE_RESEARCH", parse_bool, False,
     "search again, where patch() profiles on the GPU, the programs the shipped kernel cache has: the shipped "
@@ -120,8 +125,8 @@ PROGRESS: Knob[bool] = Knob(
     "print a line on stderr when patch() or a first decode step starts something slow (a search, the GPU "
     "profile of its candidates, the choice of a decode-attention shape) and when it ends; 0 silences them")
 
-KNOBS: tuple[Knob, ...] = (CACHE_DIR, CACHE_READ_ONLY, CACHE_KEY, PDL, PAIRED_LAUNCH, STACKED_PROJECTIONS, RESEARCH,
-                           FUSED_RESIDUAL, ATTENTION, PROGRESS)
+KNOBS: tuple[Knob, ...] = (CACHE_DIR, CACHE_READ_ONLY, CACHE_KEY, PDL, PAIRED_LAUNCH, STACKED_PROJECTIONS, FINAL_NORM,
+                           RESEARCH, FUSED_RESIDUAL, ATTENTION, PROGRESS)
 
 
 def torchrun_ranks() -> tuple[int, int, int] | None:

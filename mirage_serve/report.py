@@ -6,7 +6,7 @@ from dataclasses import dataclass, field, fields
 
 @dataclass
 class SiteReport:
-    layer: int
+    layer: int                     # -1: a site outside the decoder layers (the final norm)
     site: str                      # "attn_in", "attn_out", "mlp_in", "mlp_out", or a block left original
     modules: tuple[str, ...]       # module paths in the model
     patched: bool = False
@@ -82,7 +82,7 @@ class PatchReport:
         for s in self.sites:
             err = "" if s.check_error is None else f"{s.check_error:.1e}"
             why = s.verdict if s.patched else s.reason
-            rows.append((str(s.layer), s.site, "yes" if s.patched else "no", s.source,
+            rows.append((str(s.layer) if s.layer >= 0 else "model", s.site, "yes" if s.patched else "no", s.source,
                          str(s.kernels or ""), str(s.launches or ""), err, f"{sum(s.times.values()):.2f}", why))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
         for r in rows:

@@ -79,15 +79,21 @@ def restore(records: list[Record]) -> None:
             r.module.forward = r.previous
 
 
-def _proj_forward(module, runtime: SiteRuntime, tail=None):
+def _proj_forward(module, runtime: SiteRuntime, tail=None, escapes: bool = False):
     original = module.forward
 
     def forward(x, *args, **kwargs):
         if args or kwargs or not runtime.eligible(module, x):
             return original(x, *args, **kwargs)
         y = runtime.run(x)[0]
+        if escapes and not _capturing():  # a graph's outputs are its static buffers anyway
+            y = y.clone()
         return y if tail is None else tail(y)
     return forward
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def _norm_forward(module, runtime: SiteRuntime, handoff: _Handoff, watched: list):
@@ -135,7 +141,7 @@ def install(layer: torch.nn.Module, site: NormSite | ProjSite, runtime: SiteRunt
                 set_forward(post, post_forward(post, residual_slot), records)
         else:
             tail = proj.get_submodule(site.tail) if site.tail else None
-            set_forward(proj, _proj_forward(proj, runtime, tail), records)
+            set_forward(proj, _proj_forward(proj, runtime, tail, site.escapes), records)
         return
     handoff = _Handoff()
     norm = layer.get_submodule(site.norm)

@@ -25,6 +25,7 @@ from superopt.runtime.interpreter import interpreting
 
 from .. import backends, optimize
 from ..options import PatchOptions
+from . import final_norm
 from .prepare import Preparer, SiteError
 from .handoff import ResidualSlot
 from .residual import FusedAdd, LayerPlan, plan_residual_adds
@@ -147,7 +148,7 @@ def patch(model: torch.nn.Module, *, backend: str = "auto", cache_dir=None, sear
     residual = _plan_residual(model, family, layers, call)
     stage("residual plan")
     cache = _open_cache(cache_dir, report)
-    plans = _prepare_sites(family, layers_path, layers, residual, call, cache, search_budget)
+    plans = _prepare_sites(model, family, layers_path, layers, residual, call, cache, search_budget)
     stage("prepare")
     _install(model, family, layers, residual, plans, call, stage, _attention_search(call, cache, search_budget))
     report.seconds = time.perf_counter() - t0
@@ -246,40 +247,44 @@ def _attention_search(call: _Call, cache, search_budget):
                            call.options.attention)
 
 
-def _prepare_sites(family, layers_path, layers, residual, call: _Call, cache, search_budget) -> list:
-    """Stage "prepare": every site of every layer extracted, chosen, verified, built and
-    self-checked (``prepare.Preparer``); returns (layer, site, runtime, SiteReport) of those ready.
-    A site that fails stays original, with its reason in its SiteReport."""
+def _prepare_sites(model, family, layers_path, layers, residual, call: _Call, cache, search_budget) -> list:
+    """Stage "prepare": every site of every layer, then the model's final norm (``final_norm``),
+    extracted, chosen, verified, built and self-checked (``prepare.Preparer``); returns (module the
+    site's paths are relative to, site, runtime, SiteReport) of those ready. A site that fails stays
+    original, with its reason in its SiteReport."""
     report, shard = call.report, call.shard
+    # tensor parallel keeps the final norm original: the shards' sites are prepared on shard views
+    final = final_norm.find_final_norm(model, layers_path, layers) if call.options.final_norm and shard is None else None
 
     def with_residual(i, site):  # the projection site takes its layer's residual add (patching.residual)
         return residual[i].site_for(site) if isinstance(site, ProjSite) else site
 
+    jobs = [(i, layer, with_residual(i, site), f"{layers_path}.{i}.")  # (layer, module, site, path prefix)
+            for i, layer in enumerate(layers) for site in family.sites]
+    if final:
+        jobs.append((-1, model, final_norm.site(final), ""))
     prep = Preparer(call.backend, call.dtype, call.buckets, search_budget, cache,
                     call.options, shard_tag=shard.tag if shard else "")
     plans = []
     try:
         # every unsigned cache entry's verification starts now, all programs at once (Preparer.prefetch)
-        for i, layer in enumerate(layers if shard is None else ()):
-            for site in family.sites:
-                prep.prefetch(layer, with_residual(i, site))
-        for i, layer in enumerate(layers):
-            for site in family.sites:
-                site = with_residual(i, site)
-                sr = SiteReport(i, site.name, tuple(f"{layers_path}.{i}.{p}" for p in site.paths()))
-                report.sites.append(sr)
-                try:
-                    if shard is None:
-                        plans.append((layer, site, prep.prepare(layer, site, sr), sr))
-                    elif (why := shard.unsupported(layer, site)) is not None:
-                        sr.reason = why
-                    else:  # searched on this rank's shards; installed on the real layer
-                        runtime = prep.prepare(shard.view(layer), site, sr)
-                        plans.append((layer, site, shard.wrap(layer, site, runtime), sr))
-                except SiteError as e:
-                    sr.reason = str(e)
-                except Exception as e:  # an unexpected failure of one site must not stop the others
-                    sr.reason = f"internal error: {type(e).__name__}: {e}"
+        for _, module, site, _ in jobs if shard is None else ():
+            prep.prefetch(module, site)
+        for i, module, site, prefix in jobs:
+            sr = SiteReport(i, site.name, tuple(prefix + p for p in site.paths()))
+            report.sites.append(sr)
+            try:
+                if shard is None:
+                    plans.append((module, site, prep.prepare(module, site, sr), sr))
+                elif (why := shard.unsupported(module, site)) is not None:
+                    sr.reason = why
+                else:  # searched on this rank's shards; installed on the real layer
+                    runtime = prep.prepare(shard.view(module), site, sr)
+                    plans.append((module, site, shard.wrap(module, site, runtime), sr))
+            except SiteError as e:
+                sr.reason = str(e)
+            except Exception as e:  # an unexpected failure of one site must not stop the others
+                sr.reason = f"internal error: {type(e).__name__}: {e}"
     finally:
         prep.close()
         report.add_counts(prep.counts)

@@ -33,6 +33,8 @@ def layer_programs(name: str, rows: tuple[int, ...], fused_residual: bool | None
     from ..options import PatchOptions
     from .pipeline import _adapters, _residual_plans
     from .prepare import activation_dims
+    from .final_norm import NAME, find_final_norm
+    from .final_norm import site as final_norm_site
     from .sites import ProjSite, find_layers, site_module, site_parts
 
     facts = dict(registry.get(name).config, num_hidden_layers=1)
@@ -47,18 +49,23 @@ def layer_programs(name: str, rows: tuple[int, ...], fused_residual: bool | None
         family, why = family_from_trace(model, cfg.model_type)
         if family is None:
             raise ValueError(f"{name}: {why}")
-    _, layers = find_layers(model, family)
+    path, layers = find_layers(model, family)
     defaults = PatchOptions()
     fused = defaults.fused_residual if fused_residual is None else fused_residual
     stack = defaults.stacked_projections if stacked is None else stacked
     plan = _residual_plans(model, family, layers)[0][0] if fused else None
     top = max(rows)
+    parts = []
     for site in family.sites:
         if plan is not None and isinstance(site, ProjSite):
             site = plan.site_for(site)  # with the layer's residual add (and its post-norm or scale)
-        for label, part, _ in site_parts(site.name, site_module(layers[0], site), stack):
-            acts = tuple(torch.randn(top, d, dtype=torch.bfloat16) for d in activation_dims(part))
-            ex = extract(part, acts, f"{label}_m{top}")
-            rows_inputs = [v.name for v, src in zip(ex.graph.inputs, ex.sources) if src[0] == "arg"]
-            for m in rows:
-                yield label, m, ex.graph if m == top else with_rows(ex.graph, rows_inputs, m, f"{label}_m{m}")
+        parts += site_parts(site.name, site_module(layers[0], site), stack)
+    final = find_final_norm(model, path, layers) if defaults.final_norm else None
+    if final:  # the model's final norm, a site outside the layers
+        parts += site_parts(NAME, site_module(model, final_norm_site(final)), stack)
+    for label, part, _ in parts:
+        acts = tuple(torch.randn(top, d, dtype=torch.bfloat16) for d in activation_dims(part))
+        ex = extract(part, acts, f"{label}_m{top}")
+        rows_inputs = [v.name for v, src in zip(ex.graph.inputs, ex.sources) if src[0] == "arg"]
+        for m in rows:
+            yield label, m, ex.graph if m == top else with_rows(ex.graph, rows_inputs, m, f"{label}_m{m}")

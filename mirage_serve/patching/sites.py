@@ -51,6 +51,9 @@ class ProjSite:
     # with ``residual``: ("mul" / "div", factor) the layer scales the projection's output by before adding
     # it (Granite's residual multiplier), traced as ``(x, r) -> r + proj(x) * factor``
     post_scale: tuple[str, float] | None = None
+    # the output leaves the model (the final norm's ``last_hidden_state``, ``patching.final_norm``): it is
+    # handed out as a copy outside CUDA-graph capture, as the kernel reuses its output buffer
+    escapes: bool = False
 
     def paths(self) -> tuple[str, ...]:
         return (self.proj,) + ((self.post,) if self.post else ())
@@ -146,8 +149,9 @@ def site_parts(name: str, wrapper: SiteModule, stack: bool = False
     stacked into one (``stacking``): one weight, so one grid tiles all their columns. That part's
     program has one output, the consumers' outputs side by side (``stacked_widths``).
     """
-    if not len(wrapper.consumers):
-        return [(name, wrapper, (0,))]
+    if not len(wrapper.consumers):  # a norm alone (the model's final norm) is the program "norm" too
+        alone_norm = not wrapper.residual and not any(isinstance(m, nn.Linear) for m in wrapper.head.modules())
+        return [("norm" if alone_norm else name, wrapper, (0,))]
     modules = list(wrapper.consumers)  # one a part, in site order
     outputs = [(1 + i,) for i in range(len(modules))]
     linear = [i for i, c in enumerate(modules) if type(c) is nn.Linear]

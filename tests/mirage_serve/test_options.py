@@ -9,7 +9,7 @@ from mirage_serve import knobs
 from mirage_serve.options import PatchOptions
 
 FIELDS = {"pdl": knobs.PDL, "paired_launch": knobs.PAIRED_LAUNCH, "fused_residual": knobs.FUSED_RESIDUAL,
-          "stacked_projections": knobs.STACKED_PROJECTIONS,
+          "stacked_projections": knobs.STACKED_PROJECTIONS, "final_norm": knobs.FINAL_NORM,
           "research": knobs.RESEARCH}
 
 

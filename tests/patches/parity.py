@@ -88,6 +88,8 @@ def check_family(config, monkeypatch, fused_residual: bool = False, post_attn: s
                                 options=PatchOptions(fused_residual=fused_residual, stacked_projections=stacked))
     assert report.supported, str(report)
     assert report.sites and not report.unpatched, str(report)
+    # the model's final norm is a site of its own, outside the layers (patching.final_norm)
+    assert [(s.layer, s.site) for s in report.sites if s.layer < 0] == [(-1, "final_norm")], str(report)
     assert all(s.check_error is not None and s.check_error <= 1e-5 for s in report.sites), str(report)
     assert list(model.state_dict()) == keys
     assert _param_memory(model) == mem  # no fused copies
@@ -98,7 +100,7 @@ def check_family(config, monkeypatch, fused_residual: bool = False, post_attn: s
         calls.append(x.shape), with_residual.append(bool(r)))[0] or run(self, x, *r))
     with torch.no_grad():
         got_short = model(short).logits
-    layers = len({s.layer for s in report.sites})
+    layers = len({s.layer for s in report.sites if s.layer >= 0})
     if fused_residual:
         assert sum(with_residual) == 2 * layers, str(report)
         assert "residual adds: in the kernels of mlp.down_proj" in report.note, report.note

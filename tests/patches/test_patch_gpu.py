@@ -93,8 +93,10 @@ def test_tiny_llama_triton_generate(searched, tmp_path):
     def paired_notes(report):
         return [v for s in report.sites if s.site == "attn_in" and s.layer == 0
                 for k, v in s.profile.items() if " paired b" in k]
+    # k and v are twins (one program, two launches or one paired) only when q/k/v are not stacked into one
+    apart = PatchOptions(stacked_projections=False)
     report = mirage_serve.patch(model, search_budget=_budget() if searched else 0, batch_sizes=(1, 4),
-                                cache_dir=tmp_path)
+                                cache_dir=tmp_path, options=apart)
     print(report)
     assert report.backend == "triton" and not report.unpatched, str(report)
     # k_proj and v_proj (one program) were timed as one paired launch against two, at each bucket
@@ -104,7 +106,7 @@ def test_tiny_llama_triton_generate(searched, tmp_path):
     mirage_serve.unpatch(model)
     _assert_same_tokens_ties_aside(model, got, want)
     # patched again over the same cache: the decisions (and paired kernels) come from it
-    again = mirage_serve.patch(model, search_budget=0, batch_sizes=(1, 4), cache_dir=tmp_path)
+    again = mirage_serve.patch(model, search_budget=0, batch_sizes=(1, 4), cache_dir=tmp_path, options=apart)
     assert [n.split(": ", 1)[0] for n in notes] == [n.split(" (cached", 1)[0] for n in paired_notes(again)], \
         (notes, paired_notes(again))
     assert all("(cached: " in n for n in paired_notes(again)) and again.compiles == 0, str(again)
@@ -143,6 +145,9 @@ def test_tiny_llama_fused_residual_generate(tmp_path):
                                tmp_path, PatchOptions(fused_residual=True))
     assert not report.unpatched and "residual adds: in the kernels of mlp.down_proj, self_attn.o_proj in 2/2" in report.note
     assert all(s.launches == 1 for s in report.sites if s.site in ("attn_out", "mlp_out")), str(report)
+    # the defaults: q/k/v stacked into one program, and the final norm a site kernel inside the graphs
+    assert all(s.parts == 2 for s in report.sites if s.site == "attn_in"), str(report)
+    assert [s.site for s in report.sites if s.layer < 0] == ["final_norm"], str(report)
 
 
 @pytest.mark.gpu
