@@ -194,7 +194,7 @@ def bench_row(label, name, kw, dtype, found, search_s, selector, copy_bw, compil
     print(f"  {label}: searched set profiled in {t1 - t0:.0f} s, hand-written set in {time.time() - t1:.0f} s", flush=True)
     ours = [r for r in (row["searched"], row.get("hand")) if r and "us" in r]
     if not ours:
-        return dict(label=label, error=row["searched"].get("error", "no candidate"))
+        return dict(label=label, dtype=dtype, error=row["searched"].get("error", "no candidate"))
     eager = torch_program(fx.program)
     row["eager"], row["eager_g"] = time_call(eager, sets, graph=False), time_call(eager, sets, graph=True)
     if do_compile:
@@ -222,7 +222,7 @@ HEAD = ("| row | dtype | searched (graph) | hand-written (graph) | hand-written 
 
 def fmt(r: dict) -> str:
     if "error" in r:
-        return f"| {r['label']} | FAILED: {r['error'][:200]} |"
+        return f"| {r['label']} | {r.get('dtype', '')} | FAILED: {r['error'].splitlines()[0][:200]} |"
     s, h = r["searched"], r.get("hand") or {}
 
     def num(d: dict, k: str, f: str = ".1f") -> str:
@@ -291,23 +291,29 @@ def main() -> None:
             "", HEAD, "|" + "---|" * (HEAD.count("|") - 1)]
     print("\n".join(head), flush=True)
     lines = list(head)
+
+    def emit(line: str) -> None:  # every line reaches the file at once: a killed run keeps what it printed
+        lines.append(line)
+        print(line, flush=True)
+        if args.out:
+            with open(args.out, "w") as f:
+                f.write("\n".join(lines) + "\n")
+
+    lost = ""  # the row whose kernel broke the CUDA context (an illegal address): no later row can run
     for label, name, kw, dt, (found, search_s) in rows:
-        if time.time() - t0 > args.deadline_s:
-            lines.append(f"| {label} | not run: past the {args.deadline_s:.0f} s deadline |")
-            print(lines[-1], flush=True)
+        if lost or time.time() - t0 > args.deadline_s:
+            why = f"the CUDA context was lost in row {lost}" if lost else f"past the {args.deadline_s:.0f} s deadline"
+            emit(f"| {label} | {dt} | not run: {why} |")
             continue
         t_row = time.time()
         try:
             r = bench_row(label, name, kw, dt, found, search_s, selector, bw, args.compile_mode,
                           time.time() - t0 < args.compile_budget_s, args.searched_only)
         except Exception as e:  # one broken row must not hide the others
-            r = dict(label=label, error=f"{type(e).__name__}: {e}")
-        lines.append(fmt(r))
-        print(lines[-1], flush=True)
+            r = dict(label=label, dtype=dt, error=f"{type(e).__name__}: {e}")
+            lost = f"{label} {dt}" if "CUDA error" in str(e) else ""
+        emit(fmt(r))
         print(f"row {label} ({dt}) took {time.time() - t_row:.0f} s", flush=True)
-        if args.out:
-            with open(args.out, "w") as f:
-                f.write("\n".join(lines) + "\n")
     selector.close()
     print(f"total {time.time() - t0:.0f} s", flush=True)
 
