@@ -3,16 +3,16 @@
     path = find_final_norm(model, "model.layers", layers)   # "model.norm", or None
 
 It sits outside the decoder layers, so the layer sites never see it, and on a decode step it would
-otherwise run as the norm module's own torch ops (six launches for an RMSNorm: cast, square, mean,
-rsqrt, two products) inside the step's CUDA graph. patch() makes it a site of its own
+otherwise run as the norm module's own torch ops (about six launches for an RMSNorm: cast, square,
+mean, rsqrt, two products) inside the step's CUDA graph. patch() makes it a site of its own
 (``site(path)``): a ``ProjSite`` whose "projection" is the norm, traced as ``x -> norm(x)``, which is
 the same program as the layers' norm part (``sites.site_parts``), so the kernel cache already holds it.
 
 Found from the data flow of one decode-shaped forward, never by name: the one module outside the layer
 list that is called with exactly the tensor the last layer returned, returns one tensor of that shape,
 holds a 1-D weight of its width and no projection. Its output leaves the model (``last_hidden_state``),
-so the installed forward hands out a copy outside CUDA-graph capture (``install.escaping_forward``):
-a site kernel writes into a buffer it reuses on every call.
+so the installed forward (``install``, ``ProjSite.escapes``) hands out a copy outside CUDA-graph capture:
+a site kernel writes into a buffer it reuses on every call. docs/architecture.md, "The final norm".
 """
 from __future__ import annotations
 

@@ -254,7 +254,9 @@ def _prepare_sites(model, family, layers_path, layers, residual, call: _Call, ca
     original, with its reason in its SiteReport."""
     report, shard = call.report, call.shard
     # tensor parallel keeps the final norm original: the shards' sites are prepared on shard views
-    final = final_norm.find_final_norm(model, layers_path, layers) if call.options.final_norm and shard is None else None
+    final = None
+    if call.options.final_norm and shard is None:
+        final = final_norm.find_final_norm(model, layers_path, layers)
 
     def with_residual(i, site):  # the projection site takes its layer's residual add (patching.residual)
         return residual[i].site_for(site) if isinstance(site, ProjSite) else site

@@ -20,7 +20,8 @@ from superopt.ir import KernelGraph
 def layer_programs(name: str, rows: tuple[int, ...], fused_residual: bool | None = None,
                    stacked: bool | None = None) -> Iterator[tuple[str, int, KernelGraph]]:
     """(site program label, rows, program) for every site part of one layer of registry model
-    ``name`` at each row count (a label can repeat: k and v share one). ``fused_residual`` (default:
+    ``name``, and of its final norm (``final_norm``), at each row count (a label can repeat: k and v
+    share one; the final norm is the layers' "norm"). ``fused_residual`` (default:
     ``PatchOptions().fused_residual``): the projections with the layer's residual add, where
     ``patch()`` would fuse it (``patching.residual``). ``stacked`` (default:
     ``PatchOptions().stacked_projections``): q/k/v as one stacked projection (``patching.stacking``)."""
@@ -33,8 +34,7 @@ def layer_programs(name: str, rows: tuple[int, ...], fused_residual: bool | None
     from ..options import PatchOptions
     from .pipeline import _adapters, _residual_plans
     from .prepare import activation_dims
-    from .final_norm import NAME, find_final_norm
-    from .final_norm import site as final_norm_site
+    from . import final_norm
     from .sites import ProjSite, find_layers, site_module, site_parts
 
     facts = dict(registry.get(name).config, num_hidden_layers=1)
@@ -60,9 +60,9 @@ def layer_programs(name: str, rows: tuple[int, ...], fused_residual: bool | None
         if plan is not None and isinstance(site, ProjSite):
             site = plan.site_for(site)  # with the layer's residual add (and its post-norm or scale)
         parts += site_parts(site.name, site_module(layers[0], site), stack)
-    final = find_final_norm(model, path, layers) if defaults.final_norm else None
-    if final:  # the model's final norm, a site outside the layers
-        parts += site_parts(NAME, site_module(model, final_norm_site(final)), stack)
+    final = final_norm.find_final_norm(model, path, layers) if defaults.final_norm else None
+    if final:  # the model's final norm, a site outside the layers (the program "norm" where it matches the layers')
+        parts += site_parts(final_norm.NAME, site_module(model, final_norm.site(final)), stack)
     for label, part, _ in parts:
         acts = tuple(torch.randn(top, d, dtype=torch.bfloat16) for d in activation_dims(part))
         ex = extract(part, acts, f"{label}_m{top}")
