@@ -12,7 +12,13 @@ and launches once, which leaves the binary in Triton's on-disk cache), then time
 one in this process, where the build is then a cache hit. Timings never share the GPU with a build.
 A build that kills its worker (the Triton compiler aborting on an LLVM assertion: seen on the H200
 in the eleventh session) is found and its candidate launch is never built in this process, where
-it would abort the caller (a patch() or a benchmark) with it.
+it would abort the caller (a patch() or a benchmark) with it. So is a candidate whose one launch in
+the worker breaks the worker's CUDA context (an illegal memory access, a device-side assert: such an
+error is sticky, every later CUDA call of that process fails): the worker then ends itself
+(``_build_once``), which blames that launch alone, and the caller's context never runs it. Before,
+the worker reported the error and went on, and the caller then timed the candidate itself: in the
+thirtieth session a searched GQA b8 candidate took down the block benchmark's context, most likely
+that way (its workers had launched every candidate first, at the same launches and shapes).
 """
 from __future__ import annotations
 
@@ -97,7 +103,8 @@ class Selector:
         self._pool, crashed = map_isolating_crashes(self._pool, self._new_pool, _build_once, args)
         for i in crashed:
             text, c = args[i][:2]
-            self._refused[launch_key(text, c)] = "the build killed its worker process (a compiler crash)"
+            self._refused[launch_key(text, c)] = ("the build or its one launch killed its worker process (a compiler "
+                                                  "crash, or a CUDA error that breaks the context)")
 
     def _new_pool(self) -> ProcessPoolExecutor:
         return ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"))
@@ -159,16 +166,33 @@ def _example(shape, dtype: torch.dtype, device) -> torch.Tensor:
     return torch.zeros(shape, dtype=dtype, device=device)
 
 
+BROKEN_CONTEXT_EXIT = 70  # a worker's exit status after a launch broke its CUDA context
+
+
 def _build_once(job) -> str | None:
-    """Worker: build ``graph`` at ``config`` and launch it once on random inputs; the error, if any."""
+    """Worker: build ``graph`` at ``config`` and launch it once on random inputs; the error, if any.
+    A launch that leaves this process's CUDA context unusable ends the process (``os._exit``): the
+    pool breaks, ``map_isolating_crashes`` blames this job alone, and the parent refuses the launch
+    instead of running it in its own context."""
     text, config, specs, device_index, pdl, in_place = job
+    device = torch.device("cuda", device_index)
     try:
         g = from_text(text)
-        device = torch.device("cuda", device_index)
         xs = [_example(shape, getattr(torch, dtype), device) for shape, dtype in specs]
         launch = None if config is None else {k.name: config for k in render_triton(g).kernels}
         compile_graph(g, device=device, launch=launch, pdl=pdl, in_place=in_place)(*xs)
         torch.cuda.synchronize(device)
         return None
     except Exception as e:  # the timing pass in the parent reports it
+        if not _context_alive(device):
+            os._exit(BROKEN_CONTEXT_EXIT)
         return f"{type(e).__name__}: {e}"
+
+
+def _context_alive(device: torch.device) -> bool:
+    """Whether this process can still run work on ``device``: after a sticky CUDA error every call fails."""
+    try:
+        (torch.ones(1, device=device) + 1).item()
+        return True
+    except Exception:
+        return False

@@ -332,3 +332,36 @@ def test_a_build_workers_integer_inputs_are_valid_indices():
     assert pos.dtype == torch.int64 and int(pos) == 0
     x = _example((64,), torch.bfloat16, "cpu")
     assert x.dtype == torch.bfloat16 and x.float().std() > 0.5
+
+
+def test_a_launch_that_breaks_the_workers_context_ends_the_worker(monkeypatch):
+    """A sticky CUDA error (an illegal address) in a build worker's one launch: the worker ends itself, so
+    map_isolating_crashes blames that job and the parent never runs it in its own context; any other error
+    is returned for the timing pass to report (the thirtieth session's GQA b8 crash)."""
+    import os
+
+    import torch
+
+    from superopt.ir import to_text
+    from superopt.runtime import select
+
+    def launch_fails(*args, **kwargs):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(select, "compile_graph", launch_fails)
+    monkeypatch.setattr(select, "_example", lambda shape, dtype, device: torch.zeros(shape, dtype=dtype))
+    exits = []
+
+    def end_process(code):
+        exits.append(code)
+        raise SystemExit(code)
+    monkeypatch.setattr(os, "_exit", end_process)
+    job = (to_text(FIXTURES[sorted(FIXTURES)[0]]().ugraph), None, [((2, 3), "float32")], 0, False, ())
+
+    monkeypatch.setattr(select, "_context_alive", lambda device: True)
+    assert select._build_once(job) == "RuntimeError: CUDA error: an illegal memory access was encountered"
+    assert not exits
+    monkeypatch.setattr(select, "_context_alive", lambda device: False)
+    with pytest.raises(SystemExit):
+        select._build_once(job)
+    assert exits == [select.BROKEN_CONTEXT_EXIT]
