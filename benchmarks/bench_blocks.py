@@ -62,9 +62,9 @@ def llama_rows(dtype: str = "bfloat16"):
         qkv = (hq + 2 * hkv) * hd
         for b in (1, 8):
             yield f"{model} qkv b{b}", "llama_qkv", dict(rows=b, hidden=hid, out=qkv), dtype
-            for n in lens:
+            for n in lens:  # the attention program patch() extracts: softmax max-subtracted, in float32
                 yield (f"{model} attn {n // 1024}k b{b}", "decode_attention",
-                       dict(batch=b, q_heads=hq, kv_heads=hkv, head_dim=hd, kv_len=n), dtype)
+                       dict(batch=b, q_heads=hq, kv_heads=hkv, head_dim=hd, kv_len=n, as_extracted=True), dtype)
             yield f"{model} o+res b{b}", "matmul_residual", dict(rows=b, hidden=hq * hd, out=hid), dtype
             yield f"{model} mlp_up b{b}", "rmsnorm_gated_mlp", dict(rows=b, hidden=hid, inter=inter), dtype
             yield f"{model} down+res b{b}", "matmul_residual", dict(rows=b, hidden=inter, out=hid), dtype

@@ -65,6 +65,28 @@ def test_decode_attention_fixture_is_searched_into_the_hand_written_layout(batch
     assert want in _layouts(cands, kv_len), sorted(_layouts(cands, kv_len))
 
 
+@pytest.mark.parametrize("batch,q_heads,kv_heads,head_dim,kv_len,want", [
+    (1, 32, 8, 128, 4096, (256, 1, 1, 4, 32)),
+    (8, 32, 8, 128, 4096, (512, 1, 1, 4, 8)),
+])
+def test_the_extracted_program_stores_each_splits_partials(batch, q_heads, kv_heads, head_dim, kv_len, want):
+    """``bench_blocks.py`` times the attention program patch() extracts (the fixture's ``as_extracted``:
+    softmax max-subtracted, in float32). Its split designs store each split's partials and max for the
+    combine kernel, as the hand-written kernel does, and add nothing across blocks with atomics; the
+    max-free program's split designs do add across blocks, which lost 5–9% to the hand-written kernel
+    at 4k in the thirtieth session's table (a program patch() never runs)."""
+    fx = FIXTURES["decode_attention"](batch=batch, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim,
+                                      kv_len=kv_len, dtype="bfloat16", as_extracted=True)
+    cands = superoptimize(fx.program, SearchBudget(max_seconds=30)).candidates()
+    assert want in _layouts(cands, kv_len), sorted(_layouts(cands, kv_len))
+    summed = [o for g in cands for n in g.customized_nodes() for o in n.block.outputs if o.reduce != "none"]
+    assert not summed
+    plain = FIXTURES["decode_attention"](batch=batch, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim,
+                                         kv_len=kv_len, dtype="bfloat16")
+    assert any(o.reduce == "sum" for g in superoptimize(plain.program, SearchBudget(max_seconds=30)).candidates()
+               for n in g.customized_nodes() for o in n.block.outputs)
+
+
 def test_long_contexts_are_offered_few_kv_splits():
     # 32k tokens: parts of a preferred size (64-512 tokens a split) gave 64-1024 splits only, so
     # 8 rows × 8 kv heads never made fewer than 4096 blocks; the hand-written 32k rows won with 8
