@@ -5,7 +5,7 @@
 # blocks | research | unship | warm | bench | diagnose. Every step's limit is cut to what is left before DEADLINE (default 560 s: a device command may run 600 s,
 # and the tars at the end need a few seconds); a step with under 20 s left is skipped.
 # (environment: MIRAGE_SERVE_PDL, MIRAGE_SERVE_PAIRED_LAUNCH, MIRAGE_SERVE_FUSED_RESIDUAL, NEW_TOKENS, LLAMA_BATCH, BASELINES; overhead: OVERHEAD (MODEL:BATCH ...); unship: UNSHIP (MODEL:LABELS ..., shipped entries to delete in this copy, so later steps search them); warm: WARM_MODELS, WARM_BATCH; it leaves $OUT/shipped.tar,
-# entries in kernels_cache/ form to untar into the repo's kernels_cache/; blocks: BLOCKS_LIMIT (s, default 400), BLOCKS_SUITE (llama, paper, all), BLOCKS_ONLY (substrings of "LABEL DTYPE"), BLOCKS_DTYPES (bfloat16,float16: every suite in each), BLOCKS_WORKERS (build processes, default 12); attn-choice: ATTN_MODEL, ATTN_BATCH ("1 8"), ATTN_PROMPT; sweep-attn: SWEEP_ARGS (sweep_attention.py flags); profile-floor: PROFILE_MODELS, PROFILE_BATCH ("1 8"), PROFILE_ATTENTION (hand-written), PROFILE_PDL (1; 0: per-kernel times without the overlap); bench: BENCH_MODELS, BENCH_BATCH (default 1,8), BENCH_BASELINES (default static-compile), BENCH_LIMIT (s a model, default 420), a JSON a model and run; pytest: PYTEST_TARGETS, the GPU tests to run, PYTEST_LIMIT (s, default 300)). The kernel cache is $MIRAGE_SERVE_CACHE_DIR
+# entries in kernels_cache/ form to untar into the repo's kernels_cache/; blocks: BLOCKS_LIMIT (s, default 400), BLOCKS_SUITE (llama, paper, all), BLOCKS_ONLY (substrings of "LABEL DTYPE"), BLOCKS_DTYPES (bfloat16,float16: every suite in each), BLOCKS_WORKERS (build processes, default 12); attn-choice: ATTN_MODEL, ATTN_BATCH ("1 8"), ATTN_PROMPT; sweep-attn: SWEEP_ARGS (sweep_attention.py flags); profile-floor: PROFILE_MODELS, PROFILE_BATCH ("1 8"), PROFILE_ATTENTION (hand-written), PROFILE_PDL (1; 0: per-kernel times without the overlap); bench: BENCH_MODELS, BENCH_BATCH (default 1,8), BENCH_BASELINES (default static-compile), BENCH_LIMIT (s a model, default 420), a JSON a model and run; pytest: PYTEST_TARGETS, the GPU tests to run, PYTEST_LIMIT (s, default 420: the patch, fast-loop and runner GPU files take about 290 s on a cold machine)). The kernel cache is $MIRAGE_SERVE_CACHE_DIR
 # (default /tmp/ms_cache) while running; the files the call wrote are tarred to $OUT/cache_new.tar at the end,
 # so searched μGraphs found on the GPU can be brought back (for kernels_cache/); a cache.tar in the
 # working directory is restored first. To run exactly a commit while others edit the tree, archive it
@@ -104,7 +104,7 @@ while [ $# -gt 0 ]; do
                          python benchmarks/profile_decode_step.py "$m" --batch "$b" --attention "${PROFILE_ATTENTION:-hand-written}"
                      done
                    done ;;
-    pytest) step pytest "${PYTEST_LIMIT:-300}" python -m pytest -q -m gpu -p no:cacheprovider -rf --tb=short ${PYTEST_TARGETS:?set PYTEST_TARGETS} ;;
+    pytest) step pytest "${PYTEST_LIMIT:-420}" python -m pytest -q -m gpu -p no:cacheprovider -rf --tb=short ${PYTEST_TARGETS:?set PYTEST_TARGETS} ;;
     decode-tests) step decode_tests 540 python -m pytest -q -m gpu -p no:cacheprovider -rf --tb=short --durations=12 \
                     tests/mirage_serve/decode ;;
     attn-choice) for b in ${ATTN_BATCH:-1 8}; do  # issue 28, must-show 3: one decode step per attention mode
