@@ -3,10 +3,10 @@
 #   bash benchmarks/gpu_lanes.sh "VAR=VALUE ... STEP ..." "VAR=VALUE ... STEP ..." ...   ($OUT must be set)
 # Each argument is one lane: gpu_session.sh's environment settings, then its steps, quoted as in a shell
 # (e.g. "BLOCKS_SUITE=paper BLOCKS_ONLY='GQA b8,QKNorm b8' blocks"). Lane i runs on GPU i only, with its own
-# $OUT/lane$i (its output in $OUT/lane$i.out) and kernel cache, so device time buys as many GPU-hours as the machine has GPUs. Why this is
-# safe for timings: every timed kernel runs on its own GPU and memory; only the host's CPUs are shared
-# (builds and searches run slower, the GPU's timings do not). Keep launch-bound end-to-end benches
-# (mirage-serve bench of a small model) in a lane of their own call: they time the host too.
+# $OUT/lane$i (its output in $OUT/lane$i.out) and kernel cache, so device time buys as many GPU-hours as the
+# machine has GPUs. Why this is safe for timings: every timed kernel runs on its own GPU and memory; only the
+# host's CPUs are shared (builds and searches run slower, the GPU's timings do not). Keep launch-bound
+# end-to-end benches (mirage-serve bench of a small model) in a call of their own: they time the host too.
 # Every lane's files come back packed in $OUT/lanes.tar (lane$i/logs.tar, cache_new.tar, ...).
 set -u
 OUT=${OUT:?set OUT}
