@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import time
+import traceback
 
 import torch
 
@@ -157,6 +158,7 @@ def best_of(label: str, origin: str, cands: list, xs, ref, sets, selector, dtype
     float64 check. Empty set or every candidate failing: the reason, no time."""
     if not cands:
         return dict(error="no candidate", n=0)
+    print(f"  {label}: profiling {len(cands)} {origin} candidates", flush=True)  # a crash below names its set
     ranked = selector.pick(cands, xs)  # as patch() picks: every candidate, then launches of the fastest
     for r in ranked:  # the log keeps every candidate's time: what won, and by how much
         blk = r.ugraph.customized_nodes()[0].block if r.ugraph.customized_nodes() else None
@@ -309,7 +311,8 @@ def main() -> None:
         try:
             r = bench_row(label, name, kw, dt, found, search_s, selector, bw, args.compile_mode,
                           time.time() - t0 < args.compile_budget_s, args.searched_only)
-        except Exception as e:  # one broken row must not hide the others
+        except Exception as e:  # one broken row must not hide the others; the log keeps where it broke
+            traceback.print_exc()
             r = dict(label=label, dtype=dt, error=f"{type(e).__name__}: {e}")
             lost = f"{label} {dt}" if "CUDA error" in str(e) else ""
         emit(fmt(r))

@@ -36,6 +36,7 @@ from ..ir import KernelGraph, from_text, to_text
 from . import procs
 from .compiled import compile_graph
 from .profile import DEFAULT_CONFIGS, ProfileResult, applies, fits, launch_key, profile_candidates
+from .timing import rotated_sets, time_call
 
 SWEEP_TOP = 3  # candidates whose launch configurations are swept after the first stage
 # The first stage's launches: the renderer's default (4 warps, 3 stages for 128 threads), 2 warps,
@@ -170,8 +171,9 @@ BROKEN_CONTEXT_EXIT = 70  # a worker's exit status after a launch broke its CUDA
 
 
 def _build_once(job) -> str | None:
-    """Worker: build ``graph`` at ``config`` and launch it once on random inputs; the error, if any.
-    A launch that leaves this process's CUDA context unusable ends the process (``os._exit``): the
+    """Worker: build ``graph`` at ``config`` and run it on random inputs as the timing pass will
+    (``time_call``: back-to-back eager calls over rotated input sets, where launches chained with PDL
+    overlap, then a CUDA-graph capture and replay); the error, if any. A launch that leaves this process's CUDA context unusable ends the process (``os._exit``): the
     pool breaks, ``map_isolating_crashes`` blames this job alone, and the parent refuses the launch
     instead of running it in its own context."""
     text, config, specs, device_index, pdl, in_place = job
@@ -180,8 +182,9 @@ def _build_once(job) -> str | None:
         g = from_text(text)
         xs = [_example(shape, getattr(torch, dtype), device) for shape, dtype in specs]
         launch = None if config is None else {k.name: config for k in render_triton(g).kernels}
-        compile_graph(g, device=device, launch=launch, pdl=pdl, in_place=in_place)(*xs)
-        torch.cuda.synchronize(device)
+        cg = compile_graph(g, device=device, launch=launch, pdl=pdl, in_place=in_place)
+        with torch.cuda.device(device):
+            time_call(cg, rotated_sets(xs), graph=True, reps=1, warmup=1)
         return None
     except Exception as e:  # the timing pass in the parent reports it
         if not _context_alive(device):

@@ -365,3 +365,24 @@ def test_a_launch_that_breaks_the_workers_context_ends_the_worker(monkeypatch):
     with pytest.raises(SystemExit):
         select._build_once(job)
     assert exits == [select.BROKEN_CONTEXT_EXIT]
+
+
+def test_build_worker_runs_the_launch_as_the_timing_pass_will(monkeypatch):
+    """The worker's run is ``time_call``'s, over rotated input sets and in a CUDA graph: a single eager
+    launch missed a fault that only the parent's chained, captured replays hit (session 31, GQA b8)."""
+    import contextlib
+
+    import torch
+
+    from superopt.ir import to_text
+    from superopt.runtime import select
+
+    built, timed = object(), []
+    monkeypatch.setattr(select, "compile_graph", lambda *a, **k: built)
+    monkeypatch.setattr(select, "_example", lambda shape, dtype, device: torch.zeros(shape, dtype=dtype))
+    monkeypatch.setattr(select, "rotated_sets", lambda xs: [xs, xs])
+    monkeypatch.setattr(select, "time_call", lambda fn, sets, **kw: timed.append((fn, len(sets), kw)))
+    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
+    job = (to_text(FIXTURES[sorted(FIXTURES)[0]]().ugraph), None, [((2, 3), "float32")], 0, False, ())
+    assert select._build_once(job) is None
+    assert timed == [(built, 2, dict(graph=True, reps=1, warmup=1))]
