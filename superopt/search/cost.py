@@ -6,7 +6,12 @@ Estimated microseconds per call, summed over kernels (every node but views is a 
 
 * bytes: every tensor a kernel reads, once, plus ``REREAD`` of it again for every further block
   that reads the same tile (replicated along a grid axis; such re-reads mostly hit L2); outputs
-  once, or once per contributing block when blocks are summed (atomic partial writes).
+  once, or once per contributing block when blocks are summed (atomic partial writes). A read
+  counts whole 32-byte sectors (``sector_waste``): a block tile narrower than a sector along the
+  source's contiguous dim loads the rest of each sector too, and a warp's scattered loads stall
+  it. The split-KV combine kernels the search offered on a grid over the head dim read their
+  partials one float a row, 8× the bytes, and lost 3 µs of 14 to those on a grid over the heads
+  (H100, session 31); writes are left at their bytes (they retire without stalling a warp).
 * parallel_efficiency: how well the blocks fill the SMs — blocks / (waves · SMs) with
   waves = ⌈blocks / SMs⌉ — times the fraction of threads with work (tile elements / threads,
   capped at 1), times the fraction of the bandwidth the loads in flight can sustain. Library
@@ -102,6 +107,24 @@ def _bytes(t: TensorType) -> int:
     return t.numel * DTYPE_BYTES[t.dtype]
 
 
+SECTOR_BYTES = 32  # the unit an SM loads from L2 / DRAM in
+
+
+def sector_waste(tile: tuple[int, ...], src: tuple[int, ...], dtype: str) -> float:
+    """Sectors an SM loads for ``tile`` out of a row-major ``src``, over the fewest that hold its bytes.
+    The tile's contiguous runs (its trailing dims while they span the whole source dim, times the
+    first that does not) each start a sector: a tile one float wide, taken across 64 columns, loads
+    8× its bytes. A tile smaller than a sector is one sector either way (no waste)."""
+    run = 1
+    for t, s in zip(reversed(tile), reversed(src)):
+        run *= t
+        if t < s:
+            break
+    elems, size = math.prod(tile), DTYPE_BYTES[dtype]
+    sectors = (elems // run) * math.ceil(run * size / SECTOR_BYTES)
+    return sectors / math.ceil(elems * size / SECTOR_BYTES)
+
+
 def _efficiency(blocks: int, sms: int, sm_share: float = 1.0) -> float:
     waves = math.ceil(blocks / sms)
     if waves == 1:  # one partial wave: its SMs may draw more than their even share (sm_share)
@@ -170,8 +193,9 @@ def features(n: Node, args: list[TensorType], arch: str = "sm_90") -> dict | Non
                 repl *= b.grid[a]
         src = args[inp.source] if not inp.view else TensorType(view_shape(args[inp.source].shape, inp.view),
                                                                args[inp.source].dtype)
-        nbytes += _bytes(src)
-        reread += _bytes(src) * (repl - 1)
+        loaded = _bytes(src) * sector_waste(inp.value.type.shape, src.shape, src.dtype)
+        nbytes += loaded
+        reread += loaded * (repl - 1)
     for o, v in zip(b.outputs, n.outs):
         partial = 1
         if o.reduce == "sum":
