@@ -18,7 +18,7 @@ from ..ir import KernelGraph, launch_fits, to_text
 from ..ir.chain import chains
 from ..ir.registers import registers_fit
 from .compiled import compile_graph
-from .timing import rotated_sets, time_call
+from .timing import context_alive, rotated_sets, time_call
 
 # Measured on an H200 (benchmarks/results/blocks_triton_h200.md):
 # decode GEMVs ran fastest on 2 warps, attention on 4-8, so both ends stay in the default sweep. A
@@ -32,6 +32,11 @@ from .timing import rotated_sets, time_call
 DEFAULT_CONFIGS = (Launch(2, 3), Launch(2, 4), Launch(4, 3), Launch(4, 4), Launch(8, 3),
                    Launch(2, 3, prefetch=True), Launch(4, 3, prefetch=True),
                    Launch(2, 3, chain=True), Launch(4, 3, chain=True))
+
+
+class ContextLost(RuntimeError):
+    """A candidate's launch broke the process's CUDA context (an illegal address): no later launch
+    can run. The message names the candidate, its launch and its μGraph, to reproduce it alone."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,9 @@ def profile_candidates(ugraphs: Sequence[KernelGraph], example_inputs: Sequence[
                                    in_place=in_place)
                 us = time_call(cg, sets, graph=True, reps=reps)
             except Exception as e:  # a candidate that cannot build or run loses, with its reason
+                if not context_alive(example_inputs[0].device):
+                    raise ContextLost(f"candidate {i} at launch {config_label(config)} broke the CUDA context "
+                                      f"({type(e).__name__}: {str(e).splitlines()[0]}); its μGraph:\n{to_text(g)}") from e
                 err = f"{type(e).__name__}: {e}"
                 continue
             tried.append((config, us))

@@ -36,7 +36,7 @@ from ..ir import KernelGraph, from_text, to_text
 from . import procs
 from .compiled import compile_graph
 from .profile import DEFAULT_CONFIGS, ProfileResult, applies, fits, launch_key, profile_candidates
-from .timing import rotated_sets, time_call
+from .timing import context_alive, rotated_sets, time_call
 
 SWEEP_TOP = 3  # candidates whose launch configurations are swept after the first stage
 # The first stage's launches: the renderer's default (4 warps, 3 stages for 128 threads), 2 warps,
@@ -187,15 +187,6 @@ def _build_once(job) -> str | None:
             time_call(cg, rotated_sets(xs), graph=True, reps=1, warmup=1)
         return None
     except Exception as e:  # the timing pass in the parent reports it
-        if not _context_alive(device):
+        if not context_alive(device):
             os._exit(BROKEN_CONTEXT_EXIT)
         return f"{type(e).__name__}: {e}"
-
-
-def _context_alive(device: torch.device) -> bool:
-    """Whether this process can still run work on ``device``: after a sticky CUDA error every call fails."""
-    try:
-        (torch.ones(1, device=device) + 1).item()
-        return True
-    except Exception:
-        return False

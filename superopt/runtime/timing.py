@@ -63,6 +63,16 @@ def time_call(fn: Callable, sets: Sequence[Sequence[torch.Tensor]], graph: bool 
     return statistics.median(times)
 
 
+def context_alive(device) -> bool:
+    """Whether this process can still run work on ``device``: after a sticky CUDA error (an illegal
+    address) every call fails, so nothing timed after it means anything."""
+    try:
+        (torch.ones(1, device=device) + 1).item()
+        return True
+    except Exception:
+        return False
+
+
 def copy_bandwidth(nbytes: int = 1 << 30, device="cuda") -> float:
     """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written (the
     bandwidth floor every benchmark divides by; one definition for all of them)."""

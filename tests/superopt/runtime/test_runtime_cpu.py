@@ -325,6 +325,33 @@ def test_a_refused_launch_is_never_built_and_says_why(monkeypatch):
     assert len(built) == 1 and r.error is None and r.tried[0][0] == Launch(2, 3)
 
 
+def test_a_launch_that_breaks_the_context_stops_the_profile_and_is_named(monkeypatch):
+    """After an illegal address every later launch fails too: the profiler stops at the launch that
+    broke the context and names it with its μGraph (session 31: GQA b8 crashed in the parent with
+    every candidate's error swallowed), while an ordinary failure only loses its candidate."""
+    from types import SimpleNamespace
+
+    from superopt.ir import to_text
+    from superopt.runtime import profile
+
+    g, h = (FIXTURES[n]().ugraph for n in sorted(FIXTURES)[:2])
+
+    def time_call(cg, sets, **k):
+        if Launch(4, 3) in cg.launch.values():
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return 1.0
+    monkeypatch.setattr(profile, "compile_graph", lambda *a, launch=None, **k: SimpleNamespace(launch=launch))
+    monkeypatch.setattr(profile, "time_call", time_call)
+    monkeypatch.setattr(profile, "rotated_sets", lambda xs: [xs])
+    monkeypatch.setattr(profile, "context_alive", lambda device: True)
+    (r, _) = profile.profile_candidates([g, h], [torch.zeros(1)], configs=[Launch(4, 3), Launch(2, 3)])
+    assert r.error is None and [c for c, _ in r.tried] == [Launch(2, 3)]
+    monkeypatch.setattr(profile, "context_alive", lambda device: False)
+    with pytest.raises(profile.ContextLost, match="candidate 0 at launch w4s3 broke the CUDA context") as e:
+        profile.profile_candidates([g, h], [torch.zeros(1)], configs=[Launch(2, 3), Launch(4, 3)])
+    assert to_text(g) in str(e.value)
+
+
 def test_a_build_workers_integer_inputs_are_valid_indices():
     # a cache write's position drawn from randn went negative: a device-side assert killed the worker
     from superopt.runtime.select import _example
@@ -358,10 +385,10 @@ def test_a_launch_that_breaks_the_workers_context_ends_the_worker(monkeypatch):
     monkeypatch.setattr(os, "_exit", end_process)
     job = (to_text(FIXTURES[sorted(FIXTURES)[0]]().ugraph), None, [((2, 3), "float32")], 0, False, ())
 
-    monkeypatch.setattr(select, "_context_alive", lambda device: True)
+    monkeypatch.setattr(select, "context_alive", lambda device: True)
     assert select._build_once(job) == "RuntimeError: CUDA error: an illegal memory access was encountered"
     assert not exits
-    monkeypatch.setattr(select, "_context_alive", lambda device: False)
+    monkeypatch.setattr(select, "context_alive", lambda device: False)
     with pytest.raises(SystemExit):
         select._build_once(job)
     assert exits == [select.BROKEN_CONTEXT_EXIT]
