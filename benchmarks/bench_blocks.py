@@ -13,7 +13,8 @@ hand-written" says how far the search is from it (issue 34 asks for ≥ 0.97). `
 profiles the search's candidates alone. Each row also gives the search's time, how many
 candidates each set handed the profiler, and the rank correlation of the cost model's estimates
 with the searched candidates' measured times. The searches run side by side in ``--workers`` processes.
-Every timed kernel is checked against a float64 reference first.
+Every timed kernel is checked against a float64 reference first. A candidate launch that breaks the
+CUDA context is refused and the run goes on in a fresh process (``benchmarks/context_restart.py``).
 
     PYTHONPATH=$PWD python benchmarks/bench_blocks.py --suite all --out $OUT/blocks.md
 
@@ -27,15 +28,17 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 import traceback
 
 import torch
 
+from benchmarks import context_restart
 from benchmarks.torch_program import torch_program
 from superopt.ir.text import from_text, to_text
 from superopt.runtime import compile_graph
-from superopt.runtime.profile import config_label
+from superopt.runtime.profile import ContextLost, config_label
 from superopt.runtime.select import Selector
 from superopt.runtime.retile import dense_tilings, split_kv_tilings
 from superopt.runtime.timing import copy_bandwidth, rotated_sets, same_size_copy_us, time_call
@@ -278,8 +281,15 @@ def main() -> None:
                     help="profile the search's candidates alone (no hand-written reference column)")
     ap.add_argument("--search-s", type=float, default=20.0,
                     help="search each row's program for at most this long (0: the fixtures alone)")
+    ap.add_argument("--refused", default="", help="JSON file of launches never to run (default: OUT.refused.json); "
+                    "a launch that breaks the CUDA context is added to it and the run goes on in a fresh process")
+    ap.add_argument("--resume", action="store_true", help="keep the rows OUT already has, run the others")
+    ap.add_argument("--restarts", type=int, default=0, help=argparse.SUPPRESS)  # fresh processes so far
     args = ap.parse_args()
     t0 = time.time()
+    refused_path = args.refused or (f"{args.out}.refused.json" if args.out else "")
+    kept = open(args.out).read().splitlines() if args.resume and args.out else []
+    done = context_restart.finished_rows(kept)
     rows = []
     for dt in args.dtypes.split(","):
         if args.suite in ("llama", "all"):
@@ -288,6 +298,7 @@ def main() -> None:
             rows += list(paper_rows(dt))
     if args.only:
         rows = [r for r in rows if any(s in f"{r[0]} {r[3]}" for s in args.only.split(","))]
+    rows = [r for r in rows if (r[0], r[3]) not in done]
     rows = search_rows(rows, args.search_s, args.workers)
     print(f"searched {len(rows)} programs in {time.time() - t0:.0f} s", flush=True)
     if args.workers > 1:  # compile the baselines in parallel, time alone: timings never share the GPU
@@ -297,6 +308,8 @@ def main() -> None:
                 print(msg, flush=True)
         print(f"compiled the baselines ahead in {time.time() - t0:.0f} s", flush=True)
     selector = Selector(torch.device("cuda"), workers=args.workers)  # builds our candidates in workers
+    for key in context_restart.load_refused(refused_path):
+        selector.refuse(key, "it broke the CUDA context of an earlier run (benchmarks/context_restart.py)")
     bw = copy_bandwidth()
     props = torch.cuda.get_device_properties(0)
     import transformers
@@ -307,7 +320,7 @@ def main() -> None:
             f"copy bandwidth (read+write, 1 GiB D2D): {bw / 1e12:.2f} TB/s; torch.compile mode: {args.compile_mode}",
             "", HEAD, "|" + "---|" * (HEAD.count("|") - 1)]
     print("\n".join(head), flush=True)
-    lines = list(head)
+    lines = kept or list(head)  # a resumed run appends to the table it left
 
     def emit(line: str) -> None:  # every line reaches the file at once: a killed run keeps what it printed
         lines.append(line)
@@ -328,6 +341,11 @@ def main() -> None:
                           time.time() - t0 < args.compile_budget_s, args.searched_only)
         except Exception as e:  # one broken row must not hide the others; the log keeps where it broke
             traceback.print_exc()
+            if isinstance(e, ContextLost) and refused_path and args.restarts < context_restart.MAX_RESTARTS:
+                context_restart.save_refused(refused_path, e.key)
+                print(f"row {label} ({dt}): refusing that launch and going on in a fresh process", flush=True)
+                selector.close()
+                context_restart.restart(sys.argv, refused_path, args.restarts, args.deadline_s - (time.time() - t0))
             r = dict(label=label, dtype=dt, error=f"{type(e).__name__}: {e}")
             lost = f"{label} {dt}" if "CUDA error" in str(e) else ""
         emit(fmt(r))

@@ -36,7 +36,12 @@ DEFAULT_CONFIGS = (Launch(2, 3), Launch(2, 4), Launch(4, 3), Launch(4, 4), Launc
 
 class ContextLost(RuntimeError):
     """A candidate's launch broke the process's CUDA context (an illegal address): no later launch
-    can run. The message names the candidate, its launch and its μGraph, to reproduce it alone."""
+    can run. The message names the candidate, its launch and its μGraph, to reproduce it alone;
+    ``key`` (``launch_key``) is what a fresh process passes to ``Selector.refuse``."""
+
+    def __init__(self, message: str, key: tuple[str, Launch | None]):
+        super().__init__(message)
+        self.key = key
 
 
 @dataclass(frozen=True)
@@ -83,7 +88,8 @@ def profile_candidates(ugraphs: Sequence[KernelGraph], example_inputs: Sequence[
             except Exception as e:  # a candidate that cannot build or run loses, with its reason
                 if not context_alive(example_inputs[0].device):
                     raise ContextLost(f"candidate {i} at launch {config_label(config)} broke the CUDA context "
-                                      f"({type(e).__name__}: {str(e).splitlines()[0]}); its μGraph:\n{to_text(g)}") from e
+                                      f"({type(e).__name__}: {str(e).splitlines()[0]}); its μGraph:\n{to_text(g)}",
+                                      launch_key(to_text(g), config)) from e
                 err = f"{type(e).__name__}: {e}"
                 continue
             tried.append((config, us))

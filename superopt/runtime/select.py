@@ -93,6 +93,11 @@ class Selector:
                 best[k] = r
         return sorted(best.values(), key=lambda r: r.median_us)
 
+    def refuse(self, key: tuple[str, Launch | None], why: str) -> None:
+        """Never build or time the launch ``key`` (``profile.launch_key``): e.g. one that broke the CUDA
+        context of an earlier process (``profile.ContextLost``)."""
+        self._refused[key] = why
+
     def _prebuild(self, jobs: list, inputs: Sequence[torch.Tensor]) -> None:
         if self.workers <= 1 or len(jobs) <= 1 or self.device.type != "cuda":
             return

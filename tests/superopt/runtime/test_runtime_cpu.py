@@ -349,7 +349,7 @@ def test_a_launch_that_breaks_the_context_stops_the_profile_and_is_named(monkeyp
     monkeypatch.setattr(profile, "context_alive", lambda device: False)
     with pytest.raises(profile.ContextLost, match="candidate 0 at launch w4s3 broke the CUDA context") as e:
         profile.profile_candidates([g, h], [torch.zeros(1)], configs=[Launch(2, 3), Launch(4, 3)])
-    assert to_text(g) in str(e.value)
+    assert to_text(g) in str(e.value) and e.value.key == profile.launch_key(to_text(g), Launch(4, 3))
 
 
 def test_a_build_workers_integer_inputs_are_valid_indices():
