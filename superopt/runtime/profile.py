@@ -44,6 +44,9 @@ class ContextLost(RuntimeError):
         self.key = key
 
 
+GIVE_UP = 3.0  # a launch this many times the fastest timed so far is timed once, not ``reps`` times
+
+
 @dataclass(frozen=True)
 class ProfileResult:
     index: int                  # position in the candidate list
@@ -67,7 +70,7 @@ def profile_candidates(ugraphs: Sequence[KernelGraph], example_inputs: Sequence[
     build crashed a worker). ``in_place``: inputs each candidate writes in place (a decode step's cache,
     ``compile_graph(in_place=…)``), as it will run: its cache writes then cost what they will."""
     sets = rotated_sets(example_inputs)
-    results = []
+    results, fastest = [], float("inf")
     for i, g in enumerate(ugraphs):
         best, tried, err = None, [], None
         for config in configs:
@@ -84,7 +87,9 @@ def profile_candidates(ugraphs: Sequence[KernelGraph], example_inputs: Sequence[
                 launch = None if config is None else {k.name: config for k in _kernels(g)}
                 cg = compile_graph(g, backend=backend, device=example_inputs[0].device, launch=launch, pdl=pdl,
                                    in_place=in_place)
-                us = time_call(cg, sets, graph=True, reps=reps)
+                # a launch GIVE_UP× the fastest so far loses whatever its median: one rep says so (GQA b8's
+                # 3-6 ms launches, 30 reps each, took much of its row's 246 s of profiling)
+                us = time_call(cg, sets, graph=True, reps=reps, give_up_us=GIVE_UP * fastest)
             except Exception as e:  # a candidate that cannot build or run loses, with its reason
                 if not context_alive(example_inputs[0].device):
                     raise ContextLost(f"candidate {i} at launch {config_label(config)} broke the CUDA context "
@@ -92,6 +97,7 @@ def profile_candidates(ugraphs: Sequence[KernelGraph], example_inputs: Sequence[
                                       launch_key(to_text(g), config)) from e
                 err = f"{type(e).__name__}: {e}"
                 continue
+            fastest = min(fastest, us)
             tried.append((config, us))
             if best is None or us < best[1]:
                 best = (cg.launch, us)

@@ -27,8 +27,9 @@ def rotated_sets(inputs: Sequence[torch.Tensor], min_bytes: int | None = None, m
 
 
 def time_call(fn: Callable, sets: Sequence[Sequence[torch.Tensor]], graph: bool = True, reps: int = 30,
-              warmup: int = 3) -> float:
-    """Median microseconds of one ``fn(*set)``."""
+              warmup: int = 3, give_up_us: float = float("inf")) -> float:
+    """Median microseconds of one ``fn(*set)``; after the warm-up, a first timed rep above
+    ``give_up_us`` is returned alone (a candidate already known to lose needs no median)."""
     for _ in range(warmup):
         for s in sets:
             fn(*s)
@@ -52,6 +53,8 @@ def time_call(fn: Callable, sets: Sequence[Sequence[torch.Tensor]], graph: bool 
             end.record()
             end.synchronize()
             times.append(start.elapsed_time(end) * 1e3 / len(sets))
+            if times[0] > give_up_us:
+                break
     else:
         for r in range(reps):
             s = sets[r % len(sets)]
@@ -60,6 +63,8 @@ def time_call(fn: Callable, sets: Sequence[Sequence[torch.Tensor]], graph: bool 
             end.record()
             end.synchronize()
             times.append(start.elapsed_time(end) * 1e3)
+            if times[0] > give_up_us:
+                break
     return statistics.median(times)
 
 

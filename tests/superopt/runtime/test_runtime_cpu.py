@@ -413,3 +413,23 @@ def test_build_worker_runs_the_launch_as_the_timing_pass_will(monkeypatch):
     job = (to_text(FIXTURES[sorted(FIXTURES)[0]]().ugraph), None, [((2, 3), "float32")], 0, False, ())
     assert select._build_once(job) is None
     assert timed == [(built, 2, dict(graph=True, reps=1, warmup=1))]
+
+
+def test_a_launch_far_slower_than_the_fastest_so_far_is_timed_once(monkeypatch):
+    from types import SimpleNamespace
+
+    from superopt.runtime import profile
+
+    g, h = (FIXTURES[n]().ugraph for n in sorted(FIXTURES)[:2])
+    times = {Launch(2, 3): 10.0, Launch(4, 3): 50.0}
+    limits = []
+
+    def time_call(cg, sets, give_up_us=float("inf"), **k):
+        limits.append(give_up_us)
+        return times[next(iter(cg.launch.values()))]
+    monkeypatch.setattr(profile, "compile_graph", lambda *a, launch=None, **k: SimpleNamespace(launch=launch))
+    monkeypatch.setattr(profile, "time_call", time_call)
+    monkeypatch.setattr(profile, "rotated_sets", lambda xs: [xs])
+    ranked = profile.profile_candidates([g, h], [torch.zeros(1)], configs=[Launch(2, 3), Launch(4, 3)])
+    assert limits == [float("inf"), 3 * 10.0, 3 * 10.0, 3 * 10.0]
+    assert [r.median_us for r in ranked] == [10.0, 10.0]
