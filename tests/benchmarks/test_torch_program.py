@@ -1,22 +1,13 @@
 """benchmarks/torch_program.py: a Lax program as torch calls, the block table's baseline and reference."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 import torch
 
+from benchmarks import torch_program as tp
 from superopt.interp.evaluate import evaluate
 from superopt.interp.numpy_domain import NumpyDomain
 from tests.fixtures.attention import decode_attention
-
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "torch_program.py"
-_spec = importlib.util.spec_from_file_location("torch_program", _PATH)
-tp = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = tp
-_spec.loader.exec_module(tp)
 
 
 def test_float64_reference_keeps_float64_through_the_programs_casts():
