@@ -178,9 +178,10 @@ BROKEN_CONTEXT_EXIT = 70  # a worker's exit status after a launch broke its CUDA
 def _build_once(job) -> str | None:
     """Worker: build ``graph`` at ``config`` and run it on random inputs as the timing pass will
     (``time_call``: back-to-back eager calls over rotated input sets, where launches chained with PDL
-    overlap, then a CUDA-graph capture and replay); the error, if any. A launch that leaves this process's CUDA context unusable ends the process (``os._exit``): the
-    pool breaks, ``map_isolating_crashes`` blames this job alone, and the parent refuses the launch
-    instead of running it in its own context."""
+    overlap, then a CUDA-graph capture and replay); the error, if any. A launch that leaves this
+    process's CUDA context unusable ends the process (``os._exit``): the pool breaks,
+    ``map_isolating_crashes`` blames this job alone, and the parent refuses the launch instead of
+    running it in its own context."""
     text, config, specs, device_index, pdl, in_place = job
     device = torch.device("cuda", device_index)
     try:
