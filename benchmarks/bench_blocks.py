@@ -281,6 +281,8 @@ def main() -> None:
                     help="profile the search's candidates alone (no hand-written reference column)")
     ap.add_argument("--search-s", type=float, default=20.0,
                     help="search each row's program for at most this long (0: the fixtures alone)")
+    ap.add_argument("--no-pdl", action="store_true", help="build every candidate without programmatic dependent "
+                    "launch (PatchOptions.pdl=False): an A/B for faults that need overlapping launches")
     ap.add_argument("--refused", default="", help="JSON file of launches never to run (default: OUT.refused.json); "
                     "a launch that breaks the CUDA context is added to it and the run goes on in a fresh process")
     ap.add_argument("--resume", action="store_true", help="keep the rows OUT already has, run the others")
@@ -307,7 +309,7 @@ def main() -> None:
             for msg in ex.map(functools.partial(warm_baseline, compile_mode=args.compile_mode), rows):
                 print(msg, flush=True)
         print(f"compiled the baselines ahead in {time.time() - t0:.0f} s", flush=True)
-    selector = Selector(torch.device("cuda"), workers=args.workers)  # builds our candidates in workers
+    selector = Selector(torch.device("cuda"), workers=args.workers, pdl=not args.no_pdl)  # builds in workers
     for key in context_restart.load_refused(refused_path):
         selector.refuse(key, "it broke the CUDA context of an earlier run (benchmarks/context_restart.py)")
     bw = copy_bandwidth()
