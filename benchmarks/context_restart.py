@@ -46,19 +46,10 @@ def finished_rows(lines: list[str]) -> set[tuple[str, str]]:
 def restart(argv: list[str], refused: str, restarts: int, seconds_left: float) -> None:
     """Run this benchmark again in a fresh process (never returns): ``argv`` (``sys.argv``) with
     ``--resume``, the refused-launch file, the restart count, and the time left as its deadline and
-    compile budget (both count from a process's start)."""
-    drop = {"--resume": 0, "--refused": 1, "--restarts": 1, "--deadline-s": 1, "--compile-budget-s": 1}
-    args, i = [], 1
-    while i < len(argv):
-        name = argv[i].split("=", 1)[0]
-        if name in drop:
-            i += 1 + (drop[name] if "=" not in argv[i] else 0)
-            continue
-        args.append(argv[i])
-        i += 1
+    compile budget (both count from a process's start). They are appended: argparse keeps the last
+    value of an option given twice, so an earlier restart's or the caller's are overridden."""
     left = f"{max(seconds_left, 0):.0f}"
-    args += ["--resume", "--refused", refused, "--restarts", str(restarts + 1), "--deadline-s", left,
-             "--compile-budget-s", left]
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execv(sys.executable, [sys.executable, argv[0], *args])
+    os.execv(sys.executable, [sys.executable, *argv, "--resume", "--refused", refused, "--restarts",
+                              str(restarts + 1), "--deadline-s", left, "--compile-budget-s", left])
