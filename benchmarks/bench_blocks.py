@@ -169,7 +169,8 @@ def best_of(label: str, origin: str, cands: list, xs, ref, sets, selector, dtype
         blk = r.ugraph.customized_nodes()[0].block if r.ugraph.customized_nodes() else None
         shape = f"grid {blk.grid} f{blk.forloop}" if blk else "unfused"
         print(f"  cand {label} ({origin}): {shape}: " + (r.error[:120] if r.error else
-              " ".join(f"{config_label(c)}={us:.1f}" for c, us in r.tried)), flush=True)
+              " ".join(f"{config_label(c)}={us:.1f}" for c, us in r.tried)) + f" [{r.seconds:.1f} s here]", flush=True)
+    print(f"  {label} ({origin}): " + ", ".join(f"{k} {v:.1f} s" for k, v in selector.stage_seconds.items()), flush=True)
     best = ranked[0]
     if best.error:
         return dict(error=best.error, n=len(ranked))

@@ -7,6 +7,7 @@ the caller sees why it lost.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
@@ -55,6 +56,7 @@ class ProfileResult:
     median_us: float = float("inf")
     tried: tuple = ()           # (Launch or None, median_us) for every config timed
     error: str | None = None
+    seconds: float = 0.0        # wall time this process spent building and timing it (a build cache miss shows)
 
 
 def profile_candidates(ugraphs: Sequence[KernelGraph], example_inputs: Sequence[torch.Tensor],
@@ -72,7 +74,7 @@ def profile_candidates(ugraphs: Sequence[KernelGraph], example_inputs: Sequence[
     sets = rotated_sets(example_inputs)
     results, fastest = [], float("inf")
     for i, g in enumerate(ugraphs):
-        best, tried, err = None, [], None
+        best, tried, err, t0 = None, [], None, time.perf_counter()
         for config in configs:
             if config is not None and not applies(g, config):
                 continue
@@ -101,10 +103,11 @@ def profile_candidates(ugraphs: Sequence[KernelGraph], example_inputs: Sequence[
             tried.append((config, us))
             if best is None or us < best[1]:
                 best = (cg.launch, us)
+        took = time.perf_counter() - t0
         if best is None:
-            results.append(ProfileResult(i, g, error=err))
+            results.append(ProfileResult(i, g, error=err, seconds=took))
         else:
-            results.append(ProfileResult(i, g, best[0], best[1], tuple(tried)))
+            results.append(ProfileResult(i, g, best[0], best[1], tuple(tried), seconds=took))
     return sorted(results, key=lambda r: r.median_us)
 
 

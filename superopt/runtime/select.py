@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import time
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
 from concurrent.futures.process import BrokenProcessPool
 from typing import Callable, Sequence
 
@@ -68,6 +70,7 @@ class Selector:
         self._pool = None
         # (μGraph text, launch) -> why it is not built here: its build killed a worker process
         self._refused: dict[tuple[str, Launch | None], str] = {}
+        self.stage_seconds: dict[str, float] = {}  # the last pick's wall seconds per stage, for logs
 
     def pick(self, candidates: Sequence[KernelGraph], inputs: Sequence[torch.Tensor],
              sweep_also: Sequence[KernelGraph] = ()) -> list[ProfileResult]:
@@ -75,23 +78,31 @@ class Selector:
         ``sweep_also``: candidates whose launches are swept wherever their probes rank (an
         incumbent whose best launch is known to be one the probes leave out)."""
         unique = list({to_text(g): g for g in candidates}.values())
+        clock = _StageClock()
         self._prebuild([(g, c) for g in unique for c in PROBE
                         if (c is None or applies(g, c)) and fits(g, c)], inputs)
+        clock.lap("probe builds")
         first = profile_candidates(unique, inputs, configs=PROBE, refused=self._refused, pdl=self.pdl,
                                    in_place=self.in_place)
+        clock.lap("probe timing")
         top = [r.ugraph for r in first if r.error is None][:SWEEP_TOP]
         top += [g for g in sweep_also if g not in top]
         # configs whose shared memory cannot fit are skipped by the timing pass: do not build them
         self._prebuild([(g, c) for g in top for c in self.configs if applies(g, c) and fits(g, c)],
                        inputs)
+        clock.lap("sweep builds")
         swept = profile_candidates(top, inputs, configs=self.configs, refused=self._refused, pdl=self.pdl,
                                    in_place=self.in_place)
+        clock.lap("sweep timing")
+        self.stage_seconds = clock.laps
         best = {to_text(r.ugraph): r for r in first}
+        spent = {k: r.seconds for k, r in best.items()}
         for r in swept:  # keep each graph's faster result: a probe launch or a swept one
             k = to_text(r.ugraph)
+            spent[k] += r.seconds
             if r.error is None and r.median_us < best[k].median_us:
                 best[k] = r
-        return sorted(best.values(), key=lambda r: r.median_us)
+        return sorted((replace(r, seconds=spent[k]) for k, r in best.items()), key=lambda r: r.median_us)
 
     def refuse(self, key: tuple[str, Launch | None], why: str) -> None:
         """Never build or time the launch ``key`` (``profile.launch_key``): e.g. one that broke the CUDA
@@ -128,6 +139,19 @@ class Selector:
             procs.kill_pool(self._pool)
             self._pool = None
         self.close()
+
+
+class _StageClock:
+    """Wall seconds of consecutive stages: where a pick's minutes go (builds in the workers, or timing here)."""
+
+    def __init__(self):
+        self.laps: dict[str, float] = {}
+        self._t = time.perf_counter()
+
+    def lap(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.laps[stage] = now - self._t
+        self._t = now
 
 
 def map_isolating_crashes(pool: ProcessPoolExecutor, new_pool: Callable[[], ProcessPoolExecutor],

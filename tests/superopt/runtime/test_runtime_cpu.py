@@ -226,6 +226,29 @@ def test_selector_sweeps_a_candidate_that_is_slow_only_at_its_default_launch(mon
     assert ranked[0].ugraph is graphs[3] and ranked[0].median_us == 17.0
 
 
+def test_a_pick_says_where_its_time_went(monkeypatch):
+    # the block benchmark spent 269 s profiling 22 candidates (session 32) with no way to tell builds from
+    # timing: each result carries the seconds both passes spent on it, and the selector each stage's
+    from superopt.runtime import select
+    from superopt.runtime.profile import ProfileResult
+
+    graphs = [FIXTURES[n]().ugraph for n in sorted(FIXTURES)[:4]]
+    spent = {None: 1.0}  # seconds a candidate costs at the probes (None among their configs), else at the sweep
+
+    def fake_profile(ugraphs, inputs, configs, **_):
+        took = spent[None] if None in configs else 0.25
+        return [ProfileResult(i, g, {}, 10.0 + graphs.index(g), seconds=took) for i, g in enumerate(ugraphs)]
+
+    monkeypatch.setattr(select, "profile_candidates", fake_profile)
+    monkeypatch.setattr(select, "fits", lambda g, c: True)
+    sel = select.Selector(torch.device("cpu"), workers=1)
+    ranked = sel.pick(graphs, [])
+    swept = set(map(id, graphs[:select.SWEEP_TOP]))
+    assert [r.seconds for r in ranked] == [1.25 if id(r.ugraph) in swept else 1.0 for r in ranked]
+    assert list(sel.stage_seconds) == ["probe builds", "probe timing", "sweep builds", "sweep timing"]
+    assert all(v >= 0 for v in sel.stage_seconds.values())
+
+
 def test_selector_sweeps_the_launches_of_a_graph_it_is_told_to(monkeypatch):
     # research mode's shipped μGraph: slow at every probe launch, fastest at one the sweep holds
     from superopt.runtime import select
