@@ -26,8 +26,8 @@ import multiprocessing as mp
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import replace
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import replace
 from typing import Callable, Sequence
 
 import torch
