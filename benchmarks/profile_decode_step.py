@@ -21,7 +21,7 @@ and what ``mirage_serve.attention_kernels`` says each layer ran.
 from __future__ import annotations
 
 import argparse
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 
@@ -52,19 +52,31 @@ def summarize(spans: list[KernelSpan], steps: int) -> dict:
             "gap_us": (wall - busy) / steps, "kernels_per_step": len(spans) / steps}
 
 
-def decode_steps(spans: list[KernelSpan], steps: int) -> tuple[list[KernelSpan], bool]:
+def rare_kernels(spans: list[KernelSpan], steps: int) -> set[str]:
+    """Kernel names that ran fewer than ``steps`` times: none of them can be part of every decode step
+    (the loop's poll of its finished rows, once every 16 steps; a kernel only the prefill runs)."""
+    counts = Counter(s.name for s in spans)
+    return {name for name, n in counts.items() if n < steps}
+
+
+def decode_steps(spans: list[KernelSpan], steps: int, min_period: int = 1) -> tuple[list[KernelSpan], bool]:
     """The last ``steps`` decode steps of a profiled ``generate()`` and whether they were found
     exactly. A CUDA-graph replay launches the same kernels in the same order every step, so a step
     is the shortest ``p`` with which ``steps × p`` kernel names repeat, ending at most a step's worth
     of kernels before the end: what comes before is the prefill (HF's own path: another kernel
     count) and the warm step, what comes after is generate()'s own epilogue (the output's concat).
-    Where no such run exists (an eager baseline), 1/(steps+1) of the kernels is dropped as the
-    prefill (approximate)."""
+    Two things are set aside first: the ``rare_kernels``, which would break the repetition where they
+    fall between two steps, and periods under ``min_period`` (pass the layer count: a step runs every
+    layer, so a shorter period is one layer's kernels repeating inside a step whose layers outnumber
+    ``steps``). Where no such run exists (an eager baseline), 1/(steps+1) of the kernels is dropped as
+    the prefill (approximate)."""
+    rare = rare_kernels(spans, steps)
+    spans = [s for s in spans if s.name not in rare]
     names = [s.name for s in spans]
     n = len(names)
     for cut in range(n // (steps + 1) + 1):
         end = n - cut
-        for p in range(1, end // steps + 1):
+        for p in range(max(1, min_period), end // steps + 1):
             tail = names[end - steps * p:end]
             if all(tail[i] == tail[i + p] for i in range(len(tail) - p)):
                 return spans[end - steps * p:end], True
@@ -160,6 +172,7 @@ def main(argv=None) -> None:
     ap.add_argument("--no-patch", dest="patch", action="store_false")
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--attention", default="", help="comma-separated PatchOptions.attention modes, one profile each")
+    ap.add_argument("--trace-out", default="", help="write every profiled kernel (name, start µs, end µs) as JSON here")
     args = ap.parse_args(argv)
     bw = copy_bandwidth()
     lm = load(args.model, dtype="bf16", device="cuda")
@@ -187,14 +200,21 @@ ATTENTION_KERNELS = ("decode_attention_", "_attend_split", "_combine")
 
 def _report(args, lm, ids, bw, part_bytes) -> None:
     """Profile ``args.steps`` decode steps of the (patched) model and print the tables."""
-    from collections import Counter
 
     import torch
 
     from mirage_serve import registry
 
     trace = _profile(lm.model, ids, args.steps)
-    spans, exact = decode_steps(trace, args.steps)
+    if args.trace_out:
+        import json
+
+        with open(args.trace_out, "w") as f:
+            json.dump([[t.name, t.start_us, t.end_us] for t in trace], f)
+    spans, exact = decode_steps(trace, args.steps, min_period=lm.facts["num_hidden_layers"])
+    rare = rare_kernels(trace, args.steps)
+    print(f"set aside: {sum(t.name in rare for t in trace)} launches of {len(rare)} kernels that ran fewer than "
+          f"{args.steps} times (not every step: the prefill's, the loop's poll of its finished rows)")
     if not exact:
         print("decode steps not found exactly: " + period_break([t.name for t in trace], args.steps))
     s = summarize(spans, args.steps)

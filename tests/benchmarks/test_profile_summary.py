@@ -63,7 +63,7 @@ def test_decode_steps_are_the_repeating_tail_whatever_the_prefill_launched():
 
 
 def test_decode_steps_fall_back_to_the_proportional_cut_when_steps_differ():
-    trace = _trace(["p"] * 3, [], 0) + _trace([], ["a", "b"], 1) + _trace([], ["a", "c"], 1)
+    trace = _trace(["p"] * 3, [], 0) + _trace([], ["a", "b", "c"], 1) + _trace([], ["a", "c", "b"], 1)
     spans, exact = prof.decode_steps(trace, steps=2)
     assert not exact and len(spans) == round(len(trace) * 2 / 3)
 
@@ -91,3 +91,23 @@ def test_period_break_names_the_kernels_where_the_steps_stop_repeating():
     why = prof.period_break(names, steps=6)
     assert "period of 4" in why and "'copy' where 4 later comes 'gemv'" in why
     assert prof.period_break(step * 6, steps=6).endswith("the whole trace repeats")
+
+
+def test_decode_steps_set_aside_a_kernel_that_runs_between_some_steps():
+    # the decode loop polls its finished rows every few steps: a reduction between two steps, not in them
+    step = ["norm", "gemv", "add"] * 3 + ["lm_head", "argmax"]
+    names = ["sdpa", "gemm"] * 9 + step * 3 + ["any"] + step * 3 + ["any"] + step * 2
+    spans, exact = prof.decode_steps(_trace(names, [], 0), steps=8)
+    assert exact and [s.name for s in spans] == step * 8
+    assert prof.rare_kernels(_trace(names, [], 0), steps=8) == {"any"}
+
+
+def test_decode_steps_are_not_one_layers_kernels_repeating_inside_a_step():
+    # steps that differ (a copy in one of them), and more layers than profiled steps: the last step's layers
+    # alone repeat `steps` times at one layer's period, which is not a step
+    step = ["qkv", "attend", "o", "mlp"] * 6 + ["norm", "lm_head", "argmax"]
+    names = ["copy"] * 5 + step * 2 + ["copy"] + step * 3
+    spans, exact = prof.decode_steps(_trace(names, [], 0), steps=5)
+    assert exact and len(spans) == 20  # a layer's period: 5 of the last step's 6 layers
+    spans, exact = prof.decode_steps(_trace(names, [], 0), steps=5, min_period=6)
+    assert not exact
