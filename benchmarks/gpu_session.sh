@@ -10,7 +10,9 @@
 # so searched μGraphs found on the GPU can be brought back (for kernels_cache/); a cache.tar in the
 # working directory is restored first. To run exactly a commit while others edit the tree, archive it
 # into an ignored folder and carry that: `git archive HEAD | tar -x -C .clean`, then `cd .clean && ...`
-# (the device's copy of .git can be stale, so do not rely on git there). Logs come back packed in $OUT/logs.tar.
+# (the device's copy of .git can be stale, so do not rely on git there). Logs come back packed in $OUT/logs.tar;
+# the .log and .json files are moved into it, so a command that tars $OUT/*.log after this script packs nothing
+# and, named logs.tar, replaces the logs (session 33 lost two bench JSONs that way).
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:?set OUT}
