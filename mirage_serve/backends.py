@@ -16,6 +16,7 @@ from typing import Callable
 import torch
 
 from superopt.ir import KernelGraph
+from superopt.runtime.interpreter import interpreting
 
 BACKENDS = ("auto", "torch", "triton")
 
@@ -30,7 +31,7 @@ def resolve(backend: str, device: torch.device) -> str:
         raise BackendError(f"unknown backend {backend!r}; valid backends: {', '.join(BACKENDS)}")
     if backend == "auto":
         return "triton" if device.type == "cuda" else "torch"
-    if backend == "triton" and device.type != "cuda":
+    if backend == "triton" and device.type != "cuda" and not interpreting():  # (the interpreter runs it on a CPU)
         raise BackendError(f"backend {backend!r} needs the model on a CUDA device; it is on {device} "
                            f"(use backend='torch' or 'auto' on CPU)")
     return backend

@@ -101,7 +101,8 @@ PDL_SIGNAL = "tl.extra.cuda.gdc_launch_dependents()"
 
 def render_triton(ugraph: KernelGraph, prefetch: frozenset[str] = frozenset(), paired: bool = False,
                   chain: frozenset[str] = frozenset(), pdl: bool = False,
-                  in_place: frozenset[str] = frozenset(), counted: str | None = None) -> TritonModule:
+                  in_place: frozenset[str] = frozenset(), counted: str | None = None,
+                  blocks: bool = False) -> TritonModule:
     """Render every customized op of ``ugraph``; library ops are left to the runtime.
 
     Kernels named in ``prefetch`` load the next iteration's tiles before this iteration's work
@@ -118,7 +119,13 @@ def render_triton(ugraph: KernelGraph, prefetch: frozenset[str] = frozenset(), p
     ``in_place``: inputs the runtime lets the graph write; a scatter of a kernel's row into one of them is
     stored by that kernel where ``store_through`` finds it legal (``TritonModule.stored``). ``counted``: the graph
     input a caller's call counter may be; the last kernel advances the counter where ``counted.counting_kernel``
-    finds it legal (``TritonModule.counting``; else the caller counts after the graph). Never with ``paired``."""
+    finds it legal (``TritonModule.counting``; else the caller counts after the graph). Never with ``paired``.
+    ``blocks``: every kernel as a device function of its block index, ``{name}_block(pid0, pid1, pid2, *params)``,
+    with no launcher: the bodies a persistent kernel calls (``codegen.persistent``). Never with ``paired``,
+    ``chain``, ``pdl``, ``in_place`` or ``counted``."""
+    if blocks and (paired or chain or pdl or in_place or counted is not None):
+        raise ValueError("render_triton(blocks=True) renders plain block bodies: no paired, chain, pdl, in_place or "
+                         "counted variant")
     base = identifier(ugraph.name)
     parts = ["import torch", "import triton", "import triton.language as tl",
              "from torch.library import wrap_triton", ""]
@@ -130,7 +137,7 @@ def render_triton(ugraph: KernelGraph, prefetch: frozenset[str] = frozenset(), p
     def render(idx: int, counts: bool = False) -> tuple[KernelSpec, str]:
         name = f"{base}_k{idx}"
         return _render_kernel(name, idx, ugraph.nodes[idx], ugraph, name in prefetch, paired, runs.get(idx), pdl,
-                              [s for s in stored if s.kernel == idx], counts)
+                              [s for s in stored if s.kernel == idx], counts, blocks)
     rendered = {idx: render(idx) for idx, n in enumerate(ugraph.nodes) if n.op == "customized" and idx not in consumed}
     counting = None if paired or counted is None else \
         counting_kernel(ugraph, counted, {idx: spec.args for idx, (spec, _) in rendered.items()}, frozenset(consumed))
@@ -149,7 +156,8 @@ def _narrow(node: Node, g: KernelGraph) -> str | None:
 
 def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph, prefetch: bool = False,
                    paired: bool = False, chain: Chain | None = None, pdl: bool = False,
-                   through: list[StoreThrough] | None = None, counts: bool = False) -> tuple[KernelSpec, str]:
+                   through: list[StoreThrough] | None = None, counts: bool = False, block_fn: bool = False
+                   ) -> tuple[KernelSpec, str]:
     """One customized op as a @triton.jit kernel and its launcher.
 
     ``prefetch``: the loop's tiles are loaded one iteration ahead (iteration 0's before the loop,
@@ -162,7 +170,8 @@ def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph, prefetch: b
     its own. ``through``: outputs stored at a slot of an in-place input, and input rows copied to one as
     an output is tiled (``store_through``): the kernel writes those inputs (outputs after its own for the
     copies), and takes the slot's index and the copied rows as arguments after its own. ``counts``: when its work is
-    done, block (0, 0, 0) adds one to the int64 counter it takes last (``codegen.counted``)."""
+    done, block (0, 0, 0) adds one to the int64 counter it takes last (``codegen.counted``). ``block_fn``: a device
+    function ``{kname}_block`` taking the block index (pid0, pid1, pid2) before the pointers, and no launcher."""
     b: BlockGraph = node.block
     k = BlockWriter(b, _narrow(node, g))
     if pdl:  # before any load or store: nothing is touched until the predecessor is complete
@@ -205,7 +214,7 @@ def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph, prefetch: b
         for p_ in params:
             k.emit(f"{p_} = {p_}_b", 2)
         params = params + [f"{p_}_b" for p_ in params]
-    for a in pids:
+    for a in pids if not block_fn else ():
         k.emit(f"pid{a} = tl.program_id({a})", 1)
     stores = [f"w{j}_ptr" if atomic[j] else f"o{j}_ptr" for j in range(len(b.outputs))]
     shapes = [v.type.shape for v in node.outs]
@@ -230,8 +239,10 @@ def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph, prefetch: b
         k.emit("if (tl.program_id(0) == 0) & (tl.program_id(1) == 0) & (tl.program_id(2) == 0):", 1)
         k.emit("tl.store(n_ptr, tl.load(n_ptr) + 1)", 2)
     body = "\n".join(k.lines) if k.lines else "    pass"
-    text = f"@triton.jit\ndef {kname}({', '.join(params)}):\n{body}\n"
     spec = dataclasses.replace(spec, grid=grid)
+    if block_fn:
+        return spec, f"@triton.jit\ndef {kname}_block({', '.join(['pid0', 'pid1', 'pid2', *params])}):\n{body}\n"
+    text = f"@triton.jit\ndef {kname}({', '.join(params)}):\n{body}\n"
     return spec, text + "\n" + _launcher(spec) + "\n"
 
 

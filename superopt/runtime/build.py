@@ -41,24 +41,30 @@ def source_key(tm: TritonModule) -> str:
 
 def load_module(tm: TritonModule, cache_dir: str | Path | None = None) -> ModuleType:
     """Import the module ``tm`` renders (memoised by source hash)."""
-    key = source_key(tm)
+    return load_source(tm.name, tm.source, tm.pdl, cache_dir)
+
+
+def load_source(name: str, source: str, pdl: bool = False, cache_dir: str | Path | None = None) -> ModuleType:
+    """Import generated module text ``source`` as ``name`` (memoised by source hash); ``pdl``: its launchers
+    launch with programmatic dependent launch."""
+    key = hashlib.sha256(source.encode()).hexdigest()[:12]
     if key in _MODULES:
         return _MODULES[key]
     folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{tm.name}_{key}.py"
-    if not path.exists() or path.read_text() != tm.source:
+    path = folder / f"{name}_{key}.py"
+    if not path.exists() or path.read_text() != source:
         fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
         with os.fdopen(fd, "w") as f:
-            f.write(tm.source)
+            f.write(source)
         os.replace(tmp, path)
-    modname = f"superopt_gen_{tm.name}_{key}"
+    modname = f"superopt_gen_{name}_{key}"
     spec = importlib.util.spec_from_file_location(modname, path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[modname] = mod  # triton resolves globals of jitted functions through the module
     spec.loader.exec_module(mod)
     if not interpreting():  # direct launches reuse the compiled kernel (fast_launch's docstring)
-        mod.wrap_triton = functools.partial(launch_wrapper, options=launch_options(tm.pdl))
+        mod.wrap_triton = functools.partial(launch_wrapper, options=launch_options(pdl))
     _MODULES[key] = mod
     return mod
 

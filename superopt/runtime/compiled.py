@@ -29,6 +29,7 @@ from other code is simply not found, and compiled afresh.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -37,7 +38,7 @@ from typing import Callable, Sequence
 import torch
 
 from ..codegen.launch import Launch, chained, prefetched
-from ..codegen.triton import render_triton
+from ..codegen.triton import KernelSpec, render_triton
 from ..ir import KernelGraph, check
 from ..ir.graph import VIEW_OPS
 from . import binaries as _binaries
@@ -49,6 +50,22 @@ from .grid_dependency import applies
 from .library import library_fn, run_library, scatter_in_place, view
 
 _VIEWS = ("reshape", "transpose", "slice")
+
+# Set by ``recording()``: every call of a compiled graph (plain or bound) appends (graph, its inputs) here.
+_recording: list | None = None
+
+
+@contextlib.contextmanager
+def recording():
+    """Collect the calls of every compiled graph made inside, in order, as ``[(compiled_graph, inputs), ...]``
+    (the calls still run). What a decode step launches, for a tool that runs those kernels another way
+    (``runtime.persistent``); off, a call pays one global read."""
+    global _recording
+    outer, _recording = _recording, []
+    try:
+        yield _recording
+    finally:
+        _recording = outer
 
 
 class CompiledGraph:
@@ -134,6 +151,40 @@ class CompiledGraph:
             return []
         return [self.workspace[(idx, j)] for j in spec.workspaces] + [self.sums[idx].counter]
 
+    def kernel_launches(self, *inputs: torch.Tensor) -> tuple[list[tuple[KernelSpec, list[torch.Tensor]]],
+                                                              list[torch.Tensor]]:
+        """What a call on ``inputs`` would launch, launching nothing: per kernel in call order its spec and the
+        tensors it takes (``KernelSpec.params`` order; outputs are the pool's buffers), then the graph's outputs.
+        For a caller that runs the kernels another way (``runtime.persistent``), so only for graphs of kernels,
+        views and constants (no library op, chained kernel, call counter or in-place write) whose kernels get
+        contiguous arguments (no staging copy)."""
+        g = self.graph
+        self._check_inputs(inputs)
+        if self.tails or self.counter is not None or self.in_place:
+            raise ValueError(f"{g.name}: kernel_launches hands over plain kernels only: this graph has a chained "
+                             f"kernel, a call counter or an in-place write")
+        env: dict[str, torch.Tensor] = dict(zip((v.name for v in g.inputs), inputs))
+        launches = []
+        for idx, n in enumerate(g.nodes):
+            if n.op in _VIEWS:
+                env[n.out.name] = view(n, env[n.args[0]])
+            elif n.op == "const":
+                env[n.out.name] = self.pool[n.out.name]
+            elif n.op == "customized":
+                spec = self.kernels[idx][1]
+                args = [env[a] for a in spec.args]
+                strided = [a for a, t in zip(spec.args, args) if not t.is_contiguous()]
+                if strided:
+                    raise ValueError(f"{g.name}: kernel {spec.name} would read %{strided[0]} through a staging copy "
+                                     f"(not contiguous), which kernel_launches cannot hand over")
+                outs = [self.pool[v] for v in spec.outs]
+                launches.append((spec, args + outs + self.finish_args(idx)))
+                env.update(zip(spec.outs, outs))
+            else:
+                raise ValueError(f"{g.name}: node {idx} is a library op ({n.op}), which runs as torch, not as a "
+                                 f"kernel kernel_launches can hand over")
+        return launches, [env[o] for o in g.outputs]
+
     def _warm(self, cache_dir, files: dict[str, bytes] | None) -> None:
         """Compile or load every kernel now (no launch), after seeding Triton's cache with ``files``."""
         log = _binaries.warm(self.module, load_module(self.module, cache_dir), self.launch, self.device, files,
@@ -185,6 +236,8 @@ class CompiledGraph:
                  count: torch.Tensor | None = None) -> list[torch.Tensor]:
         g = self.graph
         self._check_inputs(inputs)
+        if _recording is not None:
+            _recording.append((self, list(inputs)))
         if (count is None) != (self.counter is None):
             raise TypeError(f"{g.name}: built with counter={self.counter!r}, so a call "
                             + ("takes the counter as count=" if count is None else "takes no count="))
@@ -298,6 +351,10 @@ class CompiledGraph:
                 for i, x in zip(holes, xs):
                     merged[i] = x
                 return self(*merged, count=xs[-1] if counted else None)
+            if _recording is not None:
+                for i, x in zip(holes, xs):
+                    merged[i] = x
+                _recording.append((self, list(merged)))
             env = start.copy()
             for i, x in zip(given, xs):
                 env[i] = x

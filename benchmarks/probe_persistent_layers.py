@@ -1,0 +1,151 @@
+"""Issue 29's question before any decode-loop work: do a patched model's site kernels run faster as one launch?
+
+    python benchmarks/probe_persistent_layers.py Qwen2.5-0.5B --batch 1 [--layers 0] [--programs 1,2,4]
+
+Patches the model (its shipped, searched site kernels; kernels alone, no CUDA graphs of the decode loop), records
+the compiled-graph calls of one decode step (``superopt.runtime.compiled.recording``: every site kernel of every
+layer and the final norm; the hand-written decode attention and lm_head are not among them, and keep the values the
+recorded step left in their outputs), and times, each captured in a CUDA graph and replayed:
+
+- ``launches``: those calls one by one, as the decode step launches them (programmatic dependent launch where the
+  device has it), so the kernel count is the step's less its attention, lm_head and loop kernels;
+- ``persistent xK``: the same kernels as one persistent launch (``superopt.runtime.persistent``) of K programs per
+  SM, their counters zeroed in the graph before it.
+
+Both arms run the same block bodies on the same weights, in alternating rounds; the table gives µs per step and the
+weights' bytes over that time as % of the copy bandwidth measured in the same run. The persistent run's last
+outputs (every buffer a kernel writes, as the step leaves it) are checked against the launches' at the dtype's
+tolerance: the order of float atomic adds differs.
+Status: the persistent kernel has only run in Triton's interpreter before this probe (docs/persistent.md).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+
+TOL = {"bfloat16": 1e-2, "float16": 2e-3}  # docs/conventions.md tolerance table
+
+
+def record_step(model, batch: int, vocab: int) -> list:
+    """The compiled-graph calls of one decode step of the patched ``model`` at ``batch`` rows."""
+    import torch
+
+    from superopt.runtime.compiled import recording
+
+    ids = torch.randint(1, vocab, (batch, 16), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    with torch.inference_mode(), recording() as calls:  # the prefill runs the original modules: not recorded
+        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=2, min_new_tokens=2,
+                       do_sample=False, pad_token_id=0)
+    return calls
+
+
+def written_buffers(calls) -> dict:
+    """{address: tensor} of every buffer the calls' kernels write (outputs, workspaces, counters)."""
+    return {t.data_ptr(): t for cg, inputs in calls for spec, ts in cg.kernel_launches(*inputs)[0]
+            for t in ts[len(spec.args):]}
+
+
+def weight_bytes(calls) -> int:
+    """Bytes of the tensors the calls read that none of them writes (the weights, and the attention's output)."""
+    written = written_buffers(calls)
+    seen = {}
+    for _, inputs in calls:
+        for t in inputs:
+            if t.data_ptr() not in written:
+                seen[t.data_ptr()] = t.numel() * t.element_size()
+    return sum(seen.values())
+
+
+def captured(fn):
+    import torch
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
+def replay_us(graph, n: int = 200) -> float:
+    import torch
+
+    for _ in range(10):
+        graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(n):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / n
+
+
+def main(argv=None) -> None:
+    import torch
+
+    import mirage_serve
+    from mirage_serve.bench_load import load
+    from mirage_serve.options import PatchOptions
+    from superopt.runtime.persistent import PersistentRun
+    from superopt.runtime.timing import copy_bandwidth
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--layers", type=int, default=0, help="cut the model to this many layers (0: all)")
+    ap.add_argument("--programs", default="1,2,4", help="persistent programs per SM, one arm each")
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args(argv)
+
+    bw = copy_bandwidth()
+    lm = load(args.model, dtype="bf16", device="cuda", layers=args.layers or None)
+    print(mirage_serve.patch(lm.model, batch_sizes=(args.batch,), cuda_graphs=False,
+                             options=PatchOptions(attention="hand-written")))
+    calls = record_step(lm.model, args.batch, lm.facts["vocab_size"])
+    launches = sum(len(cg.kernel_launches(*inputs)[0]) for cg, inputs in calls)
+    nbytes = weight_bytes(calls)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    print(f"{lm.name} b{args.batch}, {lm.facts['num_hidden_layers']} layers: {len(calls)} site calls, {launches} "
+          f"kernels, {nbytes / 1e6:.1f} MB read that no kernel writes; {torch.cuda.get_device_name()}, {sms} SMs, "
+          f"copy {bw / 1e12:.2f} TB/s")
+
+    def one_by_one():
+        for cg, inputs in calls:
+            cg(*inputs)
+    arms = {"launches": captured(one_by_one)}
+    arms["launches"].replay()
+    torch.cuda.synchronize()
+    outs = {p: t for p, t in written_buffers(calls).items()
+            if t.dtype in (torch.bfloat16, torch.float16)}  # not the float32 workspaces or the counters
+    want = {p: t.clone() for p, t in outs.items()}
+    runs = {}
+    for k in (int(p) for p in args.programs.split(",")):
+        run = PersistentRun(calls, programs=k * sms)
+        runs[f"persistent x{k}"] = run
+        arms[f"persistent x{k}"] = captured(run)
+        arms[f"persistent x{k}"].replay()
+        torch.cuda.synchronize()
+        err = max(float((outs[p].double() - w.double()).norm() / w.double().norm().clamp_min(1e-30))
+                  for p, w in want.items())
+        tol = TOL[str(lm.model.dtype).removeprefix("torch.")]
+        print(f"persistent x{k}: {run.programs} programs, {run.tasks} tasks, {run.launches} launches, "
+              f"{run.num_warps} warps; largest rel err of the {len(want)} buffers written {err:.2e} against the "
+              f"launches' ({'OK' if err <= tol else 'FAILED'}, tolerance {tol})")
+    times = {name: [] for name in arms}
+    for _ in range(args.rounds):  # alternating: drift between arms cancels
+        for name, graph in arms.items():
+            times[name].append(replay_us(graph))
+    base = statistics.median(times["launches"])
+    print(f"\n{'arm':<16} {'µs/step':>9} {'× launches':>11} {'% copy':>7}")
+    for name, ts in times.items():
+        us = statistics.median(ts)
+        print(f"{name:<16} {us:>9.1f} {base / us:>10.2f}x {100 * nbytes / (us * 1e-6) / bw:>6.0f}%")
+
+
+if __name__ == "__main__":
+    main()

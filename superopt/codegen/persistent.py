@@ -1,0 +1,76 @@
+"""One persistent Triton kernel that runs a sequence of rendered kernels: a decode step in one launch.
+
+Why: at 0.5-1B parameters a decode step is ~150 launches of 2-10 µs kernels, and the gaps and tails between
+them cap the step well below the bandwidth floor (docs/persistent.md has the measured ceiling). Here every
+kernel of the sequence keeps its own searched block graph, rendered as a device function of its block index
+(``render_triton(blocks=True)``), and one launch of ``programs`` persistent programs runs them all:
+
+- a *task* is one block of one launch; tasks are numbered in launch order, so every task's dependencies
+  have smaller numbers;
+- each program takes the next task number from a ticket counter (an atomic add), waits until every launch
+  its launch depends on has counted all its blocks done, runs the block, and counts it done in its launch's
+  counter (a barrier, then a release add, as ``finish_sums`` orders its stores);
+- a program holding a ticket is running, and it only waits on smaller tickets, which running programs hold:
+  no deadlock, whatever the number of programs and whether they are all resident.
+
+The kernel reads everything about the sequence from device tables the runtime fills
+(``runtime.persistent``): per task its launch; per launch its body, first task, grid, where its pointers and
+its waits start, how many waits, how many blocks; the pointers as int64 addresses, cast back to the body
+parameter's element type; the waits as launch indices. So one compiled kernel serves every layer of a model
+(the layers differ in pointers only) and the source grows with the distinct bodies, not the launches.
+
+This module writes text only, as ``codegen.triton`` does; ``runtime.persistent`` builds and launches it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# The int64 fields of one launch's row in the launch table, in order.
+LAUNCH_FIELDS = ("body", "first_task", "grid_x", "grid_y", "ptr_at", "wait_at", "waits", "blocks")
+
+_TL_TYPES = {"float32": "tl.float32", "float16": "tl.float16", "bfloat16": "tl.bfloat16", "float64": "tl.float64",
+             "int32": "tl.int32", "int64": "tl.int64"}
+
+
+@dataclass(frozen=True)
+class Body:
+    """A device function the persistent kernel calls: ``name(pid0, pid1, pid2, *pointers)``, each pointer to
+    an element of ``dtypes[i]``."""
+
+    name: str
+    dtypes: tuple[str, ...]
+
+
+def render_persistent(name: str, bodies: list[Body], body_sources: list[str]) -> str:
+    """The module text: the bodies' device functions, then ``{name}`` (the persistent kernel) taking the
+    tables (``tasks``, ``launches``, ``ptrs``, ``waits``), the per-launch ``done`` counters and the ``ticket``
+    counter (both zero before each launch), and ``N_TASKS`` as a constant."""
+    width = len(LAUNCH_FIELDS)
+    lines = ["import triton", "import triton.language as tl", "", *body_sources, "",
+             "@triton.jit",
+             f"def {name}(tasks_ptr, launches_ptr, ptrs_ptr, waits_ptr, done_ptr, ticket_ptr, N_TASKS: tl.constexpr):",
+             "    t = tl.atomic_add(ticket_ptr, 1)",
+             "    while t < N_TASKS:",
+             "        j = tl.load(tasks_ptr + t).to(tl.int64)",
+             f"        row = launches_ptr + j * {width}"]
+    lines += [f"        {field} = tl.load(row + {i})" for i, field in enumerate(LAUNCH_FIELDS) if field != "blocks"]
+    lines += ["        for w in range(waits):  # every launch this one depends on has all its blocks done",
+              "            k = tl.load(waits_ptr + wait_at + w)",
+              f"            need = tl.load(launches_ptr + k * {width} + {LAUNCH_FIELDS.index('blocks')}).to(tl.int32)",
+              "            got = tl.atomic_add(done_ptr + k, 0, sem=\"acquire\", scope=\"gpu\")",
+              "            while got < need:",
+              "                got = tl.atomic_add(done_ptr + k, 0, sem=\"acquire\", scope=\"gpu\")",
+              "        tl.debug_barrier()  # no thread of the block reads before the waits are over",
+              "        b = t - first_task",
+              "        pid0 = b % grid_x",
+              "        pid1 = (b // grid_x) % grid_y",
+              "        pid2 = b // (grid_x * grid_y)"]
+    for i, body in enumerate(bodies):
+        lines.append(f"        {'if' if i == 0 else 'elif'} body == {i}:")
+        ptrs = [f"tl.load(ptrs_ptr + ptr_at + {m}).to(tl.pointer_type({_TL_TYPES[dt]}), bitcast=True)"
+                for m, dt in enumerate(body.dtypes)]
+        lines.append(f"            {body.name}(pid0, pid1, pid2, {', '.join(ptrs)})")
+    lines += ["        tl.debug_barrier()  # every thread's stores before the count",
+              "        tl.atomic_add(done_ptr + j, 1, sem=\"release\", scope=\"gpu\")",
+              "        t = tl.atomic_add(ticket_ptr, 1)", ""]
+    return "\n".join(lines)

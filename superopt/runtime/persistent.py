@@ -1,0 +1,148 @@
+"""Run the kernels of several compiled-graph calls as one persistent launch (``codegen.persistent``).
+
+``PersistentRun([(compiled_graph, inputs), ...])`` takes what each call would launch
+(``CompiledGraph.kernel_launches``: the kernels and the tensors they take), renders each distinct kernel once as a
+device function of its block index, and fills the device tables the persistent kernel reads. Calling it runs
+every block of every launch in one launch of ``programs`` programs and returns each call's outputs, which are
+the compiled graphs' own buffers, as their own calls would leave them.
+
+Dependencies come from memory, not from the graphs: a launch waits for the launches before it that last wrote
+bytes it reads or writes, and for those that read bytes it writes since they were last written. So a buffer
+reused by a later call of the same graph (two layers of one program) is ordered like any other.
+
+Status (docs/persistent.md): checked in Triton's interpreter with one program, which runs the tasks in order;
+the concurrent path (waits, counters, memory order between SMs) has not run on a GPU yet.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from ..codegen.launch import prefetched
+from ..codegen.persistent import LAUNCH_FIELDS, Body, render_persistent
+from ..codegen.triton import kernel_param_dtypes, render_triton
+from .build import load_source
+from .compiled import CompiledGraph
+
+_KERNEL = "persistent_step"
+
+
+@dataclass
+class _Span:
+    """A byte range of device memory: the launch that last wrote it and those that read it since."""
+
+    start: int
+    end: int
+    writer: int | None = None
+    readers: list[int] = field(default_factory=list)
+
+
+class _Hazards:
+    """The launches a launch must wait for, from the byte ranges each one reads and writes."""
+
+    def __init__(self):
+        self.spans: list[_Span] = []
+
+    def _over(self, r: tuple[int, int]) -> list[_Span]:
+        return [s for s in self.spans if s.start < r[1] and r[0] < s.end]
+
+    def add(self, j: int, reads: list[tuple[int, int]], writes: list[tuple[int, int]]) -> list[int]:
+        deps: set[int] = set()
+        for r in reads:  # read after write
+            deps.update(s.writer for s in self._over(r) if s.writer is not None)
+        for w in writes:  # write after write, write after read
+            for s in self._over(w):
+                deps.update(s.readers)
+                if s.writer is not None:
+                    deps.add(s.writer)
+        for r in reads:
+            same = [s for s in self._over(r) if (s.start, s.end) == r]
+            for s in same or [self._new(r)]:
+                s.readers.append(j)
+        for w in writes:
+            s = next((s for s in self._over(w) if (s.start, s.end) == w), None) or self._new(w)
+            s.writer, s.readers = j, []
+        deps.discard(j)
+        return sorted(deps)
+
+    def _new(self, r: tuple[int, int]) -> _Span:
+        self.spans.append(_Span(*r))
+        return self.spans[-1]
+
+
+def _bytes(t: torch.Tensor) -> tuple[int, int]:
+    return t.data_ptr(), t.data_ptr() + max(1, t.numel()) * t.element_size()
+
+
+class PersistentRun:
+    """Callable: ``run() -> [outputs of call 0, outputs of call 1, ...]``."""
+
+    def __init__(self, calls: Sequence[tuple[CompiledGraph, Sequence[torch.Tensor]]], programs: int | None = None,
+                 num_warps: int | None = None, num_stages: int | None = None, cache_dir=None):
+        if not calls:
+            raise ValueError("PersistentRun needs at least one (compiled graph, inputs) call")
+        device = calls[0][0].device
+        self.outputs: list[list[torch.Tensor]] = []
+        self.dependencies: list[list[int]] = []  # per launch, the launches it waits for
+        bodies: list[Body] = []
+        sources: list[str] = []
+        body_of: dict[tuple[str, str], int] = {}  # (graph's block source, kernel name) -> body index
+        rows, tasks, ptrs, waits = [], [], [], []
+        hazards = _Hazards()
+        warps, stages = 1, 1
+        for cg, inputs in calls:
+            launches, outs = cg.kernel_launches(*inputs)
+            self.outputs.append(outs)
+            blocks = render_triton(cg.graph, prefetched(cg.launch), blocks=True)
+            for spec, tensors in launches:
+                key = (blocks.source, spec.name)
+                if key not in body_of:
+                    body_of[key] = len(bodies)
+                    name = f"{spec.name}_block" + (f"_{len(bodies)}" if any(
+                        b.name.startswith(f"{spec.name}_block") for b in bodies) else "")
+                    bodies.append(Body(name, tuple(kernel_param_dtypes(spec, cg.graph).values())))
+                    sources.append(_function(blocks.source, f"{spec.name}_block", name))
+                j = len(rows)
+                n_args = len(spec.args)
+                deps = hazards.add(j, [_bytes(t) for t in tensors[:n_args]], [_bytes(t) for t in tensors[n_args:]])
+                self.dependencies.append(deps)
+                gx, gy, gz = spec.grid
+                row = dict(body=body_of[key], first_task=len(tasks), grid_x=gx, grid_y=gy, ptr_at=len(ptrs),
+                           wait_at=len(waits), waits=len(deps), blocks=gx * gy * gz)
+                rows.append([row[f] for f in LAUNCH_FIELDS])
+                tasks += [j] * (gx * gy * gz)
+                ptrs += [t.data_ptr() for t in tensors]
+                waits += deps
+                launch = cg.launch[spec.name]
+                warps, stages = max(warps, launch.num_warps), max(stages, launch.num_stages)
+        self.launches, self.tasks = len(rows), len(tasks)
+        self.bodies = [b.name for b in bodies]
+        self.source = render_persistent(_KERNEL, bodies, sources)
+        self.kernel = getattr(load_source(_KERNEL, self.source, cache_dir=cache_dir), _KERNEL)
+        i64 = dict(dtype=torch.int64, device=device)
+        self._tables = (torch.tensor(tasks, dtype=torch.int32, device=device), torch.tensor(rows, **i64),
+                        torch.tensor(ptrs, **i64), torch.tensor(waits or [0], **i64))
+        self._done = torch.zeros(len(rows), dtype=torch.int32, device=device)
+        self._ticket = torch.zeros(1, dtype=torch.int32, device=device)
+        if programs is None:
+            programs = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+        self.programs = max(1, min(programs, self.tasks))
+        self.num_warps, self.num_stages = num_warps or warps, num_stages or stages
+        self.keep = [t for _, inputs in calls for t in inputs]  # the tables hold their addresses
+
+    def __call__(self) -> list[list[torch.Tensor]]:
+        self._done.zero_()
+        self._ticket.zero_()
+        self.kernel[(self.programs,)](*self._tables, self._done, self._ticket, N_TASKS=self.tasks,
+                                      num_warps=self.num_warps, num_stages=self.num_stages)
+        return self.outputs
+
+
+def _function(source: str, name: str, rename: str) -> str:
+    """The text of the ``@triton.jit`` function ``name`` in a rendered module, renamed ``rename``."""
+    start = source.index(f"@triton.jit\ndef {name}(")
+    end = source.find("\n@triton.jit\n", start + 1)
+    text = source[start:end if end >= 0 else len(source)].rstrip() + "\n"
+    return text.replace(f"def {name}(", f"def {rename}(", 1)

@@ -1,0 +1,76 @@
+"""One persistent launch for a sequence of kernels (superopt.runtime.persistent, codegen.persistent), on a CPU."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from superopt.runtime.persistent import _Hazards
+from tests.interpreter import run_interpreted
+
+TOL = {"float32": 1e-5, "float16": 2e-3}  # docs/conventions.md tolerance table
+
+
+@pytest.mark.parametrize("dtype,programs", [("float32", 1), ("float16", 1), ("float16", 3)])
+def test_two_layers_in_one_launch_match_the_graphs_one_by_one(dtype, programs):
+    r = run_interpreted("-m", "tests.superopt.runtime.persistent_interp_run", dtype, str(programs))
+    assert r["recorded"], "recording() did not collect the calls (plain and bound) with their tensors, in order"
+    assert r["equal"], "the persistent launch differs from the same kernels launched one by one"
+    assert r["rel_err"] <= TOL[dtype], r
+    # 2 layers × (RMSNorm + GEMV in 3 K-parts of 5 column blocks, GEMV + residual): one body each, 4 launches
+    assert (r["launches"], r["bodies"]) == (4, 2)
+    # layer 2's RMSNorm + GEMV waits for layer 1's GEMV (it reads its output, and overwrites what that one read);
+    # layer 2's GEMV + residual for layer 1's (its residual) and layer 2's RMSNorm + GEMV
+    assert r["waits"] == [[], [0], [0, 1], [1, 2]]
+
+
+def _r(start, end):
+    return (start, end)
+
+
+def test_a_launch_waits_for_the_last_writer_and_for_readers_of_what_it_overwrites():
+    h = _Hazards()
+    assert h.add(0, reads=[_r(0, 10)], writes=[_r(100, 110)]) == []
+    assert h.add(1, reads=[_r(100, 110)], writes=[_r(200, 210)]) == [0]         # read after write
+    assert h.add(2, reads=[_r(0, 10)], writes=[_r(100, 110)]) == [0, 1]         # write after write and after read
+    assert h.add(3, reads=[_r(300, 310)], writes=[_r(400, 410)]) == []          # touches nothing earlier
+    assert h.add(4, reads=[_r(100, 110), _r(200, 210)], writes=[_r(500, 510)]) == [1, 2]
+
+
+def test_overlapping_ranges_are_hazards_too():
+    h = _Hazards()
+    h.add(0, reads=[], writes=[_r(0, 64)])                    # a whole buffer
+    assert h.add(1, reads=[_r(32, 62)], writes=[]) == [0]     # a view inside it
+    assert h.add(2, reads=[], writes=[_r(60, 70)]) == [0, 1]  # a write straddling its end: after 0 and its reader
+    assert h.add(3, reads=[_r(64, 66)], writes=[]) == [2]     # only the straddling write covers these bytes
+    assert h.add(4, reads=[_r(70, 80)], writes=[]) == []
+    assert h.add(5, reads=[], writes=[_r(0, 16)]) == [0]      # bytes 1 never read: only the writer
+
+
+def test_the_persistent_kernel_compiles_for_sm90():
+    """The real compiler (not the interpreter) takes the int64-to-pointer casts, the spin waits and the bodies."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from superopt.codegen.persistent import Body, render_persistent
+    from superopt.codegen.triton import kernel_param_dtypes, render_triton
+    from superopt.runtime.build import load_source
+    from superopt.runtime.persistent import _function
+    from tests.fixtures.ugraphs import FIXTURES
+
+    bodies, sources = [], []
+    for fx in (FIXTURES["rmsnorm_matmul"](rows=3, hidden=90, out=70, split_k=3, dtype="float16"),
+               FIXTURES["matmul_residual"](rows=3, hidden=70, out=90, dtype="float16")):
+        tm = render_triton(fx.ugraph, blocks=True)
+        for spec in tm.kernels:
+            bodies.append(Body(f"{spec.name}_block", tuple(kernel_param_dtypes(spec, fx.ugraph).values())))
+            sources.append(_function(tm.source, f"{spec.name}_block", f"{spec.name}_block"))
+    mod = load_source("persistent_step", render_persistent("persistent_step", bodies, sources))
+    sig = {"tasks_ptr": "*i32", "launches_ptr": "*i64", "ptrs_ptr": "*i64", "waits_ptr": "*i64", "done_ptr": "*i32",
+           "ticket_ptr": "*i32", "N_TASKS": "constexpr"}
+    src = ASTSource(mod.persistent_step, signature=sig, constexprs={"N_TASKS": 36})
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 2})
+    counters = set(re.findall(r"atom\.global\.gpu\.(\w+)\.add\.u32", compiled.asm["ptx"]))
+    # the ticket, the waits and the counts (and the split-K tile counters): ordered at GPU scope, none relaxed
+    assert counters and counters <= {"acquire", "release", "acq_rel"}, counters
