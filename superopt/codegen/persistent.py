@@ -74,3 +74,11 @@ def render_persistent(name: str, bodies: list[Body], body_sources: list[str]) ->
               "        tl.atomic_add(done_ptr + j, 1, sem=\"release\", scope=\"gpu\")",
               "        t = tl.atomic_add(ticket_ptr, 1)", ""]
     return "\n".join(lines)
+
+
+def function_text(source: str, name: str, rename: str) -> str:
+    """The text of the ``@triton.jit`` function ``name`` in a rendered module, renamed ``rename``."""
+    start = source.index(f"@triton.jit\ndef {name}(")
+    end = source.find("\n@triton.jit\n", start + 1)
+    text = source[start:end if end >= 0 else len(source)].rstrip() + "\n"
+    return text.replace(f"def {name}(", f"def {rename}(", 1)

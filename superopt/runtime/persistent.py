@@ -21,7 +21,7 @@ from typing import Sequence
 import torch
 
 from ..codegen.launch import prefetched
-from ..codegen.persistent import LAUNCH_FIELDS, Body, render_persistent
+from ..codegen.persistent import LAUNCH_FIELDS, Body, function_text, render_persistent
 from ..codegen.triton import kernel_param_dtypes, render_triton
 from .build import load_source
 from .compiled import CompiledGraph
@@ -100,10 +100,9 @@ class PersistentRun:
                 key = (blocks.source, spec.name)
                 if key not in body_of:
                     body_of[key] = len(bodies)
-                    name = f"{spec.name}_block" + (f"_{len(bodies)}" if any(
-                        b.name.startswith(f"{spec.name}_block") for b in bodies) else "")
+                    name = f"{spec.name}_block{len(bodies)}"  # two graphs may name kernels alike
                     bodies.append(Body(name, tuple(kernel_param_dtypes(spec, cg.graph).values())))
-                    sources.append(_function(blocks.source, f"{spec.name}_block", name))
+                    sources.append(function_text(blocks.source, f"{spec.name}_block", name))
                 j = len(rows)
                 n_args = len(spec.args)
                 deps = hazards.add(j, [_bytes(t) for t in tensors[:n_args]], [_bytes(t) for t in tensors[n_args:]])
@@ -130,7 +129,8 @@ class PersistentRun:
             programs = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
         self.programs = max(1, min(programs, self.tasks))
         self.num_warps, self.num_stages = num_warps or warps, num_stages or stages
-        self.keep = [t for _, inputs in calls for t in inputs]  # the tables hold their addresses
+        # the tables hold addresses: the inputs and the graphs (whose buffers the outputs are) live as long as this
+        self.keep = [(cg, list(inputs)) for cg, inputs in calls]
 
     def __call__(self) -> list[list[torch.Tensor]]:
         self._done.zero_()
@@ -139,10 +139,3 @@ class PersistentRun:
                                       num_warps=self.num_warps, num_stages=self.num_stages)
         return self.outputs
 
-
-def _function(source: str, name: str, rename: str) -> str:
-    """The text of the ``@triton.jit`` function ``name`` in a rendered module, renamed ``rename``."""
-    start = source.index(f"@triton.jit\ndef {name}(")
-    end = source.find("\n@triton.jit\n", start + 1)
-    text = source[start:end if end >= 0 else len(source)].rstrip() + "\n"
-    return text.replace(f"def {name}(", f"def {rename}(", 1)

@@ -53,10 +53,9 @@ def test_the_persistent_kernel_compiles_for_sm90():
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from superopt.codegen.persistent import Body, render_persistent
+    from superopt.codegen.persistent import Body, function_text, render_persistent
     from superopt.codegen.triton import kernel_param_dtypes, render_triton
     from superopt.runtime.build import load_source
-    from superopt.runtime.persistent import _function
     from tests.fixtures.ugraphs import FIXTURES
 
     bodies, sources = [], []
@@ -65,7 +64,7 @@ def test_the_persistent_kernel_compiles_for_sm90():
         tm = render_triton(fx.ugraph, blocks=True)
         for spec in tm.kernels:
             bodies.append(Body(f"{spec.name}_block", tuple(kernel_param_dtypes(spec, fx.ugraph).values())))
-            sources.append(_function(tm.source, f"{spec.name}_block", f"{spec.name}_block"))
+            sources.append(function_text(tm.source, f"{spec.name}_block", f"{spec.name}_block"))
     mod = load_source("persistent_step", render_persistent("persistent_step", bodies, sources))
     sig = {"tasks_ptr": "*i32", "launches_ptr": "*i64", "ptrs_ptr": "*i64", "waits_ptr": "*i64", "done_ptr": "*i32",
            "ticket_ptr": "*i32", "N_TASKS": "constexpr"}
