@@ -200,7 +200,6 @@ ATTENTION_KERNELS = ("decode_attention_", "_attend_split", "_combine")
 
 def _report(args, lm, ids, bw, part_bytes) -> None:
     """Profile ``args.steps`` decode steps of the (patched) model and print the tables."""
-
     import torch
 
     from mirage_serve import registry

@@ -153,16 +153,18 @@ class CompiledGraph:
 
     def kernel_launches(self, *inputs: torch.Tensor) -> tuple[list[tuple[KernelSpec, list[torch.Tensor]]],
                                                               list[torch.Tensor]]:
-        """What a call on ``inputs`` would launch, launching nothing: per kernel in call order its spec and the
-        tensors it takes (``KernelSpec.params`` order; outputs are the pool's buffers), then the graph's outputs.
-        For a caller that runs the kernels another way (``runtime.persistent``), so only for graphs of kernels,
-        views and constants (no library op, chained kernel, call counter or in-place write) whose kernels get
-        contiguous arguments (no staging copy)."""
+        """What a call on ``inputs`` runs, launching nothing: per kernel in graph order its spec as
+        ``render_triton(blocks=True)`` renders it and the tensors it takes (``KernelSpec.params`` order; outputs are
+        the pool's buffers), then the graph's outputs. A chained kernel's consumer (``ir.chain``) is its own kernel
+        here. For a caller that runs the kernels another way (``runtime.persistent``), so only for graphs of
+        kernels, views and constants (no library op, call counter or in-place write) whose kernels get contiguous
+        arguments (no staging copy)."""
         g = self.graph
         self._check_inputs(inputs)
-        if self.tails or self.counter is not None or self.in_place:
-            raise ValueError(f"{g.name}: kernel_launches hands over plain kernels only: this graph has a chained "
-                             f"kernel, a call counter or an in-place write")
+        if self.counter is not None or self.in_place:
+            raise ValueError(f"{g.name}: kernel_launches hands over plain kernels only: this graph has a call "
+                             f"counter or an in-place write")
+        specs = {s.node_index: s for s in render_triton(g, prefetched(self.launch), blocks=True).kernels}
         env: dict[str, torch.Tensor] = dict(zip((v.name for v in g.inputs), inputs))
         launches = []
         for idx, n in enumerate(g.nodes):
@@ -171,14 +173,18 @@ class CompiledGraph:
             elif n.op == "const":
                 env[n.out.name] = self.pool[n.out.name]
             elif n.op == "customized":
-                spec = self.kernels[idx][1]
+                spec = specs[idx]
                 args = [env[a] for a in spec.args]
                 strided = [a for a, t in zip(spec.args, args) if not t.is_contiguous()]
                 if strided:
                     raise ValueError(f"{g.name}: kernel {spec.name} would read %{strided[0]} through a staging copy "
                                      f"(not contiguous), which kernel_launches cannot hand over")
+                if spec.counters and idx not in self.sums:  # a chained consumer's own sums: never allocated
+                    raise ValueError(f"{g.name}: kernel {spec.name} sums across blocks but ran chained, so it has "
+                                     f"no workspace of its own to hand over")
                 outs = [self.pool[v] for v in spec.outs]
-                launches.append((spec, args + outs + self.finish_args(idx)))
+                # (a chained producer's counters include its chain's groups: more than its plain kernel counts)
+                launches.append((spec, args + outs + (self.finish_args(idx) if spec.counters else [])))
                 env.update(zip(spec.outs, outs))
             else:
                 raise ValueError(f"{g.name}: node {idx} is a library op ({n.op}), which runs as torch, not as a "

@@ -114,8 +114,9 @@ class PersistentRun:
                 tasks += [j] * (gx * gy * gz)
                 ptrs += [t.data_ptr() for t in tensors]
                 waits += deps
-                launch = cg.launch[spec.name]
-                warps, stages = max(warps, launch.num_warps), max(stages, launch.num_stages)
+                launch = cg.launch.get(spec.name)  # (none for a chained consumer: its producer's)
+                if launch is not None:
+                    warps, stages = max(warps, launch.num_warps), max(stages, launch.num_stages)
         self.launches, self.tasks = len(rows), len(tasks)
         self.bodies = [b.name for b in bodies]
         self.source = render_persistent(_KERNEL, bodies, sources)

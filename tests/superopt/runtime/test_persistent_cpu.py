@@ -24,6 +24,14 @@ def test_two_layers_in_one_launch_match_the_graphs_one_by_one(dtype, programs):
     assert r["waits"] == [[], [0], [0, 1], [1, 2]]
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_a_chained_split_kernel_and_its_combine_become_two_launches(dtype):
+    r = run_interpreted("-m", "tests.superopt.runtime.persistent_interp_run", "chained", dtype)
+    assert r["tails"] == 1, "the case's kernel did not run its combine chained"
+    assert (r["launches"], r["waits"]) == (2, [[], [0]])  # the combine after every block of the split
+    assert r["rel_err"] <= TOL[dtype], r
+
+
 def _r(start, end):
     return (start, end)
 
