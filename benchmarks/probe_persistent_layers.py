@@ -3,17 +3,21 @@
     python benchmarks/probe_persistent_layers.py Qwen2.5-0.5B --batch 1 [--layers 0] [--programs 1,2,4]
 
 Patches the model (its shipped, searched site kernels; kernels alone, no CUDA graphs of the decode loop), records
-the compiled-graph calls of one decode step (``superopt.runtime.compiled.recording``: every site kernel of every
-layer and the final norm; the hand-written decode attention and lm_head are not among them, and keep the values the
-recorded step left in their outputs), and times, each captured in a CUDA graph and replayed:
+the compiled-graph calls of one decode step on HF's static cache (``superopt.runtime.compiled.recording``: every
+site kernel of every layer and the final norm, and a mark where the hand-written decode attention ran; the
+attention and lm_head are in no arm, and keep the values the recorded step left in their outputs), and times, each
+captured in a CUDA graph and replayed:
 
 - ``launches``: those calls one by one, as the decode step launches them (programmatic dependent launch where the
   device has it), so the kernel count is the step's less its attention, lm_head and loop kernels;
-- ``persistent xK``: the same kernels as one persistent launch (``superopt.runtime.persistent``) of K programs per
-  SM, their counters zeroed in the graph before it.
+- ``whole xK``: the same kernels as one persistent launch (``superopt.runtime.persistent``) of K programs per SM,
+  its counters zeroed in the graph before it;
+- ``segments xK``: one persistent launch per run of site calls between two decode-attention launches (o_proj +
+  residual, gate/up, down + residual, the next layer's q/k/v): the launches a decode loop with persistent segments
+  would make, less the attention's.
 
 Both arms run the same block bodies on the same weights, in alternating rounds; the table gives µs per step and the
-weights' bytes over that time as % of the copy bandwidth measured in the same run. The persistent run's last
+weights' bytes over that time as % of the copy bandwidth measured in the same run. The persistent runs'
 outputs (every buffer a kernel writes, as the step leaves it) are checked against the launches' at the dtype's
 tolerance: the order of float atomic adds differs.
 Status: the persistent kernel has only run in Triton's interpreter before this probe (docs/persistent.md).
@@ -27,15 +31,20 @@ TOL = {"bfloat16": 1e-2, "float16": 2e-3}  # docs/conventions.md tolerance table
 
 
 def record_step(model, batch: int, vocab: int) -> list:
-    """The compiled-graph calls of one decode step of the patched ``model`` at ``batch`` rows."""
+    """The compiled-graph calls of one decode step of the patched ``model`` at ``batch`` rows, with a mark where
+    the decode attention ran (HF's static cache, so the attention kernels take the step; no torch.compile)."""
     import torch
 
     from superopt.runtime.compiled import recording
 
-    ids = torch.randint(1, vocab, (batch, 16), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
-    with torch.inference_mode(), recording() as calls:  # the prefill runs the original modules: not recorded
-        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=2, min_new_tokens=2,
-                       do_sample=False, pad_token_id=0)
+    device = next(model.parameters()).device
+    ids = torch.randint(1, vocab, (batch, 16), generator=torch.Generator().manual_seed(0)).to(device)
+    kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=2, min_new_tokens=2, do_sample=False,
+              pad_token_id=0, cache_implementation="static", disable_compile=True)
+    with torch.inference_mode():
+        model.generate(ids, **kw)  # the first decode step checks each attention module against its own forward
+        with recording() as calls:  # the prefill runs the original modules: not recorded
+            model.generate(ids, **kw)
     return calls
 
 
@@ -91,7 +100,7 @@ def main(argv=None) -> None:
     import mirage_serve
     from mirage_serve.bench_load import load
     from mirage_serve.options import PatchOptions
-    from superopt.runtime.persistent import PersistentRun
+    from superopt.runtime.persistent import PersistentRun, segments
     from superopt.runtime.timing import copy_bandwidth
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -106,13 +115,15 @@ def main(argv=None) -> None:
     lm = load(args.model, dtype="bf16", device="cuda", layers=args.layers or None)
     print(mirage_serve.patch(lm.model, batch_sizes=(args.batch,), cuda_graphs=False,
                              options=PatchOptions(attention="hand-written")))
-    calls = record_step(lm.model, args.batch, lm.facts["vocab_size"])
+    recorded = record_step(lm.model, args.batch, lm.facts["vocab_size"])
+    parts = segments(recorded)  # the site calls between two decode-attention launches
+    calls = [c for part in parts for c in part]
     launches = sum(len(cg.kernel_launches(*inputs)[0]) for cg, inputs in calls)
     nbytes = weight_bytes(calls)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"{lm.name} b{args.batch}, {lm.facts['num_hidden_layers']} layers: {len(calls)} site calls, {launches} "
-          f"kernels, {nbytes / 1e6:.1f} MB read that no kernel writes; {torch.cuda.get_device_name()}, {sms} SMs, "
-          f"copy {bw / 1e12:.2f} TB/s")
+          f"kernels in {len(parts)} segments between attention launches, {nbytes / 1e6:.1f} MB read that no kernel "
+          f"writes; {torch.cuda.get_device_name()}, {sms} SMs, copy {bw / 1e12:.2f} TB/s")
 
     def one_by_one():
         for cg, inputs in calls:
@@ -123,19 +134,23 @@ def main(argv=None) -> None:
     outs = {p: t for p, t in written_buffers(calls).items()
             if t.dtype in (torch.bfloat16, torch.float16)}  # not the float32 workspaces or the counters
     want = {p: t.clone() for p, t in outs.items()}
-    runs = {}
+    tol = TOL[str(lm.model.dtype).removeprefix("torch.")]
     for k in (int(p) for p in args.programs.split(",")):
-        run = PersistentRun(calls, programs=k * sms)
-        runs[f"persistent x{k}"] = run
-        arms[f"persistent x{k}"] = captured(run)
-        arms[f"persistent x{k}"].replay()
-        torch.cuda.synchronize()
-        err = max(float((outs[p].double() - w.double()).norm() / w.double().norm().clamp_min(1e-30))
-                  for p, w in want.items())
-        tol = TOL[str(lm.model.dtype).removeprefix("torch.")]
-        print(f"persistent x{k}: {run.programs} programs, {run.tasks} tasks, {run.launches} launches, "
-              f"{run.num_warps} warps; largest rel err of the {len(want)} buffers written {err:.2e} against the "
-              f"launches' ({'OK' if err <= tol else 'FAILED'}, tolerance {tol})")
+        # one launch for the whole step's site kernels, and one a segment (what the decode loop could run, with
+        # the attention launched between segments)
+        for name, runs in ((f"whole x{k}", [PersistentRun(calls, programs=k * sms)]),
+                           (f"segments x{k}", [PersistentRun(part, programs=k * sms) for part in parts])):
+            def persistent(runs=runs):
+                for run in runs:
+                    run()
+            arms[name] = captured(persistent)
+            arms[name].replay()
+            torch.cuda.synchronize()
+            err = max(float((outs[p].double() - w.double()).norm() / w.double().norm().clamp_min(1e-30))
+                      for p, w in want.items())
+            print(f"{name}: {len(runs)} launches of {runs[0].programs} programs, {sum(r.tasks for r in runs)} tasks, "
+                  f"{runs[0].num_warps} warps; largest rel err of the {len(want)} buffers written {err:.2e} against "
+                  f"the launches' ({'OK' if err <= tol else 'FAILED'}, tolerance {tol})")
     times = {name: [] for name in arms}
     for _ in range(args.rounds):  # alternating: drift between arms cancels
         for name, graph in arms.items():

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from superopt.runtime.compiled import mark
 from superopt.runtime.grid_dependency import applies, launch_options
 
 from .attention_kernels import BLOCK_N, _attend_split, _combine
@@ -65,6 +66,7 @@ def decode_attention(q, k, v, cos, sin, keys, values, pos, mask, scale: float,
     ``rotary_dim``: RoPE on the first that many dims of each head (cos, sin: [b or 1, rotary_dim]);
     None: the whole head. cos and sin in float32 with q narrower: RoPE is computed in float32 and
     rounded once (HF's OLMo-2), else each product is rounded to q's dtype."""
+    mark("decode attention")  # a recorded step ends a persistent segment here (superopt.runtime.persistent)
     b, hkv, cap, d = keys.shape
     hq = q.shape[1] // d
     group = hq // hkv

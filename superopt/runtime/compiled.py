@@ -68,6 +68,13 @@ def recording():
         _recording = outer
 
 
+def mark(what: str) -> None:
+    """While ``recording()``: other GPU work runs here (``what``, e.g. the decode attention's kernels), which the
+    recording cannot hand over; it appears as ``(None, what)`` between the calls (``runtime.persistent.segments``)."""
+    if _recording is not None:
+        _recording.append((None, what))
+
+
 class CompiledGraph:
     """Callable: ``compiled(*inputs, out=None, count=None) -> list[Tensor]`` (inputs in ``ugraph.inputs`` order;
     ``count``: the call counter, with ``counter``)."""

@@ -72,6 +72,18 @@ class _Hazards:
         return self.spans[-1]
 
 
+def segments(recorded: Sequence[tuple]) -> list[list[tuple]]:
+    """A recording (``compiled.recording``) cut where other work ran (``compiled.mark``): the runs of calls a
+    persistent launch each can take, in order, none empty."""
+    out: list[list[tuple]] = [[]]
+    for call in recorded:
+        if call[0] is None:
+            out.append([])
+        else:
+            out[-1].append(call)
+    return [seg for seg in out if seg]
+
+
 def _bytes(t: torch.Tensor) -> tuple[int, int]:
     return t.data_ptr(), t.data_ptr() + max(1, t.numel()) * t.element_size()
 
@@ -83,6 +95,10 @@ class PersistentRun:
                  num_warps: int | None = None, num_stages: int | None = None, cache_dir=None):
         if not calls:
             raise ValueError("PersistentRun needs at least one (compiled graph, inputs) call")
+        marked = next((what for cg, what in calls if cg is None), None)
+        if marked is not None:
+            raise ValueError(f"PersistentRun: other work ({marked}) ran between these calls; run each of "
+                             f"persistent.segments(calls) as its own launch")
         device = calls[0][0].device
         self.outputs: list[list[torch.Tensor]] = []
         self.dependencies: list[list[int]] = []  # per launch, the launches it waits for
