@@ -1,6 +1,6 @@
 """Issue 29's question before any decode-loop work: do a patched model's site kernels run faster as one launch?
 
-    python benchmarks/probe_persistent_layers.py Qwen2.5-0.5B --batch 1 [--layers 0] [--programs 1,2,4]
+    python benchmarks/probe_persistent_layers.py Qwen2.5-0.5B --batch 1 [--layers 0] [--programs 1,2]
 
 Patches the model (its shipped, searched site kernels; kernels alone, no CUDA graphs of the decode loop), records
 the compiled-graph calls of one decode step on HF's static cache (``superopt.runtime.compiled.recording``: every
@@ -14,7 +14,9 @@ captured in a CUDA graph and replayed:
   its counters zeroed in the graph before it;
 - ``segments xK``: one persistent launch per run of site calls between two decode-attention launches (o_proj +
   residual, gate/up, down + residual, the next layer's q/k/v): the launches a decode loop with persistent segments
-  would make, less the attention's.
+  would make, less the attention's;
+- ``... +pf``: each with its tasks asking L2 for their share of the weights before they wait
+  (``PersistentRun(prefetch=True)``).
 
 Both arms run the same block bodies on the same weights, in alternating rounds; the table gives µs per step and the
 weights' bytes over that time as % of the copy bandwidth measured in the same run. The persistent runs'
@@ -107,7 +109,7 @@ def main(argv=None) -> None:
     ap.add_argument("model")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--layers", type=int, default=0, help="cut the model to this many layers (0: all)")
-    ap.add_argument("--programs", default="1,2,4", help="persistent programs per SM, one arm each")
+    ap.add_argument("--programs", default="1,2", help="persistent programs per SM, four arms each")
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args(argv)
 
@@ -135,11 +137,12 @@ def main(argv=None) -> None:
             if t.dtype in (torch.bfloat16, torch.float16)}  # not the float32 workspaces or the counters
     want = {p: t.clone() for p, t in outs.items()}
     tol = TOL[str(lm.model.dtype).removeprefix("torch.")]
-    for k in (int(p) for p in args.programs.split(",")):
+    for k, pf in ((int(p), pf) for p in args.programs.split(",") for pf in (False, True)):
         # one launch for the whole step's site kernels, and one a segment (what the decode loop could run, with
-        # the attention launched between segments)
-        for name, runs in ((f"whole x{k}", [PersistentRun(calls, programs=k * sms)]),
-                           (f"segments x{k}", [PersistentRun(part, programs=k * sms) for part in parts])):
+        # the attention launched between segments); "+pf": each task asks L2 for its share of the weights first
+        tag = f"x{k}{' +pf' if pf else ''}"
+        for name, runs in ((f"whole {tag}", [PersistentRun(calls, programs=k * sms, prefetch=pf)]),
+                           (f"segments {tag}", [PersistentRun(part, programs=k * sms, prefetch=pf) for part in parts])):
             def persistent(runs=runs):
                 for run in runs:
                     run()

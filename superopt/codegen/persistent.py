@@ -14,9 +14,10 @@ kernel of the sequence keeps its own searched block graph, rendered as a device 
   no deadlock, whatever the number of programs and whether they are all resident.
 
 The kernel reads everything about the sequence from device tables the runtime fills
-(``runtime.persistent``): per task its launch; per launch its body, first task, grid, where its pointers and
-its waits start, how many waits, how many blocks; the pointers as int64 addresses, cast back to the body
-parameter's element type; the waits as launch indices. So one compiled kernel serves every layer of a model
+(``runtime.persistent``): per task its launch; per launch its body, first task, grid, where its pointers, its
+waits and its weights' ranges start, how many of each, how many blocks; the pointers as int64 addresses, cast
+back to the body parameter's element type; the waits as launch indices; the weights as (address, bytes) pairs,
+which a task asks L2 for before it waits (``prefetch``). So one compiled kernel serves every layer of a model
 (the layers differ in pointers only) and the source grows with the distinct bodies, not the launches.
 
 This module writes text only, as ``codegen.triton`` does; ``runtime.persistent`` builds and launches it.
@@ -26,7 +27,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # The int64 fields of one launch's row in the launch table, in order.
-LAUNCH_FIELDS = ("body", "first_task", "grid_x", "grid_y", "ptr_at", "wait_at", "waits", "blocks")
+LAUNCH_FIELDS = ("body", "first_task", "grid_x", "grid_y", "ptr_at", "wait_at", "waits", "blocks", "pf_at", "pf_count")
+PF_LINES = 128  # 128-byte lines a block asks L2 for at a time, one a lane (``render_persistent(prefetch=True)``)
+_PREFETCH_ASM = "mov.u32 $0, 0;\n\tprefetch.global.L2 [$1];"  # (the dummy result inline asm must give)
 
 _TL_TYPES = {"float32": "tl.float32", "float16": "tl.float16", "bfloat16": "tl.bfloat16", "float64": "tl.float64",
              "int32": "tl.int32", "int64": "tl.int64"}
@@ -41,19 +44,37 @@ class Body:
     dtypes: tuple[str, ...]
 
 
-def render_persistent(name: str, bodies: list[Body], body_sources: list[str]) -> str:
+def render_persistent(name: str, bodies: list[Body], body_sources: list[str], prefetch: bool = False) -> str:
     """The module text: the bodies' device functions, then ``{name}`` (the persistent kernel) taking the
-    tables (``tasks``, ``launches``, ``ptrs``, ``waits``), the per-launch ``done`` counters and the ``ticket``
-    counter (both zero before each launch), and ``N_TASKS`` as a constant."""
+    tables (``tasks``, ``launches``, ``ptrs``, ``waits``, ``pf``), the per-launch ``done`` counters and the
+    ``ticket`` counter (both zero before each launch), and ``N_TASKS`` as a constant.
+
+    ``prefetch``: before its waits, a task asks L2 for its share (1 / the launch's blocks) of each range in the
+    ``pf`` table rows of its launch (address, bytes: the inputs no launch of the sequence writes, i.e. the
+    weights), so the weights stream in while the launches before it finish. PTX ``prefetch.global.L2``: a GPU-only
+    instruction, which Triton's interpreter cannot run."""
     width = len(LAUNCH_FIELDS)
     lines = ["import triton", "import triton.language as tl", "", *body_sources, "",
              "@triton.jit",
-             f"def {name}(tasks_ptr, launches_ptr, ptrs_ptr, waits_ptr, done_ptr, ticket_ptr, N_TASKS: tl.constexpr):",
+             f"def {name}(tasks_ptr, launches_ptr, ptrs_ptr, waits_ptr, pf_ptr, done_ptr, ticket_ptr,",
+             "        N_TASKS: tl.constexpr):",
              "    t = tl.atomic_add(ticket_ptr, 1)",
              "    while t < N_TASKS:",
              "        j = tl.load(tasks_ptr + t).to(tl.int64)",
              f"        row = launches_ptr + j * {width}"]
-    lines += [f"        {field} = tl.load(row + {i})" for i, field in enumerate(LAUNCH_FIELDS) if field != "blocks"]
+    lines += [f"        {field} = tl.load(row + {i})" for i, field in enumerate(LAUNCH_FIELDS)]
+    lines += ["        b = t - first_task"]
+    if prefetch:
+        lines += ["        for m in range(pf_count):  # this block's share of each weight, to L2, before the waits",
+                  "            base = tl.load(pf_ptr + 2 * (pf_at + m))",
+                  "            size = tl.load(pf_ptr + 2 * (pf_at + m) + 1)",
+                  "            share = tl.cdiv(tl.cdiv(size, blocks), 128) * 128",
+                  "            end = tl.minimum(size, (b + 1) * share)",
+                  f"            for at in range(b * share, end, {PF_LINES * 128}):",
+                  f"                lane = at + tl.arange(0, {PF_LINES}).to(tl.int64) * 128",
+                  "                addr = base + tl.where(lane < end, lane, at)",
+                  f"                tl.inline_asm_elementwise({_PREFETCH_ASM!r}, \"=r,l\", [addr], dtype=tl.int32,",
+                  "                                          is_pure=False, pack=1)"]
     lines += ["        for w in range(waits):  # every launch this one depends on has all its blocks done",
               "            k = tl.load(waits_ptr + wait_at + w)",
               f"            need = tl.load(launches_ptr + k * {width} + {LAUNCH_FIELDS.index('blocks')}).to(tl.int32)",
@@ -61,7 +82,6 @@ def render_persistent(name: str, bodies: list[Body], body_sources: list[str]) ->
               "            while got < need:",
               "                got = tl.atomic_add(done_ptr + k, 0, sem=\"acquire\", scope=\"gpu\")",
               "        tl.debug_barrier()  # no thread of the block reads before the waits are over",
-              "        b = t - first_task",
               "        pid0 = b % grid_x",
               "        pid1 = (b // grid_x) % grid_y",
               "        pid2 = b // (grid_x * grid_y)"]

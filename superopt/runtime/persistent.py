@@ -15,6 +15,7 @@ the concurrent path (waits, counters, memory order between SMs) has not run on a
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -25,6 +26,7 @@ from ..codegen.persistent import LAUNCH_FIELDS, Body, function_text, render_pers
 from ..codegen.triton import kernel_param_dtypes, render_triton
 from .build import load_source
 from .compiled import CompiledGraph
+from .interpreter import interpreting
 
 _KERNEL = "persistent_step"
 
@@ -92,54 +94,68 @@ class PersistentRun:
     """Callable: ``run() -> [outputs of call 0, outputs of call 1, ...]``."""
 
     def __init__(self, calls: Sequence[tuple[CompiledGraph, Sequence[torch.Tensor]]], programs: int | None = None,
-                 num_warps: int | None = None, num_stages: int | None = None, cache_dir=None):
+                 num_warps: int | None = None, num_stages: int | None = None, prefetch: bool = False,
+                 cache_dir=None):
         if not calls:
             raise ValueError("PersistentRun needs at least one (compiled graph, inputs) call")
         marked = next((what for cg, what in calls if cg is None), None)
         if marked is not None:
             raise ValueError(f"PersistentRun: other work ({marked}) ran between these calls; run each of "
                              f"persistent.segments(calls) as its own launch")
+        if prefetch and interpreting():
+            raise ValueError("PersistentRun(prefetch=True) asks L2 for the weights with a PTX instruction, which "
+                             "Triton's interpreter cannot run; pass prefetch=False")
         device = calls[0][0].device
         self.outputs: list[list[torch.Tensor]] = []
+        launches = []  # (graph, spec, tensors), in order
+        for cg, inputs in calls:
+            kernels, outs = cg.kernel_launches(*inputs)
+            self.outputs.append(outs)
+            launches += [(cg, spec, tensors) for spec, tensors in kernels]
+        written = [_bytes(t) for _, spec, tensors in launches for t in tensors[len(spec.args):]]
+
         self.dependencies: list[list[int]] = []  # per launch, the launches it waits for
+        self.weights: list[int] = []  # per launch, the inputs no launch writes (``prefetch``'s ranges)
         bodies: list[Body] = []
         sources: list[str] = []
         body_of: dict[tuple[str, str], int] = {}  # (graph's block source, kernel name) -> body index
-        rows, tasks, ptrs, waits = [], [], [], []
+        blocks_of: dict[int, str] = {}  # graph id -> its block rendering's source
+        rows, tasks, ptrs, waits, pf = [], [], [], [], []
         hazards = _Hazards()
         warps, stages = 1, 1
-        for cg, inputs in calls:
-            launches, outs = cg.kernel_launches(*inputs)
-            self.outputs.append(outs)
-            blocks = render_triton(cg.graph, prefetched(cg.launch), blocks=True)
-            for spec, tensors in launches:
-                key = (blocks.source, spec.name)
-                if key not in body_of:
-                    body_of[key] = len(bodies)
-                    name = f"{spec.name}_block{len(bodies)}"  # two graphs may name kernels alike
-                    bodies.append(Body(name, tuple(kernel_param_dtypes(spec, cg.graph).values())))
-                    sources.append(function_text(blocks.source, f"{spec.name}_block", name))
-                j = len(rows)
-                n_args = len(spec.args)
-                deps = hazards.add(j, [_bytes(t) for t in tensors[:n_args]], [_bytes(t) for t in tensors[n_args:]])
-                self.dependencies.append(deps)
-                gx, gy, gz = spec.grid
-                row = dict(body=body_of[key], first_task=len(tasks), grid_x=gx, grid_y=gy, ptr_at=len(ptrs),
-                           wait_at=len(waits), waits=len(deps), blocks=gx * gy * gz)
-                rows.append([row[f] for f in LAUNCH_FIELDS])
-                tasks += [j] * (gx * gy * gz)
-                ptrs += [t.data_ptr() for t in tensors]
-                waits += deps
-                launch = cg.launch.get(spec.name)  # (none for a chained consumer: its producer's)
-                if launch is not None:
-                    warps, stages = max(warps, launch.num_warps), max(stages, launch.num_stages)
+        for j, (cg, spec, tensors) in enumerate(launches):
+            if id(cg) not in blocks_of:
+                blocks_of[id(cg)] = render_triton(cg.graph, prefetched(cg.launch), blocks=True).source
+            key = (blocks_of[id(cg)], spec.name)
+            if key not in body_of:
+                body_of[key] = len(bodies)
+                name = f"{spec.name}_block{len(bodies)}"  # two graphs may name kernels alike
+                bodies.append(Body(name, tuple(kernel_param_dtypes(spec, cg.graph).values())))
+                sources.append(function_text(key[0], f"{spec.name}_block", name))
+            reads = [_bytes(t) for t in tensors[:len(spec.args)]]
+            deps = hazards.add(j, reads, [_bytes(t) for t in tensors[len(spec.args):]])
+            self.dependencies.append(deps)
+            weights = [r for r in dict.fromkeys(reads) if not any(w[0] < r[1] and r[0] < w[1] for w in written)]
+            self.weights.append(len(weights))
+            blocks = math.prod(spec.grid)
+            row = dict(body=body_of[key], first_task=len(tasks), grid_x=spec.grid[0], grid_y=spec.grid[1],
+                       ptr_at=len(ptrs), wait_at=len(waits), waits=len(deps), blocks=blocks, pf_at=len(pf) // 2,
+                       pf_count=len(weights))
+            rows.append([row[f] for f in LAUNCH_FIELDS])
+            tasks += [j] * blocks
+            ptrs += [t.data_ptr() for t in tensors]
+            waits += deps
+            pf += [x for start, end in weights for x in (start, end - start)]
+            launch = cg.launch.get(spec.name)  # (none for a chained consumer: its producer's)
+            if launch is not None:
+                warps, stages = max(warps, launch.num_warps), max(stages, launch.num_stages)
         self.launches, self.tasks = len(rows), len(tasks)
         self.bodies = [b.name for b in bodies]
-        self.source = render_persistent(_KERNEL, bodies, sources)
+        self.source = render_persistent(_KERNEL, bodies, sources, prefetch)
         self.kernel = getattr(load_source(_KERNEL, self.source, cache_dir=cache_dir), _KERNEL)
         i64 = dict(dtype=torch.int64, device=device)
         self._tables = (torch.tensor(tasks, dtype=torch.int32, device=device), torch.tensor(rows, **i64),
-                        torch.tensor(ptrs, **i64), torch.tensor(waits or [0], **i64))
+                        torch.tensor(ptrs, **i64), torch.tensor(waits or [0], **i64), torch.tensor(pf or [0], **i64))
         self._done = torch.zeros(len(rows), dtype=torch.int32, device=device)
         self._ticket = torch.zeros(1, dtype=torch.int32, device=device)
         if programs is None:

@@ -67,7 +67,7 @@ def main(dtype: str, programs: int) -> dict:
     err = float(np.linalg.norm(got.double().numpy() - ref) / np.linalg.norm(ref))
     return {"recorded": len(recorded) == len(calls) and all(same),
             "equal": bool(torch.equal(got, one_by_one)), "rel_err": err, "launches": run.launches,
-            "tasks": run.tasks, "bodies": len(run.bodies), "waits": run.dependencies}
+            "tasks": run.tasks, "bodies": len(run.bodies), "waits": run.dependencies, "weights": run.weights}
 
 
 def chained(dtype: str) -> dict:

@@ -22,6 +22,9 @@ def test_two_layers_in_one_launch_match_the_graphs_one_by_one(dtype, programs):
     # layer 2's RMSNorm + GEMV waits for layer 1's GEMV (it reads its output, and overwrites what that one read);
     # layer 2's GEMV + residual for layer 1's (its residual) and layer 2's RMSNorm + GEMV
     assert r["waits"] == [[], [0], [0, 1], [1, 2]]
+    # what prefetch=True would ask L2 for: the inputs no launch writes, each launch's weight and the step's input
+    # (layer 1 reads it twice: its norm's input and its residual), not what an earlier launch writes
+    assert r["weights"] == [2, 2, 1, 1]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
@@ -73,11 +76,14 @@ def test_the_persistent_kernel_compiles_for_sm90():
         for spec in tm.kernels:
             bodies.append(Body(f"{spec.name}_block", tuple(kernel_param_dtypes(spec, fx.ugraph).values())))
             sources.append(function_text(tm.source, f"{spec.name}_block", f"{spec.name}_block"))
-    mod = load_source("persistent_step", render_persistent("persistent_step", bodies, sources))
-    sig = {"tasks_ptr": "*i32", "launches_ptr": "*i64", "ptrs_ptr": "*i64", "waits_ptr": "*i64", "done_ptr": "*i32",
-           "ticket_ptr": "*i32", "N_TASKS": "constexpr"}
-    src = ASTSource(mod.persistent_step, signature=sig, constexprs={"N_TASKS": 36})
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 2})
-    counters = set(re.findall(r"atom\.global\.gpu\.(\w+)\.add\.u32", compiled.asm["ptx"]))
-    # the ticket, the waits and the counts (and the split-K tile counters): ordered at GPU scope, none relaxed
-    assert counters and counters <= {"acquire", "release", "acq_rel"}, counters
+    for prefetch in (False, True):
+        mod = load_source("persistent_step", render_persistent("persistent_step", bodies, sources, prefetch))
+        sig = {"tasks_ptr": "*i32", "launches_ptr": "*i64", "ptrs_ptr": "*i64", "waits_ptr": "*i64", "pf_ptr": "*i64",
+               "done_ptr": "*i32", "ticket_ptr": "*i32", "N_TASKS": "constexpr"}
+        src = ASTSource(mod.persistent_step, signature=sig, constexprs={"N_TASKS": 36})
+        options = {"num_warps": 4, "num_stages": 2}
+        ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
+        counters = set(re.findall(r"atom\.global\.gpu\.(\w+)\.add\.u32", ptx))
+        # the ticket, the waits and the counts (and the split-K tile counters): ordered at GPU scope, none relaxed
+        assert counters and counters <= {"acquire", "release", "acq_rel"}, counters
+        assert ("prefetch.global.L2" in ptx) == prefetch
