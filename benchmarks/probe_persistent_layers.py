@@ -141,14 +141,20 @@ def main(argv=None) -> None:
         # one launch for the whole step's site kernels, and one a segment (what the decode loop could run, with
         # the attention launched between segments); "+pf": each task asks L2 for its share of the weights first
         tag = f"x{k}{' +pf' if pf else ''}"
-        for name, runs in ((f"whole {tag}", [PersistentRun(calls, programs=k * sms, prefetch=pf)]),
-                           (f"segments {tag}", [PersistentRun(part, programs=k * sms, prefetch=pf) for part in parts])):
-            def persistent(runs=runs):
-                for run in runs:
-                    run()
-            arms[name] = captured(persistent)
-            arms[name].replay()
-            torch.cuda.synchronize()
+        for name, parts_of_arm in ((f"whole {tag}", [calls]), (f"segments {tag}", parts)):
+            try:  # a first run on a GPU: an arm that does not build is reported, and the others still run
+                runs = [PersistentRun(part, programs=k * sms, prefetch=pf) for part in parts_of_arm]
+
+                def persistent(runs=runs):
+                    for run in runs:
+                        run()
+                arms[name] = captured(persistent)
+                arms[name].replay()
+                torch.cuda.synchronize()
+            except Exception as e:  # (a fault that kills the CUDA context ends the probe anyway)
+                arms.pop(name, None)
+                print(f"{name}: did not run: {type(e).__name__}: {str(e)[:400]}")
+                continue
             err = max(float((outs[p].double() - w.double()).norm() / w.double().norm().clamp_min(1e-30))
                       for p, w in want.items())
             print(f"{name}: {len(runs)} launches of {runs[0].programs} programs, {sum(r.tasks for r in runs)} tasks, "
