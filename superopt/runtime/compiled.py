@@ -158,20 +158,25 @@ class CompiledGraph:
             return []
         return [self.workspace[(idx, j)] for j in spec.workspaces] + [self.sums[idx].counter]
 
+    @functools.cached_property
+    def blocks(self):
+        """This graph's kernels as device functions of their block index (``render_triton(blocks=True)``, the
+        prefetch marks of ``launch`` kept), rendered once: what ``kernel_launches`` hands over."""
+        return render_triton(self.graph, prefetched(self.launch), blocks=True)
+
     def kernel_launches(self, *inputs: torch.Tensor) -> tuple[list[tuple[KernelSpec, list[torch.Tensor]]],
                                                               list[torch.Tensor]]:
-        """What a call on ``inputs`` runs, launching nothing: per kernel in graph order its spec as
-        ``render_triton(blocks=True)`` renders it and the tensors it takes (``KernelSpec.params`` order; outputs are
-        the pool's buffers), then the graph's outputs. A chained kernel's consumer (``ir.chain``) is its own kernel
-        here. For a caller that runs the kernels another way (``runtime.persistent``), so only for graphs of
-        kernels, views and constants (no library op, call counter or in-place write) whose kernels get contiguous
-        arguments (no staging copy)."""
+        """What a call on ``inputs`` runs, launching nothing: per kernel in graph order its spec in ``blocks`` and
+        the tensors it takes (``KernelSpec.params`` order; outputs are the pool's buffers), then the graph's
+        outputs. A chained kernel's consumer (``ir.chain``) is its own kernel here. For a caller that runs the
+        kernels another way (``runtime.persistent``), so only for graphs of kernels, views and constants (no library
+        op, call counter or in-place write) whose kernels get contiguous arguments (no staging copy)."""
         g = self.graph
         self._check_inputs(inputs)
         if self.counter is not None or self.in_place:
             raise ValueError(f"{g.name}: kernel_launches hands over plain kernels only: this graph has a call "
                              f"counter or an in-place write")
-        specs = {s.node_index: s for s in render_triton(g, prefetched(self.launch), blocks=True).kernels}
+        specs = {s.node_index: s for s in self.blocks.kernels}
         env: dict[str, torch.Tensor] = dict(zip((v.name for v in g.inputs), inputs))
         launches = []
         for idx, n in enumerate(g.nodes):

@@ -21,9 +21,8 @@ from typing import Sequence
 
 import torch
 
-from ..codegen.launch import prefetched
 from ..codegen.persistent import LAUNCH_FIELDS, Body, function_text, render_persistent
-from ..codegen.triton import kernel_param_dtypes, render_triton
+from ..codegen.triton import kernel_param_dtypes
 from .build import load_source
 from .compiled import CompiledGraph
 from .interpreter import interpreting
@@ -119,14 +118,11 @@ class PersistentRun:
         bodies: list[Body] = []
         sources: list[str] = []
         body_of: dict[tuple[str, str], int] = {}  # (graph's block source, kernel name) -> body index
-        blocks_of: dict[int, str] = {}  # graph id -> its block rendering's source
         rows, tasks, ptrs, waits, pf = [], [], [], [], []
         hazards = _Hazards()
         warps, stages = 1, 1
         for j, (cg, spec, tensors) in enumerate(launches):
-            if id(cg) not in blocks_of:
-                blocks_of[id(cg)] = render_triton(cg.graph, prefetched(cg.launch), blocks=True).source
-            key = (blocks_of[id(cg)], spec.name)
+            key = (cg.blocks.source, spec.name)
             if key not in body_of:
                 body_of[key] = len(bodies)
                 name = f"{spec.name}_block{len(bodies)}"  # two graphs may name kernels alike
