@@ -11,7 +11,8 @@ captured in a CUDA graph and replayed:
 - ``launches``: those calls one by one, as the decode step launches them (programmatic dependent launch where the
   device has it), so the kernel count is the step's less its attention, lm_head and loop kernels;
 - ``whole xK``: the same kernels as one persistent launch (``superopt.runtime.persistent``) of K programs per SM,
-  its counters zeroed in the graph before it;
+  its counters zeroed in the graph before it, a task a block of the kernels' own grids;
+- ``.../cC``: each launch cut into at most C tasks a program, of consecutive blocks (``tasks_per_launch``);
 - ``segments xK``: one persistent launch per run of site calls between two decode-attention launches (o_proj +
   residual, gate/up, down + residual, the next layer's q/k/v): the launches a decode loop with persistent segments
   would make, less the attention's;
@@ -96,6 +97,30 @@ def replay_us(graph, n: int = 200) -> float:
     return start.elapsed_time(end) * 1e3 / n
 
 
+def largest_err(outs: dict, want: dict) -> float:
+    return max(float((outs[p].double() - w.double()).norm() / w.double().norm().clamp_min(1e-30))
+               for p, w in want.items())
+
+
+def check_replays(arms: dict, outs: dict, want: dict, tol: float, n: int) -> None:
+    """Replays each arm ``n`` times, synchronising and checking the written buffers after each: a race between
+    programs shows as a replay that fails where the first passed."""
+    import torch
+
+    for name, graph in arms.items():
+        worst = 0.0
+        for i in range(n):
+            graph.replay()
+            torch.cuda.synchronize()
+            err = largest_err(outs, want)
+            worst = max(worst, err) if err == err else float("inf")
+            if not err <= tol:
+                print(f"{name}: replay {i + 1} of {n}: largest rel err {err:.2e} (FAILED, tolerance {tol})")
+                break
+        else:
+            print(f"{name}: {n} replays, largest rel err {worst:.2e} (OK, tolerance {tol})")
+
+
 def main(argv=None) -> None:
     import torch
 
@@ -109,8 +134,15 @@ def main(argv=None) -> None:
     ap.add_argument("model")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--layers", type=int, default=0, help="cut the model to this many layers (0: all)")
-    ap.add_argument("--programs", default="1,2", help="persistent programs per SM, four arms each")
+    ap.add_argument("--programs", default="1,4,8", help="persistent programs per SM")
+    ap.add_argument("--tasks", default="0,1",
+                    help="tasks a launch is cut into, per program (0: a task a block, the kernels' own grids)")
+    ap.add_argument("--prefetch", default="0", help="0, 1 or 0,1: without / with the L2 prefetch of the weights")
+    ap.add_argument("--warps", type=int, default=0, help="warps a program (0: the most any body's kernel asks)")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--arms", default="", help="comma-separated arm names to build (default: all)")
+    ap.add_argument("--check", type=int, default=0,
+                    help="replay each arm this many times, checking its outputs after each, instead of timing")
     args = ap.parse_args(argv)
 
     bw = copy_bandwidth()
@@ -131,35 +163,45 @@ def main(argv=None) -> None:
         for cg, inputs in calls:
             cg(*inputs)
     arms = {"launches": captured(one_by_one)}
+    # a captured graph holds the runs' device tables by address only: each arm's runs live as long as its graph
+    # (session 34's first run freed them, and the next arm's tables took their memory)
+    kept = {}
     arms["launches"].replay()
     torch.cuda.synchronize()
     outs = {p: t for p, t in written_buffers(calls).items()
             if t.dtype in (torch.bfloat16, torch.float16)}  # not the float32 workspaces or the counters
     want = {p: t.clone() for p, t in outs.items()}
     tol = TOL[str(lm.model.dtype).removeprefix("torch.")]
-    for k, pf in ((int(p), pf) for p in args.programs.split(",") for pf in (False, True)):
+    for k, per, pf in ((int(k), int(c), bool(int(f))) for k in args.programs.split(",")
+                       for c in args.tasks.split(",") for f in args.prefetch.split(",")):
         # one launch for the whole step's site kernels, and one a segment (what the decode loop could run, with
-        # the attention launched between segments); "+pf": each task asks L2 for its share of the weights first
-        tag = f"x{k}{' +pf' if pf else ''}"
+        # the attention launched between segments); "/cC": each launch cut into at most C tasks a program of several
+        # blocks; "+pf": each task asks L2 for its share of the weights first
+        tag = f"x{k}{f'/c{per}' if per else ''}{' +pf' if pf else ''}"
         for name, parts_of_arm in ((f"whole {tag}", [calls]), (f"segments {tag}", parts)):
-            try:  # a first run on a GPU: an arm that does not build is reported, and the others still run
-                runs = [PersistentRun(part, programs=k * sms, prefetch=pf) for part in parts_of_arm]
+            if args.arms and name not in args.arms.split(","):
+                continue
+            try:  # an arm that does not build is reported, and the others still run
+                runs = [PersistentRun(part, programs=k * sms, prefetch=pf, num_warps=args.warps or None,
+                                      tasks_per_launch=per * k * sms or None) for part in parts_of_arm]
 
                 def persistent(runs=runs):
                     for run in runs:
                         run()
-                arms[name] = captured(persistent)
+                arms[name], kept[name] = captured(persistent), runs
                 arms[name].replay()
                 torch.cuda.synchronize()
             except Exception as e:  # (a fault that kills the CUDA context ends the probe anyway)
                 arms.pop(name, None)
                 print(f"{name}: did not run: {type(e).__name__}: {str(e)[:400]}")
                 continue
-            err = max(float((outs[p].double() - w.double()).norm() / w.double().norm().clamp_min(1e-30))
-                      for p, w in want.items())
+            err = largest_err(outs, want)
             print(f"{name}: {len(runs)} launches of {runs[0].programs} programs, {sum(r.tasks for r in runs)} tasks, "
                   f"{runs[0].num_warps} warps; largest rel err of the {len(want)} buffers written {err:.2e} against "
                   f"the launches' ({'OK' if err <= tol else 'FAILED'}, tolerance {tol})")
+    if args.check:
+        check_replays(arms, outs, want, tol, args.check)
+        return
     times = {name: [] for name in arms}
     for _ in range(args.rounds):  # alternating: drift between arms cancels
         for name, graph in arms.items():

@@ -5,17 +5,18 @@ them cap the step well below the bandwidth floor (docs/persistent.md has the mea
 kernel of the sequence keeps its own searched block graph, rendered as a device function of its block index
 (``render_triton(blocks=True)``), and one launch of ``programs`` persistent programs runs them all:
 
-- a *task* is one block of one launch; tasks are numbered in launch order, so every task's dependencies
-  have smaller numbers;
+- a *task* is ``chunk`` consecutive blocks of one launch (the launch's own ``chunk``: one block, or more so that
+  the per-task work below is paid once for several blocks); tasks are numbered in launch order, so every task's
+  dependencies have smaller numbers;
 - each program takes the next task number from a ticket counter (an atomic add), waits until every launch
-  its launch depends on has counted all its blocks done, runs the block, and counts it done in its launch's
-  counter (a barrier, then a release add, as ``finish_sums`` orders its stores);
+  its launch depends on has counted all its tasks done, runs the task's blocks one after another, and counts
+  the task done in its launch's counter (a barrier, then a release add, as ``finish_sums`` orders its stores);
 - a program holding a ticket is running, and it only waits on smaller tickets, which running programs hold:
   no deadlock, whatever the number of programs and whether they are all resident.
 
 The kernel reads everything about the sequence from device tables the runtime fills
 (``runtime.persistent``): per task its launch; per launch its body, first task, grid, where its pointers, its
-waits and its weights' ranges start, how many of each, how many blocks; the pointers as int64 addresses, cast
+waits and its weights' ranges start, how many of each, how many blocks, blocks a task and tasks; the pointers as int64 addresses, cast
 back to the body parameter's element type; the waits as launch indices; the weights as (address, bytes) pairs,
 which a task asks L2 for before it waits (``prefetch``). So one compiled kernel serves every layer of a model
 (the layers differ in pointers only) and the source grows with the distinct bodies, not the launches.
@@ -27,7 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # The int64 fields of one launch's row in the launch table, in order.
-LAUNCH_FIELDS = ("body", "first_task", "grid_x", "grid_y", "ptr_at", "wait_at", "waits", "blocks", "pf_at", "pf_count")
+LAUNCH_FIELDS = ("body", "first_task", "grid_x", "grid_y", "ptr_at", "wait_at", "waits", "blocks", "pf_at", "pf_count",
+                 "chunk", "n_tasks")
 PF_LINES = 128  # 128-byte lines a block asks L2 for at a time, one a lane (``render_persistent(prefetch=True)``)
 _PREFETCH_ASM = "mov.u32 $0, 0;\n\tprefetch.global.L2 [$1];"  # (the dummy result inline asm must give)
 
@@ -49,7 +51,7 @@ def render_persistent(name: str, bodies: list[Body], body_sources: list[str], pr
     tables (``tasks``, ``launches``, ``ptrs``, ``waits``, ``pf``), the per-launch ``done`` counters and the
     ``ticket`` counter (both zero before each launch), and ``N_TASKS`` as a constant.
 
-    ``prefetch``: before its waits, a task asks L2 for its share (1 / the launch's blocks) of each range in the
+    ``prefetch``: before its waits, a task asks L2 for its share (1 / the launch's tasks) of each range in the
     ``pf`` table rows of its launch (address, bytes: the inputs no launch of the sequence writes, i.e. the
     weights), so the weights stream in while the launches before it finish. PTX ``prefetch.global.L2``: a GPU-only
     instruction, which Triton's interpreter cannot run."""
@@ -63,33 +65,34 @@ def render_persistent(name: str, bodies: list[Body], body_sources: list[str], pr
              "        j = tl.load(tasks_ptr + t).to(tl.int64)",
              f"        row = launches_ptr + j * {width}"]
     lines += [f"        {field} = tl.load(row + {i})" for i, field in enumerate(LAUNCH_FIELDS)]
-    lines += ["        b = t - first_task"]
+    lines += ["        task = t - first_task  # of this launch: blocks task * chunk ... (task + 1) * chunk - 1"]
     if prefetch:
-        lines += ["        for m in range(pf_count):  # this block's share of each weight, to L2, before the waits",
+        lines += ["        for m in range(pf_count):  # this task's share of each weight, to L2, before the waits",
                   "            base = tl.load(pf_ptr + 2 * (pf_at + m))",
                   "            size = tl.load(pf_ptr + 2 * (pf_at + m) + 1)",
-                  "            share = tl.cdiv(tl.cdiv(size, blocks), 128) * 128",
-                  "            end = tl.minimum(size, (b + 1) * share)",
-                  f"            for at in range(b * share, end, {PF_LINES * 128}):",
+                  "            share = tl.cdiv(tl.cdiv(size, n_tasks), 128) * 128",
+                  "            end = tl.minimum(size, (task + 1) * share)",
+                  f"            for at in range(task * share, end, {PF_LINES * 128}):",
                   f"                lane = at + tl.arange(0, {PF_LINES}).to(tl.int64) * 128",
                   "                addr = base + tl.where(lane < end, lane, at)",
                   f"                tl.inline_asm_elementwise({_PREFETCH_ASM!r}, \"=r,l\", [addr], dtype=tl.int32,",
                   "                                          is_pure=False, pack=1)"]
-    lines += ["        for w in range(waits):  # every launch this one depends on has all its blocks done",
+    lines += ["        for w in range(waits):  # every launch this one depends on has all its tasks done",
               "            k = tl.load(waits_ptr + wait_at + w)",
-              f"            need = tl.load(launches_ptr + k * {width} + {LAUNCH_FIELDS.index('blocks')}).to(tl.int32)",
+              f"            need = tl.load(launches_ptr + k * {width} + {LAUNCH_FIELDS.index('n_tasks')}).to(tl.int32)",
               "            got = tl.atomic_add(done_ptr + k, 0, sem=\"acquire\", scope=\"gpu\")",
               "            while got < need:",
               "                got = tl.atomic_add(done_ptr + k, 0, sem=\"acquire\", scope=\"gpu\")",
               "        tl.debug_barrier()  # no thread of the block reads before the waits are over",
-              "        pid0 = b % grid_x",
-              "        pid1 = (b // grid_x) % grid_y",
-              "        pid2 = b // (grid_x * grid_y)"]
+              "        for b in range(task * chunk, tl.minimum((task + 1) * chunk, blocks)):",
+              "            pid0 = b % grid_x",
+              "            pid1 = (b // grid_x) % grid_y",
+              "            pid2 = b // (grid_x * grid_y)"]
     for i, body in enumerate(bodies):
-        lines.append(f"        {'if' if i == 0 else 'elif'} body == {i}:")
+        lines.append(f"            {'if' if i == 0 else 'elif'} body == {i}:")
         ptrs = [f"tl.load(ptrs_ptr + ptr_at + {m}).to(tl.pointer_type({_TL_TYPES[dt]}), bitcast=True)"
                 for m, dt in enumerate(body.dtypes)]
-        lines.append(f"            {body.name}(pid0, pid1, pid2, {', '.join(ptrs)})")
+        lines.append(f"                {body.name}(pid0, pid1, pid2, {', '.join(ptrs)})")
     lines += ["        tl.debug_barrier()  # every thread's stores before the count",
               "        tl.atomic_add(done_ptr + j, 1, sem=\"release\", scope=\"gpu\")",
               "        t = tl.atomic_add(ticket_ptr, 1)", ""]

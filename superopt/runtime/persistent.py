@@ -90,11 +90,16 @@ def _bytes(t: torch.Tensor) -> tuple[int, int]:
 
 
 class PersistentRun:
-    """Callable: ``run() -> [outputs of call 0, outputs of call 1, ...]``."""
+    """Callable: ``run() -> [outputs of call 0, outputs of call 1, ...]``.
+
+    ``programs``: persistent programs (default: one an SM). ``tasks_per_launch``: cut each launch into at most this
+    many tasks of consecutive blocks (default: a task a block), so a task's ticket, table reads and waits are paid
+    once for several blocks. The caller keeps this object alive as long as a CUDA graph that captured it may replay:
+    the graph holds its tables by address only."""
 
     def __init__(self, calls: Sequence[tuple[CompiledGraph, Sequence[torch.Tensor]]], programs: int | None = None,
                  num_warps: int | None = None, num_stages: int | None = None, prefetch: bool = False,
-                 cache_dir=None):
+                 tasks_per_launch: int | None = None, cache_dir=None):
         if not calls:
             raise ValueError("PersistentRun needs at least one (compiled graph, inputs) call")
         marked = next((what for cg, what in calls if cg is None), None)
@@ -134,11 +139,13 @@ class PersistentRun:
             weights = [r for r in dict.fromkeys(reads) if not any(w[0] < r[1] and r[0] < w[1] for w in written)]
             self.weights.append(len(weights))
             blocks = math.prod(spec.grid)
+            chunk = -(-blocks // min(blocks, tasks_per_launch or blocks))
+            n_tasks = -(-blocks // chunk)
             row = dict(body=body_of[key], first_task=len(tasks), grid_x=spec.grid[0], grid_y=spec.grid[1],
                        ptr_at=len(ptrs), wait_at=len(waits), waits=len(deps), blocks=blocks, pf_at=len(pf) // 2,
-                       pf_count=len(weights))
+                       pf_count=len(weights), chunk=chunk, n_tasks=n_tasks)
             rows.append([row[f] for f in LAUNCH_FIELDS])
-            tasks += [j] * blocks
+            tasks += [j] * n_tasks
             ptrs += [t.data_ptr() for t in tensors]
             waits += deps
             pf += [x for start, end in weights for x in (start, end - start)]

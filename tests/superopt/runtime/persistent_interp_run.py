@@ -36,7 +36,7 @@ def reference(h: torch.Tensor, layers) -> np.ndarray:
     return h
 
 
-def main(dtype: str, programs: int) -> dict:
+def main(dtype: str, programs: int, tasks_per_launch: int | None = None) -> dict:
     t = getattr(torch, dtype)
     norm_graph = FIXTURES["rmsnorm_matmul"](rows=ROWS, hidden=HIDDEN, out=FFN, split_k=3, dtype=dtype).ugraph
     norm_in = compile_graph(norm_graph, device="cpu")
@@ -59,7 +59,7 @@ def main(dtype: str, programs: int) -> dict:
             cg(*inputs)
     one_by_one = hs[-1].clone()
     same = [(a is c and all(x is y for x, y in zip(i, j))) for (a, i), (c, j) in zip(recorded, calls)]
-    run = PersistentRun(recorded, programs=programs)
+    run = PersistentRun(recorded, programs=programs, tasks_per_launch=tasks_per_launch)
     for buf in [y, *hs[1:]]:
         buf.fill_(float("nan"))
     got = run()[-1][0]
@@ -97,4 +97,4 @@ if __name__ == "__main__":
     if sys.argv[1] == "chained":
         print(json.dumps(chained(sys.argv[2])))
     else:
-        print(json.dumps(main(sys.argv[1], int(sys.argv[2]))))
+        print(json.dumps(main(sys.argv[1], int(sys.argv[2]), *(int(a) for a in sys.argv[3:]))))

@@ -11,14 +11,20 @@ from tests.interpreter import run_interpreted
 TOL = {"float32": 1e-5, "float16": 2e-3}  # docs/conventions.md tolerance table
 
 
-@pytest.mark.parametrize("dtype,programs", [("float32", 1), ("float16", 1), ("float16", 3)])
-def test_two_layers_in_one_launch_match_the_graphs_one_by_one(dtype, programs):
-    r = run_interpreted("-m", "tests.superopt.runtime.persistent_interp_run", dtype, str(programs))
+@pytest.mark.parametrize("dtype,programs,tasks_per_launch", [("float32", 1, 0), ("float16", 1, 0), ("float16", 3, 0),
+                                                             ("float32", 2, 2), ("float16", 3, 4)])
+def test_two_layers_in_one_launch_match_the_graphs_one_by_one(dtype, programs, tasks_per_launch):
+    """``tasks_per_launch``: 0, a task a block; else each launch cut into at most that many tasks of several
+    blocks (odd counts: a last task with fewer blocks)."""
+    r = run_interpreted("-m", "tests.superopt.runtime.persistent_interp_run", dtype, str(programs),
+                        *([str(tasks_per_launch)] if tasks_per_launch else []))
     assert r["recorded"], "recording() did not collect the calls (plain and bound) with their tensors, in order"
     assert r["equal"], "the persistent launch differs from the same kernels launched one by one"
     assert r["rel_err"] <= TOL[dtype], r
     # 2 layers × (RMSNorm + GEMV in 3 K-parts of 5 column blocks, GEMV + residual): one body each, 4 launches
     assert (r["launches"], r["bodies"]) == (4, 2)
+    if tasks_per_launch:
+        assert r["tasks"] <= 4 * tasks_per_launch, r
     # layer 2's RMSNorm + GEMV waits for layer 1's GEMV (it reads its output, and overwrites what that one read);
     # layer 2's GEMV + residual for layer 1's (its residual) and layer 2's RMSNorm + GEMV
     assert r["waits"] == [[], [0], [0, 1], [1, 2]]
