@@ -196,8 +196,11 @@ def main(argv=None) -> None:
                 print(f"{name}: did not run: {type(e).__name__}: {str(e)[:400]}")
                 continue
             err = largest_err(outs, want)
+            ck = runs[0].compiled
             print(f"{name}: {len(runs)} launches of {runs[0].programs} programs, {sum(r.tasks for r in runs)} tasks, "
-                  f"{runs[0].num_warps} warps; largest rel err of the {len(want)} buffers written {err:.2e} against "
+                  f"{runs[0].num_warps} warps, {getattr(ck, 'n_regs', '?')} registers, "
+                  f"{getattr(ck, 'n_spills', '?')} spills, {getattr(getattr(ck, 'metadata', None), 'shared', '?')} B "
+                  f"shared; largest rel err of the {len(want)} buffers written {err:.2e} against "
                   f"the launches' ({'OK' if err <= tol else 'FAILED'}, tolerance {tol})")
     if args.check:
         check_replays(arms, outs, want, tol, args.check)

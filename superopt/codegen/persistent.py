@@ -12,7 +12,9 @@ kernel of the sequence keeps its own searched block graph, rendered as a device 
   its launch depends on has counted all its tasks done, runs the task's blocks one after another, and counts
   the task done in its launch's counter (a barrier, then a release add, as ``finish_sums`` orders its stores);
 - a program holding a ticket is running, and it only waits on smaller tickets, which running programs hold:
-  no deadlock, whatever the number of programs and whether they are all resident.
+  no deadlock, whatever the number of programs and whether they are all resident. A program takes its next
+  ticket when it starts a task (so the atomic's latency overlaps the task); that ticket is larger than the one
+  it runs, so the smallest unfinished ticket is always one that is running, and it has nothing left to wait for.
 
 The kernel reads everything about the sequence from device tables the runtime fills
 (``runtime.persistent``): per task its launch; per launch its body, first task, grid, where its pointers, its
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 # The int64 fields of one launch's row in the launch table, in order.
 LAUNCH_FIELDS = ("body", "first_task", "grid_x", "grid_y", "ptr_at", "wait_at", "waits", "blocks", "pf_at", "pf_count",
                  "chunk", "n_tasks")
+ALIGN = 16  # bytes: the alignment a body's pointer is declared to have where every address passed there has it
 PF_LINES = 128  # 128-byte lines a block asks L2 for at a time, one a lane (``render_persistent(prefetch=True)``)
 _PREFETCH_ASM = "mov.u32 $0, 0;\n\tprefetch.global.L2 [$1];"  # (the dummy result inline asm must give)
 
@@ -40,10 +43,16 @@ _TL_TYPES = {"float32": "tl.float32", "float16": "tl.float16", "bfloat16": "tl.b
 @dataclass(frozen=True)
 class Body:
     """A device function the persistent kernel calls: ``name(pid0, pid1, pid2, *pointers)``, each pointer to
-    an element of ``dtypes[i]``."""
+    an element of ``dtypes[i]``; ``aligned[i]``: every address passed there is a multiple of 16 bytes.
+
+    Why ``aligned``: a pointer argument of a launched kernel is specialised as 16-byte aligned when it is (Triton's
+    JIT does this), which lets the compiler use 128-bit loads; a pointer cast from a table entry carries no such
+    fact, and its loads compile to one element each (ld.global.b16 for bf16, seen in the sm_90 PTX). The
+    runtime knows the addresses, so it states the alignment the JIT would have found."""
 
     name: str
     dtypes: tuple[str, ...]
+    aligned: tuple[bool, ...] = ()
 
 
 def render_persistent(name: str, bodies: list[Body], body_sources: list[str], prefetch: bool = False) -> str:
@@ -62,6 +71,7 @@ def render_persistent(name: str, bodies: list[Body], body_sources: list[str], pr
              "        N_TASKS: tl.constexpr):",
              "    t = tl.atomic_add(ticket_ptr, 1)",
              "    while t < N_TASKS:",
+             "        t_next = tl.atomic_add(ticket_ptr, 1)  # taken now, so its latency hides behind this task",
              "        j = tl.load(tasks_ptr + t).to(tl.int64)",
              f"        row = launches_ptr + j * {width}"]
     lines += [f"        {field} = tl.load(row + {i})" for i, field in enumerate(LAUNCH_FIELDS)]
@@ -92,10 +102,12 @@ def render_persistent(name: str, bodies: list[Body], body_sources: list[str], pr
         lines.append(f"            {'if' if i == 0 else 'elif'} body == {i}:")
         ptrs = [f"tl.load(ptrs_ptr + ptr_at + {m}).to(tl.pointer_type({_TL_TYPES[dt]}), bitcast=True)"
                 for m, dt in enumerate(body.dtypes)]
+        ptrs = [f"tl.multiple_of({p}, {ALIGN})" if m < len(body.aligned) and body.aligned[m] else p
+                for m, p in enumerate(ptrs)]
         lines.append(f"                {body.name}(pid0, pid1, pid2, {', '.join(ptrs)})")
     lines += ["        tl.debug_barrier()  # every thread's stores before the count",
               "        tl.atomic_add(done_ptr + j, 1, sem=\"release\", scope=\"gpu\")",
-              "        t = tl.atomic_add(ticket_ptr, 1)", ""]
+              "        t = t_next", ""]
     return "\n".join(lines)
 
 

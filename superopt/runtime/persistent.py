@@ -16,12 +16,12 @@ the concurrent path (waits, counters, memory order between SMs) has not run on a
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 import torch
 
-from ..codegen.persistent import LAUNCH_FIELDS, Body, function_text, render_persistent
+from ..codegen.persistent import ALIGN, LAUNCH_FIELDS, Body, function_text, render_persistent
 from ..codegen.triton import kernel_param_dtypes
 from .build import load_source
 from .compiled import CompiledGraph
@@ -126,6 +126,7 @@ class PersistentRun:
         rows, tasks, ptrs, waits, pf = [], [], [], [], []
         hazards = _Hazards()
         warps, stages = 1, 1
+        aligned: list[list[bool]] = []  # per body and pointer: every address passed there is ALIGN-byte aligned
         for j, (cg, spec, tensors) in enumerate(launches):
             key = (cg.blocks.source, spec.name)
             if key not in body_of:
@@ -133,6 +134,8 @@ class PersistentRun:
                 name = f"{spec.name}_block{len(bodies)}"  # two graphs may name kernels alike
                 bodies.append(Body(name, tuple(kernel_param_dtypes(spec, cg.graph).values())))
                 sources.append(function_text(key[0], f"{spec.name}_block", name))
+                aligned.append([True] * len(tensors))
+            aligned[body_of[key]] = [a and t.data_ptr() % ALIGN == 0 for a, t in zip(aligned[body_of[key]], tensors)]
             reads = [_bytes(t) for t in tensors[:len(spec.args)]]
             deps = hazards.add(j, reads, [_bytes(t) for t in tensors[len(spec.args):]])
             self.dependencies.append(deps)
@@ -154,6 +157,7 @@ class PersistentRun:
                 warps, stages = max(warps, launch.num_warps), max(stages, launch.num_stages)
         self.launches, self.tasks = len(rows), len(tasks)
         self.bodies = [b.name for b in bodies]
+        bodies = [replace(b, aligned=tuple(a)) for b, a in zip(bodies, aligned)]
         self.source = render_persistent(_KERNEL, bodies, sources, prefetch)
         self.kernel = getattr(load_source(_KERNEL, self.source, cache_dir=cache_dir), _KERNEL)
         i64 = dict(dtype=torch.int64, device=device)
@@ -167,11 +171,12 @@ class PersistentRun:
         self.num_warps, self.num_stages = num_warps or warps, num_stages or stages
         # the tables hold addresses: the inputs and the graphs (whose buffers the outputs are) live as long as this
         self.keep = [(cg, list(inputs)) for cg, inputs in calls]
+        self.compiled = None  # Triton's compiled kernel, after the first call (its registers, spills, shared memory)
 
     def __call__(self) -> list[list[torch.Tensor]]:
         self._done.zero_()
         self._ticket.zero_()
-        self.kernel[(self.programs,)](*self._tables, self._done, self._ticket, N_TASKS=self.tasks,
-                                      num_warps=self.num_warps, num_stages=self.num_stages)
+        self.compiled = self.kernel[(self.programs,)](*self._tables, self._done, self._ticket, N_TASKS=self.tasks,
+                                                      num_warps=self.num_warps, num_stages=self.num_stages)
         return self.outputs
 

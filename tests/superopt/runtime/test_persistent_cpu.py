@@ -93,3 +93,30 @@ def test_the_persistent_kernel_compiles_for_sm90():
         # the ticket, the waits and the counts (and the split-K tile counters): ordered at GPU scope, none relaxed
         assert counters and counters <= {"acquire", "release", "acq_rel"}, counters
         assert ("prefetch.global.L2" in ptx) == prefetch
+
+
+@pytest.mark.parametrize("aligned", [False, True])
+def test_aligned_pointers_give_the_bodies_vector_loads(aligned):
+    """A body's pointer comes from an int64 table, so the compiler knows nothing of its alignment unless the
+    runtime declares it (``Body.aligned``); declared, the GEMV's weight loads are 128-bit, as in the launched kernel."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from superopt.codegen.persistent import Body, function_text, render_persistent
+    from superopt.codegen.triton import kernel_param_dtypes, render_triton
+    from superopt.runtime.build import load_source
+    from tests.fixtures.ugraphs import FIXTURES
+
+    fx = FIXTURES["matmul_residual"](rows=1, hidden=256, out=128, dtype="bfloat16")
+    tm = render_triton(fx.ugraph, blocks=True)
+    spec = tm.kernels[0]
+    dtypes = tuple(kernel_param_dtypes(spec, fx.ugraph).values())
+    body = Body(f"{spec.name}_block", dtypes, (aligned,) * len(dtypes))
+    source = render_persistent("persistent_step", [body], [function_text(tm.source, body.name, body.name)])
+    mod = load_source("persistent_step", source)
+    sig = {"tasks_ptr": "*i32", "launches_ptr": "*i64", "ptrs_ptr": "*i64", "waits_ptr": "*i64", "pf_ptr": "*i64",
+           "done_ptr": "*i32", "ticket_ptr": "*i32", "N_TASKS": "constexpr"}
+    src = ASTSource(mod.persistent_step, signature=sig, constexprs={"N_TASKS": 8})
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
+    assert bool(re.search(r"ld\.global(\.\w+)*\.v[24]\.b32", ptx)) == aligned
