@@ -11,7 +11,10 @@ captured in a CUDA graph and replayed:
 - ``launches``: those calls one by one, as the decode step launches them (programmatic dependent launch where the
   device has it), so the kernel count is the step's less its attention, lm_head and loop kernels;
 - ``whole xK``: the same kernels as one persistent launch (``superopt.runtime.persistent``) of K programs per SM,
-  its counters zeroed in the graph before it, a task a block of the kernels' own grids;
+  a task a block of the kernels' own grids (its counters reset by its own last program, so one graph node a launch);
+- ``each xK``: one persistent launch per site call, so as many launches as ``launches`` and no wait between two
+  calls: against ``launches`` it prices running the bodies in the persistent loop (tables, ticket, one program's
+  registers for all bodies), against ``whole`` what the launch boundaries cost;
 - ``.../cC``: each launch cut into at most C tasks a program, of consecutive blocks (``tasks_per_launch``);
 - ``segments xK``: one persistent launch per run of site calls between two decode-attention launches (o_proj +
   residual, gate/up, down + residual, the next layer's q/k/v): the launches a decode loop with persistent segments
@@ -178,7 +181,8 @@ def main(argv=None) -> None:
         # the attention launched between segments); "/cC": each launch cut into at most C tasks a program of several
         # blocks; "+pf": each task asks L2 for its share of the weights first
         tag = f"x{k}{f'/c{per}' if per else ''}{' +pf' if pf else ''}"
-        for name, parts_of_arm in ((f"whole {tag}", [calls]), (f"segments {tag}", parts)):
+        for name, parts_of_arm in ((f"whole {tag}", [calls]), (f"segments {tag}", parts),
+                                   (f"each {tag}", [[c] for c in calls])):
             if args.arms and name not in args.arms.split(","):
                 continue
             try:  # an arm that does not build is reported, and the others still run

@@ -13,8 +13,9 @@ kernel of the sequence keeps its own searched block graph, rendered as a device 
   the task done in its launch's counter (a barrier, then a release add, as ``finish_sums`` orders its stores);
 - a program holding a ticket is running, and it only waits on smaller tickets, which running programs hold:
   no deadlock, whatever the number of programs and whether they are all resident. A program takes its next
-  ticket when it starts a task (so the atomic's latency overlaps the task); that ticket is larger than the one
-  it runs, so the smallest unfinished ticket is always one that is running, and it has nothing left to wait for.
+  ticket only when its task is done: taking it at the task's start (to hide the atomic's latency) measured
+  1.7-1.8x slower on an H100 (session 34), since a launch then waits for a task whose program is still busy with
+  another.
 
 The kernel reads everything about the sequence from device tables the runtime fills
 (``runtime.persistent``): per task its launch; per launch its body, first task, grid, where its pointers, its
@@ -35,6 +36,8 @@ LAUNCH_FIELDS = ("body", "first_task", "grid_x", "grid_y", "ptr_at", "wait_at", 
 ALIGN = 16  # bytes: the alignment a body's pointer is declared to have where every address passed there has it
 PF_LINES = 128  # 128-byte lines a block asks L2 for at a time, one a lane (``render_persistent(prefetch=True)``)
 _PREFETCH_ASM = "mov.u32 $0, 0;\n\tprefetch.global.L2 [$1];"  # (the dummy result inline asm must give)
+
+_RESET_BLOCK = 1024  # done counters the last program zeroes a store
 
 _TL_TYPES = {"float32": "tl.float32", "float16": "tl.float16", "bfloat16": "tl.bfloat16", "float64": "tl.float64",
              "int32": "tl.int32", "int64": "tl.int64"}
@@ -58,7 +61,10 @@ class Body:
 def render_persistent(name: str, bodies: list[Body], body_sources: list[str], prefetch: bool = False) -> str:
     """The module text: the bodies' device functions, then ``{name}`` (the persistent kernel) taking the
     tables (``tasks``, ``launches``, ``ptrs``, ``waits``, ``pf``), the per-launch ``done`` counters and the
-    ``ticket`` counter (both zero before each launch), and ``N_TASKS`` as a constant.
+    ``ticket`` counter and the exit counter after it (all zero before the first launch), and ``N_TASKS`` and
+    ``N_LAUNCHES`` as constants. The last program to leave sets the counters back to zero for the next launch:
+    zeroing them from the host would put two memset nodes beside each launch in a CUDA graph, which cost more
+    than a small launch saves (session 34).
 
     ``prefetch``: before its waits, a task asks L2 for its share (1 / the launch's tasks) of each range in the
     ``pf`` table rows of its launch (address, bytes: the inputs no launch of the sequence writes, i.e. the
@@ -68,10 +74,9 @@ def render_persistent(name: str, bodies: list[Body], body_sources: list[str], pr
     lines = ["import triton", "import triton.language as tl", "", *body_sources, "",
              "@triton.jit",
              f"def {name}(tasks_ptr, launches_ptr, ptrs_ptr, waits_ptr, pf_ptr, done_ptr, ticket_ptr,",
-             "        N_TASKS: tl.constexpr):",
+             "        N_TASKS: tl.constexpr, N_LAUNCHES: tl.constexpr):",
              "    t = tl.atomic_add(ticket_ptr, 1)",
              "    while t < N_TASKS:",
-             "        t_next = tl.atomic_add(ticket_ptr, 1)  # taken now, so its latency hides behind this task",
              "        j = tl.load(tasks_ptr + t).to(tl.int64)",
              f"        row = launches_ptr + j * {width}"]
     lines += [f"        {field} = tl.load(row + {i})" for i, field in enumerate(LAUNCH_FIELDS)]
@@ -107,7 +112,13 @@ def render_persistent(name: str, bodies: list[Body], body_sources: list[str], pr
         lines.append(f"                {body.name}(pid0, pid1, pid2, {', '.join(ptrs)})")
     lines += ["        tl.debug_barrier()  # every thread's stores before the count",
               "        tl.atomic_add(done_ptr + j, 1, sem=\"release\", scope=\"gpu\")",
-              "        t = t_next", ""]
+              "        t = tl.atomic_add(ticket_ptr, 1)",
+              "    # every other program has taken its last ticket before its exit count: the last one out resets",
+              "    if tl.atomic_add(ticket_ptr + 1, 1) == tl.num_programs(0) - 1:",
+              f"        for i in range(0, N_LAUNCHES, {_RESET_BLOCK}):",
+              f"            offs = i + tl.arange(0, {_RESET_BLOCK})",
+              "            tl.store(done_ptr + offs, 0, mask=offs < N_LAUNCHES)",
+              "        tl.store(ticket_ptr + tl.arange(0, 2), 0)", ""]
     return "\n".join(lines)
 
 

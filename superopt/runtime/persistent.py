@@ -164,7 +164,7 @@ class PersistentRun:
         self._tables = (torch.tensor(tasks, dtype=torch.int32, device=device), torch.tensor(rows, **i64),
                         torch.tensor(ptrs, **i64), torch.tensor(waits or [0], **i64), torch.tensor(pf or [0], **i64))
         self._done = torch.zeros(len(rows), dtype=torch.int32, device=device)
-        self._ticket = torch.zeros(1, dtype=torch.int32, device=device)
+        self._ticket = torch.zeros(2, dtype=torch.int32, device=device)  # the ticket, the programs that left
         if programs is None:
             programs = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
         self.programs = max(1, min(programs, self.tasks))
@@ -174,9 +174,8 @@ class PersistentRun:
         self.compiled = None  # Triton's compiled kernel, after the first call (its registers, spills, shared memory)
 
     def __call__(self) -> list[list[torch.Tensor]]:
-        self._done.zero_()
-        self._ticket.zero_()
         self.compiled = self.kernel[(self.programs,)](*self._tables, self._done, self._ticket, N_TASKS=self.tasks,
+                                                      N_LAUNCHES=self.launches,
                                                       num_warps=self.num_warps, num_stages=self.num_stages)
         return self.outputs
 

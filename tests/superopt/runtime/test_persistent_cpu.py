@@ -20,6 +20,7 @@ def test_two_layers_in_one_launch_match_the_graphs_one_by_one(dtype, programs, t
                         *([str(tasks_per_launch)] if tasks_per_launch else []))
     assert r["recorded"], "recording() did not collect the calls (plain and bound) with their tensors, in order"
     assert r["equal"], "the persistent launch differs from the same kernels launched one by one"
+    assert r["again"], "a second launch (its counters reset by the first's last program) differs from the first"
     assert r["rel_err"] <= TOL[dtype], r
     # 2 layers × (RMSNorm + GEMV in 3 K-parts of 5 column blocks, GEMV + residual): one body each, 4 launches
     assert (r["launches"], r["bodies"]) == (4, 2)
@@ -86,7 +87,7 @@ def test_the_persistent_kernel_compiles_for_sm90():
         mod = load_source("persistent_step", render_persistent("persistent_step", bodies, sources, prefetch))
         sig = {"tasks_ptr": "*i32", "launches_ptr": "*i64", "ptrs_ptr": "*i64", "waits_ptr": "*i64", "pf_ptr": "*i64",
                "done_ptr": "*i32", "ticket_ptr": "*i32", "N_TASKS": "constexpr"}
-        src = ASTSource(mod.persistent_step, signature=sig, constexprs={"N_TASKS": 36})
+        src = ASTSource(mod.persistent_step, signature=sig, constexprs={"N_TASKS": 36, "N_LAUNCHES": 4})
         options = {"num_warps": 4, "num_stages": 2}
         ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
         counters = set(re.findall(r"atom\.global\.gpu\.(\w+)\.add\.u32", ptx))
@@ -117,6 +118,6 @@ def test_aligned_pointers_give_the_bodies_vector_loads(aligned):
     mod = load_source("persistent_step", source)
     sig = {"tasks_ptr": "*i32", "launches_ptr": "*i64", "ptrs_ptr": "*i64", "waits_ptr": "*i64", "pf_ptr": "*i64",
            "done_ptr": "*i32", "ticket_ptr": "*i32", "N_TASKS": "constexpr"}
-    src = ASTSource(mod.persistent_step, signature=sig, constexprs={"N_TASKS": 8})
+    src = ASTSource(mod.persistent_step, signature=sig, constexprs={"N_TASKS": 8, "N_LAUNCHES": 1})
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
     assert bool(re.search(r"ld\.global(\.\w+)*\.v[24]\.b32", ptx)) == aligned
