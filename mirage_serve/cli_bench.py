@@ -100,8 +100,9 @@ def format_result(r: dict) -> str:
         + ("" if s.get("graphs", True) else "; ours without CUDA graphs or the fast loop (kernels alone)"),
     ]
     if r["copy_bandwidth_GBps"]:
-        lines.append(f"bandwidth   copy {r['copy_bandwidth_GBps']:.0f} GB/s (read + write, this run) -> "
-                     f"floor {r['floor_ms']:.3f} ms/step")
+        samples = " and ".join(f"{b:.0f}" for b in r.get("copy_bandwidth_samples_GBps", []))
+        lines.append(f"bandwidth   copy {r['copy_bandwidth_GBps']:.0f} GB/s (read + write, this run; the better of "
+                     f"{samples} GB/s, before and after the timed runs) -> floor {r['floor_ms']:.3f} ms/step")
     else:
         lines.append("bandwidth   not measured on CPU (the floor is a GPU quantity)")
     p = r["patch"]
