@@ -26,7 +26,7 @@ Both arms run the same block bodies on the same weights, in alternating rounds; 
 weights' bytes over that time as % of the copy bandwidth measured in the same run. The persistent runs'
 outputs (every buffer a kernel writes, as the step leaves it) are checked against the launches' at the dtype's
 tolerance: the order of float atomic adds differs.
-Status: the persistent kernel has only run in Triton's interpreter before this probe (docs/persistent.md).
+Session 34's runs and what they say: benchmarks/results/floor_h100_2026-11-27_s34/README.md, docs/persistent.md.
 """
 from __future__ import annotations
 

@@ -10,8 +10,8 @@ Dependencies come from memory, not from the graphs: a launch waits for the launc
 bytes it reads or writes, and for those that read bytes it writes since they were last written. So a buffer
 reused by a later call of the same graph (two layers of one program) is ordered like any other.
 
-Status (docs/persistent.md): checked in Triton's interpreter with one program, which runs the tasks in order;
-the concurrent path (waits, counters, memory order between SMs) has not run on a GPU yet.
+Status (docs/persistent.md): correct on H100 and H200 and in Triton's interpreter, but slower than launching
+the same kernels one by one (session 34: 0.63-0.86x); ``patch()`` does not use it.
 """
 from __future__ import annotations
 
