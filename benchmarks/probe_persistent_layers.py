@@ -15,10 +15,10 @@ captured in a CUDA graph and replayed:
 - ``each xK``: one persistent launch per site call, so as many launches as ``launches`` and no wait between two
   calls: against ``launches`` it prices running the bodies in the persistent loop (tables, ticket, one program's
   registers for all bodies), against ``whole`` what the launch boundaries cost;
-- ``.../cC``: each launch cut into at most C tasks a program, of consecutive blocks (``tasks_per_launch``);
 - ``segments xK``: one persistent launch per run of site calls between two decode-attention launches (o_proj +
   residual, gate/up, down + residual, the next layer's q/k/v): the launches a decode loop with persistent segments
   would make, less the attention's;
+- ``.../cC``: each launch cut into at most C tasks a program, of consecutive blocks (``tasks_per_launch``);
 - ``... +pf``: each with its tasks asking L2 for their share of the weights before they wait
   (``PersistentRun(prefetch=True)``).
 

@@ -19,9 +19,9 @@ kernel of the sequence keeps its own searched block graph, rendered as a device 
 
 The kernel reads everything about the sequence from device tables the runtime fills
 (``runtime.persistent``): per task its launch; per launch its body, first task, grid, where its pointers, its
-waits and its weights' ranges start, how many of each, how many blocks, blocks a task and tasks; the pointers as int64 addresses, cast
-back to the body parameter's element type; the waits as launch indices; the weights as (address, bytes) pairs,
-which a task asks L2 for before it waits (``prefetch``). So one compiled kernel serves every layer of a model
+waits and its weights' ranges start, how many of each, how many blocks, blocks a task and tasks; the pointers as
+int64 addresses, cast back to the body parameter's element type; the waits as launch indices; the weights as
+(address, bytes) pairs, which a task asks L2 for before it waits (``prefetch``). So one compiled kernel serves every layer of a model
 (the layers differ in pointers only) and the source grows with the distinct bodies, not the launches.
 
 This module writes text only, as ``codegen.triton`` does; ``runtime.persistent`` builds and launches it.
