@@ -36,7 +36,11 @@ def default_cache_dir() -> Path:
 
 
 def source_key(tm: TritonModule) -> str:
-    return hashlib.sha256(tm.source.encode()).hexdigest()[:12]
+    return _source_hash(tm.source)
+
+
+def _source_hash(source: str) -> str:
+    return hashlib.sha256(source.encode()).hexdigest()[:12]
 
 
 def load_module(tm: TritonModule, cache_dir: str | Path | None = None) -> ModuleType:
@@ -47,7 +51,7 @@ def load_module(tm: TritonModule, cache_dir: str | Path | None = None) -> Module
 def load_source(name: str, source: str, pdl: bool = False, cache_dir: str | Path | None = None) -> ModuleType:
     """Import generated module text ``source`` as ``name`` (memoised by source hash); ``pdl``: its launchers
     launch with programmatic dependent launch."""
-    key = hashlib.sha256(source.encode()).hexdigest()[:12]
+    key = _source_hash(source)
     if key in _MODULES:
         return _MODULES[key]
     folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
