@@ -103,11 +103,6 @@ PDL_SIGNAL = "tl.extra.cuda.gdc_launch_dependents()"
 # 64 KiB a block keeps what a resident wave asks for (132 SMs x a few blocks) well inside an H100's 50 MB L2.
 L2_PREFETCH_CAP = 64 << 10
 L2_PREFETCH_MIN = 256 << 10
-# Only the first blocks of a grid ask: those can be resident while the predecessor runs. A block scheduled after it
-# ended finds its wait already over, and its prefetches would only queue ahead of its own loads of the same lines
-# (every block asking measured 0.84-0.95x the plain PDL kernels on an H100, session 35). 128: no more than the SMs
-# of an H100 or H200 (132), one block each.
-L2_PREFETCH_BLOCKS = 128
 
 
 def render_triton(ugraph: KernelGraph, prefetch: frozenset[str] = frozenset(), paired: bool = False,
@@ -166,7 +161,7 @@ def render_triton(ugraph: KernelGraph, prefetch: frozenset[str] = frozenset(), p
 
 def _l2_prologue(node: Node, g: KernelGraph, warm: frozenset[str]) -> list[str]:
     """Lines asking L2 for this block's share (``l2_prefetch.block_share``) of each input in ``warm`` of at least
-    ``L2_PREFETCH_MIN`` bytes, in the first ``L2_PREFETCH_BLOCKS`` blocks. Kernel arguments are contiguous (the runtime stages any that are not), so an input's
+    ``L2_PREFETCH_MIN`` bytes. Kernel arguments are contiguous (the runtime stages any that are not), so an input's
     bytes are ``[a_ptr, a_ptr + size)``."""
     grid = node.block.grid
     lines = []
@@ -176,12 +171,11 @@ def _l2_prologue(node: Node, g: KernelGraph, warm: frozenset[str]) -> list[str]:
         if a not in warm or nbytes < L2_PREFETCH_MIN:
             continue
         if not lines:
-            lines += [f"    blk = (tl.program_id(0) + tl.program_id(1) * {grid[0]} + tl.program_id(2) * "
-                      f"{grid[0] * grid[1]}).to(tl.int64)",
-                      f"    if blk < {L2_PREFETCH_BLOCKS}:  # the first wave (L2_PREFETCH_BLOCKS)"]
+            lines.append(f"    blk = (tl.program_id(0) + tl.program_id(1) * {grid[0]} + tl.program_id(2) * "
+                         f"{grid[0] * grid[1]}).to(tl.int64)")
         stride, span = block_share(nbytes, math.prod(grid), L2_PREFETCH_CAP)
-        lines.append(f"        first = blk * {stride}")
-        lines += prefetch_range(f"a{j}_ptr.to(tl.int64)", "first", f"tl.minimum(first + {span}, {nbytes})", 2)
+        lines.append(f"    first = blk * {stride}")
+        lines += prefetch_range(f"a{j}_ptr.to(tl.int64)", "first", f"tl.minimum(first + {span}, {nbytes})", 1)
     return lines
 
 
