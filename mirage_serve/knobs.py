@@ -5,8 +5,8 @@ Each knob is a `Knob` in the module-level table `KNOBS`; code reads one with its
 parser and a one-line doc; `describe()` lists them all (the CLI prints it, docs quote it).
 
 Values are read at call time, not import time. The switches that change what ``patch()`` does
-(``PDL``, ``L2_PREFETCH``, ``PAIRED_LAUNCH``, ``STACKED_PROJECTIONS``, ``FINAL_NORM``, ``RESEARCH``, ``FUSED_RESIDUAL``,
-``ATTENTION``) are only the defaults of ``mirage_serve.PatchOptions``' fields, read when the options are made; code and tests pass options,
+(``PDL``, ``PAIRED_LAUNCH``, ``STACKED_PROJECTIONS``, ``FINAL_NORM``, ``RESEARCH``, ``FUSED_RESIDUAL``, ``ATTENTION``) are only
+the defaults of ``mirage_serve.PatchOptions``' fields, read when the options are made; code and tests pass options,
 never set these variables.
 """
 from __future__ import annotations
@@ -78,11 +78,6 @@ PDL: Knob[bool] = Knob(
     "MIRAGE_SERVE_PDL", parse_bool, True,
     "launch the generated kernels with programmatic dependent launch on sm_90+ (default of PatchOptions.pdl)")
 
-L2_PREFETCH: Knob[bool] = Knob(
-    "MIRAGE_SERVE_L2_PREFETCH", parse_bool, True,
-    "with dependent launch: each block of a generated kernel asks L2 for its share of the weights while it waits "
-    "for the kernel before (default of PatchOptions.l2_prefetch)")
-
 PAIRED_LAUNCH: Knob[bool] = Knob(
     "MIRAGE_SERVE_PAIRED_LAUNCH", parse_bool, True,
     "run k_proj and v_proj as one launch where patch() times it faster (decision and kernels kept in the "
@@ -130,8 +125,8 @@ PROGRESS: Knob[bool] = Knob(
     "print a line on stderr when patch() or a first decode step starts something slow (a search, the GPU "
     "profile of its candidates, the choice of a decode-attention shape) and when it ends; 0 silences them")
 
-KNOBS: tuple[Knob, ...] = (CACHE_DIR, CACHE_READ_ONLY, CACHE_KEY, PDL, L2_PREFETCH, PAIRED_LAUNCH, STACKED_PROJECTIONS,
-                           FINAL_NORM, RESEARCH, FUSED_RESIDUAL, ATTENTION, PROGRESS)
+KNOBS: tuple[Knob, ...] = (CACHE_DIR, CACHE_READ_ONLY, CACHE_KEY, PDL, PAIRED_LAUNCH, STACKED_PROJECTIONS, FINAL_NORM,
+                           RESEARCH, FUSED_RESIDUAL, ATTENTION, PROGRESS)
 
 
 def torchrun_ranks() -> tuple[int, int, int] | None:

@@ -23,9 +23,6 @@ class PatchOptions:
 
     # kernels launched with programmatic dependent launch on sm_90+ (superopt.runtime.grid_dependency)
     pdl: bool = field(default_factory=knobs.PDL.get)
-    # with pdl: a kernel's blocks ask L2 for their share of its weights while they wait for the kernel before
-    # (superopt.codegen.l2_prefetch)
-    l2_prefetch: bool = field(default_factory=knobs.L2_PREFETCH.get)
     # k_proj and v_proj as one launch where it times faster (mirage_serve.patching.pairing)
     paired_launch: bool = field(default_factory=knobs.PAIRED_LAUNCH.get)
     # a norm site's plain Linear consumers (q, k, v) as one projection on their stacked weights
@@ -42,7 +39,7 @@ class PatchOptions:
     attention: str = field(default_factory=knobs.ATTENTION.get)
 
     def __post_init__(self):
-        for name in ("pdl", "l2_prefetch", "paired_launch", "stacked_projections", "final_norm", "fused_residual",
+        for name in ("pdl", "paired_launch", "stacked_projections", "final_norm", "fused_residual",
                      "research"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"PatchOptions.{name} must be a bool, got {getattr(self, name)!r}")

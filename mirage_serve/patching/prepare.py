@@ -173,8 +173,8 @@ class Preparer:
         self._checked: dict[tuple, tuple] = {}  # (bucket, executor ids) a self-check ran -> the executors
 
     def _backend_build(self, *args, **kwargs) -> backends.Executor:
-        """``backends.build`` with this call's options (dependent launch or not, L2 prefetch or not)."""
-        return backends.build(*args, pdl=self.options.pdl, l2_prefetch=self.options.l2_prefetch, **kwargs)
+        """``backends.build`` with this call's options (dependent launch or not)."""
+        return backends.build(*args, pdl=self.options.pdl, **kwargs)
 
     def close(self) -> None:
         """Stop the profiler's build workers (patch() calls this when it is done, success or not)."""
@@ -379,7 +379,7 @@ class Preparer:
                 key = self._cache_key(digest(program), name, m, device)
                 entry = self.cache.get(key, count=False)
                 if entry is not None and not entry.signed:
-                    optimize.prefetch(program, entry, key, pdl, target, self.options.l2_prefetch)
+                    optimize.prefetch(program, entry, key, pdl, target)
 
     def _compile_target(self, device) -> tuple[bool, object]:
         """(dependent launch as the build resolves it, the GPU's Triton target) for compiling a

@@ -30,12 +30,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .l2_prefetch import LINE, prefetch_range
-
 # The int64 fields of one launch's row in the launch table, in order.
 LAUNCH_FIELDS = ("body", "first_task", "grid_x", "grid_y", "ptr_at", "wait_at", "waits", "blocks", "pf_at", "pf_count",
                  "chunk", "n_tasks")
 ALIGN = 16  # bytes: the alignment a body's pointer is declared to have where every address passed there has it
+PF_LINES = 128  # 128-byte lines a block asks L2 for at a time, one a lane (``render_persistent(prefetch=True)``)
+_PREFETCH_ASM = "mov.u32 $0, 0;\n\tprefetch.global.L2 [$1];"  # (the dummy result inline asm must give)
 
 _RESET_BLOCK = 1024  # done counters the last program zeroes a store
 
@@ -85,9 +85,13 @@ def render_persistent(name: str, bodies: list[Body], body_sources: list[str], pr
         lines += ["        for m in range(pf_count):  # this task's share of each weight, to L2, before the waits",
                   "            base = tl.load(pf_ptr + 2 * (pf_at + m))",
                   "            size = tl.load(pf_ptr + 2 * (pf_at + m) + 1)",
-                  f"            share = tl.cdiv(tl.cdiv(size, n_tasks), {LINE}) * {LINE}",
+                  "            share = tl.cdiv(tl.cdiv(size, n_tasks), 128) * 128",
                   "            end = tl.minimum(size, (task + 1) * share)",
-                  *prefetch_range("base", "task * share", "end", 3)]
+                  f"            for at in range(task * share, end, {PF_LINES * 128}):",
+                  f"                lane = at + tl.arange(0, {PF_LINES}).to(tl.int64) * 128",
+                  "                addr = base + tl.where(lane < end, lane, at)",
+                  f"                tl.inline_asm_elementwise({_PREFETCH_ASM!r}, \"=r,l\", [addr], dtype=tl.int32,",
+                  "                                          is_pure=False, pack=1)"]
     lines += ["        for w in range(waits):  # every launch this one depends on has all its tasks done",
               "            k = tl.load(waits_ptr + wait_at + w)",
               f"            need = tl.load(launches_ptr + k * {width} + {LAUNCH_FIELDS.index('n_tasks')}).to(tl.int32)",

@@ -30,12 +30,11 @@ import itertools
 import math
 from dataclasses import dataclass
 
-from ..ir import (DTYPE_BYTES, BlockGraph, Category, KernelGraph, Node, Variance, block_variance, default_stages,
-                  op_info, reduced_axes)
+from ..ir import (BlockGraph, Category, KernelGraph, Node, Variance, block_variance, default_stages, op_info,
+                  reduced_axes)
 from ..ir.chain import Chain, chains
 from .common import identifier
 from .counted import counting_kernel
-from .l2_prefetch import block_share, prefetch_range
 from .store_through import StoreThrough, stores_through
 from .triton_block import BlockWriter, deferred_sums, tile_mask
 
@@ -98,17 +97,12 @@ class TritonModule:
 # ``pdl`` waits for its predecessor, then lets its successor be scheduled, before anything else.
 PDL_WAIT = "tl.extra.cuda.gdc_wait()"
 PDL_SIGNAL = "tl.extra.cuda.gdc_launch_dependents()"
-# ``l2_prefetch``: before its wait, a block asks L2 for at most this many bytes of its share of each graph input of
-# at least ``L2_PREFETCH_MIN`` bytes (the weights; an activation is smaller and its writer is still running).
-# 64 KiB a block keeps what a resident wave asks for (132 SMs x a few blocks) well inside an H100's 50 MB L2.
-L2_PREFETCH_CAP = 64 << 10
-L2_PREFETCH_MIN = 256 << 10
 
 
 def render_triton(ugraph: KernelGraph, prefetch: frozenset[str] = frozenset(), paired: bool = False,
                   chain: frozenset[str] = frozenset(), pdl: bool = False,
                   in_place: frozenset[str] = frozenset(), counted: str | None = None,
-                  blocks: bool = False, l2_prefetch: bool = False) -> TritonModule:
+                  blocks: bool = False) -> TritonModule:
     """Render every customized op of ``ugraph``; library ops are left to the runtime.
 
     Kernels named in ``prefetch`` load the next iteration's tiles before this iteration's work
@@ -128,10 +122,7 @@ def render_triton(ugraph: KernelGraph, prefetch: frozenset[str] = frozenset(), p
     finds it legal (``TritonModule.counting``; else the caller counts after the graph). Never with ``paired``.
     ``blocks``: every kernel as a device function of its block index, ``{name}_block(pid0, pid1, pid2, *params)``,
     with no launcher: the bodies a persistent kernel calls (``codegen.persistent``). Never with ``paired``,
-    ``chain``, ``pdl``, ``in_place`` or ``counted``.
-    ``l2_prefetch`` (with ``pdl``, not ``paired``): before its wait, each block asks L2 for its share of every large
-    graph input the graph does not write (``_l2_prologue``), so a kernel that is resident while its predecessor
-    runs has its weights streaming in by the time it may start."""
+    ``chain``, ``pdl``, ``in_place`` or ``counted``."""
     if blocks and (paired or chain or pdl or in_place or counted is not None):
         raise ValueError("render_triton(blocks=True) renders plain block bodies: no paired, chain, pdl, in_place or "
                          "counted variant")
@@ -143,12 +134,10 @@ def render_triton(ugraph: KernelGraph, prefetch: frozenset[str] = frozenset(), p
     consumed = {c.consumer for c in runs.values()}
     stored = () if paired or not in_place else stores_through(ugraph, in_place, frozenset(runs) | consumed)
 
-    warm = frozenset(v.name for v in ugraph.inputs) - in_place if l2_prefetch and pdl and not paired else frozenset()
-
     def render(idx: int, counts: bool = False) -> tuple[KernelSpec, str]:
         name = f"{base}_k{idx}"
         return _render_kernel(name, idx, ugraph.nodes[idx], ugraph, name in prefetch, paired, runs.get(idx), pdl,
-                              [s for s in stored if s.kernel == idx], counts, blocks, warm)
+                              [s for s in stored if s.kernel == idx], counts, blocks)
     rendered = {idx: render(idx) for idx, n in enumerate(ugraph.nodes) if n.op == "customized" and idx not in consumed}
     counting = None if paired or counted is None else \
         counting_kernel(ugraph, counted, {idx: spec.args for idx, (spec, _) in rendered.items()}, frozenset(consumed))
@@ -159,26 +148,6 @@ def render_triton(ugraph: KernelGraph, prefetch: frozenset[str] = frozenset(), p
     return TritonModule(base, "\n".join(parts), kernels, ugraph, pdl, stored, counting)
 
 
-def _l2_prologue(node: Node, g: KernelGraph, warm: frozenset[str]) -> list[str]:
-    """Lines asking L2 for this block's share (``l2_prefetch.block_share``) of each input in ``warm`` of at least
-    ``L2_PREFETCH_MIN`` bytes. Kernel arguments are contiguous (the runtime stages any that are not), so an input's
-    bytes are ``[a_ptr, a_ptr + size)``."""
-    grid = node.block.grid
-    lines = []
-    for j, a in enumerate(node.args):
-        t = g.type_of(a)
-        nbytes = math.prod(t.shape) * DTYPE_BYTES[t.dtype]
-        if a not in warm or nbytes < L2_PREFETCH_MIN:
-            continue
-        if not lines:
-            lines.append(f"    blk = (tl.program_id(0) + tl.program_id(1) * {grid[0]} + tl.program_id(2) * "
-                         f"{grid[0] * grid[1]}).to(tl.int64)")
-        stride, span = block_share(nbytes, math.prod(grid), L2_PREFETCH_CAP)
-        lines.append(f"    first = blk * {stride}")
-        lines += prefetch_range(f"a{j}_ptr.to(tl.int64)", "first", f"tl.minimum(first + {span}, {nbytes})", 1)
-    return lines
-
-
 def _narrow(node: Node, g: KernelGraph) -> str | None:
     """The fp16/bf16 dtype a kernel's dots take: the first narrow dtype among its tensors."""
     io = [g.type_of(a).dtype for a in node.args] + [v.type.dtype for v in node.outs]
@@ -187,8 +156,8 @@ def _narrow(node: Node, g: KernelGraph) -> str | None:
 
 def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph, prefetch: bool = False,
                    paired: bool = False, chain: Chain | None = None, pdl: bool = False,
-                   through: list[StoreThrough] | None = None, counts: bool = False, block_fn: bool = False,
-                   warm: frozenset[str] = frozenset()) -> tuple[KernelSpec, str]:
+                   through: list[StoreThrough] | None = None, counts: bool = False, block_fn: bool = False
+                   ) -> tuple[KernelSpec, str]:
     """One customized op as a @triton.jit kernel and its launcher.
 
     ``prefetch``: the loop's tiles are loaded one iteration ahead (iteration 0's before the loop,
@@ -202,12 +171,10 @@ def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph, prefetch: b
     an output is tiled (``store_through``): the kernel writes those inputs (outputs after its own for the
     copies), and takes the slot's index and the copied rows as arguments after its own. ``counts``: when its work is
     done, block (0, 0, 0) adds one to the int64 counter it takes last (``codegen.counted``). ``block_fn``: a device
-    function ``{kname}_block`` taking the block index (pid0, pid1, pid2) before the pointers, and no launcher.
-    ``warm``: with ``pdl``, the graph inputs whose share this block asks L2 for before its wait (``_l2_prologue``)."""
+    function ``{kname}_block`` taking the block index (pid0, pid1, pid2) before the pointers, and no launcher."""
     b: BlockGraph = node.block
     k = BlockWriter(b, _narrow(node, g))
     if pdl:  # before any load or store: nothing is touched until the predecessor is complete
-        k.lines += _l2_prologue(node, g, warm)  # (asking L2 for bytes touches nothing: l2_prefetch)
         k.emit(PDL_WAIT, 1)
         k.emit(PDL_SIGNAL, 1)
     reduced = [reduced_axes(o, b.grid) for o in b.outputs]

@@ -8,7 +8,7 @@ import pytest
 from mirage_serve import knobs
 from mirage_serve.options import PatchOptions
 
-FIELDS = {"pdl": knobs.PDL, "l2_prefetch": knobs.L2_PREFETCH, "paired_launch": knobs.PAIRED_LAUNCH, "fused_residual": knobs.FUSED_RESIDUAL,
+FIELDS = {"pdl": knobs.PDL, "paired_launch": knobs.PAIRED_LAUNCH, "fused_residual": knobs.FUSED_RESIDUAL,
           "stacked_projections": knobs.STACKED_PROJECTIONS, "final_norm": knobs.FINAL_NORM,
           "research": knobs.RESEARCH}
 
@@ -63,16 +63,16 @@ def test_patch_hands_its_options_to_the_builds(monkeypatch):
     build = backends.build
 
     def spy(*args, **kwargs):
-        seen.append((kwargs.get("pdl"), kwargs.get("l2_prefetch")))
+        seen.append(kwargs.get("pdl"))
         return build(*args, **kwargs)
 
     monkeypatch.setattr(backends, "build", spy)
     model = _tiny_llama()
-    for pdl, l2 in ((False, True), (True, False), (True, True)):
+    for pdl in (False, True):
         seen.clear()
-        mirage_serve.patch(model, search_budget=0, batch_sizes=(1,), options=PatchOptions(pdl=pdl, l2_prefetch=l2))
+        mirage_serve.patch(model, search_budget=0, batch_sizes=(1,), options=PatchOptions(pdl=pdl))
         mirage_serve.unpatch(model)
-        assert seen and set(seen) == {(pdl, l2)}
+        assert seen and set(seen) == {pdl}
 
 
 def test_patch_without_fused_residual_leaves_the_adds_to_the_layer():
