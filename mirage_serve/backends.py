@@ -58,10 +58,9 @@ class Executor:
 
 
 def build(graph: KernelGraph, backend: str, device: torch.device, launch: dict | None = None,
-          binaries: dict | None = None, *, pdl: bool = True, constant: frozenset[str] = frozenset()) -> Executor:
+          binaries: dict | None = None, *, pdl: bool = True) -> Executor:
     """``launch``: Triton kernel name -> ``Launch``, as profiled (default: the renderer's). ``pdl``:
     Triton kernels use programmatic dependent launch where the GPU has it (``PatchOptions.pdl``).
-    ``constant``: the graph inputs the site's weights feed, which its kernels may load before that launch's wait.
     ``binaries``: a signed cache entry's build (``mirage_serve.cache.builds``), so that a warm entry
     compiles nothing; the source that runs is always rendered from ``graph``."""
     t0 = time.perf_counter()
@@ -76,8 +75,7 @@ def build(graph: KernelGraph, backend: str, device: torch.device, launch: dict |
         raise BackendError(f"cannot build backend {backend!r}; resolve() gives torch or triton")
     from superopt.runtime import compile_graph  # triton: imported when a GPU build is asked for
 
-    compiled = compile_graph(graph, backend="triton", device=device, launch=launch, binaries=binaries, pdl=pdl,
-                             constant=constant)
+    compiled = compile_graph(graph, backend="triton", device=device, launch=launch, binaries=binaries, pdl=pdl)
     # Compiled graphs write their results into buffers that the next call overwrites, and one
     # graph serves the same site of every layer. No copy: a decoder layer consumes a site's outputs
     # (projections into RoPE / the KV cache / the residual add) before the next layer calls the

@@ -118,12 +118,12 @@ def _parallel(program: KernelGraph, min_elements: int | None) -> bool:
     return large and cores() >= 2 and "fork" in multiprocessing.get_all_start_methods()
 
 
-def _compile(text: str, launch, pdl: bool, target, constant=frozenset()) -> int | str:
+def _compile(text: str, launch, pdl: bool, target) -> int | str:
     """Worker: ``superopt.runtime.precompile`` (compiles, launches nothing); an error is only
     returned, since the build in the parent compiles whatever is not in Triton's cache."""
     try:
         from superopt.runtime.precompile import precompile
-        return precompile(text, launch, pdl, target, constant)
+        return precompile(text, launch, pdl, target)
     except Exception as e:
         return f"{type(e).__name__}: {e}"
 

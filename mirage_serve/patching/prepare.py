@@ -294,7 +294,6 @@ class Preparer:
         _add_time(sr, "extract", time.perf_counter() - t0 + self._prefetch_seconds)
         self._prefetch_seconds = 0.0
         program = ex.graph
-        constant = _constant_inputs(ex)
         dg = digest(program)
         sr.program = dg
         bkey = (dg, device, plain)
@@ -302,10 +301,10 @@ class Preparer:
         if isinstance(built, SiteError):  # this program already failed for an earlier layer
             raise built
         if twin and built is not None:
-            built = self._twin(built, bkey + (twin,), device, constant)
+            built = self._twin(built, bkey + (twin,), device)
         if built is None:  # first site with this program: its report carries the shared times
             try:
-                built = self._build(program, dg, name, m, device, self._searched.get((name, sig)), plain, constant)
+                built = self._build(program, dg, name, m, device, self._searched.get((name, sig)), plain)
             except SiteError as e:
                 self._built[bkey] = e
                 raise
@@ -376,12 +375,11 @@ class Preparer:
         pdl, target = self._compile_target(device)
         for name, part, _ in site_parts(site.name, wrapper, self.stack):
             for m in sorted(self.buckets, reverse=True):
-                ex = self._program(part, name, sig, dim, m, device)
-                program = ex.graph
+                program = self._program(part, name, sig, dim, m, device).graph
                 key = self._cache_key(digest(program), name, m, device)
                 entry = self.cache.get(key, count=False)
                 if entry is not None and not entry.signed:
-                    optimize.prefetch(program, entry, key, pdl, target, _constant_inputs(ex))
+                    optimize.prefetch(program, entry, key, pdl, target)
 
     def _compile_target(self, device) -> tuple[bool, object]:
         """(dependent launch as the build resolves it, the GPU's Triton target) for compiling a
@@ -432,22 +430,19 @@ class Preparer:
         except RowsError:
             return None
 
-    def _twin(self, built: tuple, key: tuple, device, constant: frozenset[str]) -> tuple:
+    def _twin(self, built: tuple, key: tuple, device) -> tuple:
         """A second executor of a built program (the same source and binaries: nothing compiles)."""
         if key not in self._built:
             choice, ver, executor = built
-            twin = self._backend_build(choice.graph, self.backend, device, choice.launch, executor.binaries,
-                                       constant=constant)
+            twin = self._backend_build(choice.graph, self.backend, device, choice.launch, executor.binaries)
             self._built[key] = (choice, ver, twin)
         return self._built[key]
 
-    def _build(self, program, dg: str, site_name: str, m: int, device, seed, plain: bool,
-               constant: frozenset[str] = frozenset()) -> tuple:
-        """(choice, verification, executor) of ``program``; ``constant``: its inputs the weights feed."""
+    def _build(self, program, dg: str, site_name: str, m: int, device, seed, plain: bool) -> tuple:
         arch = backends.arch_of(device)
         if plain:
             try:
-                executor = self._backend_build(program, self.backend, device, constant=constant)
+                executor = self._backend_build(program, self.backend, device)
             except Exception as e:
                 raise SiteError(f"build failed ({self.backend}): {type(e).__name__}: {e}") from None
             self.counts.programs += 1
@@ -475,7 +470,7 @@ class Preparer:
         stored = build_of(choice.entry, key) if choice.entry is not None else None
         try:
             executor = self._backend_build(choice.graph, self.backend, device, choice.launch,
-                                           stored.binaries if stored else None, constant=constant)
+                                           stored.binaries if stored else None)
         except Exception as e:
             if choice.graph == program:  # nothing simpler to fall back to: the site stays original
                 raise SiteError(f"build failed ({self.backend}): {type(e).__name__}: {e}") from None
@@ -484,7 +479,7 @@ class Preparer:
             choice = optimize.Choice(program, "fallback", why, choice.seconds)
             ver = optimize.verify(program, program)
             try:
-                executor = self._backend_build(program, self.backend, device, constant=constant)
+                executor = self._backend_build(program, self.backend, device)
             except Exception as e2:
                 raise SiteError(f"build failed ({self.backend}): {type(e2).__name__}: {e2}") from None
         self.counts.compiles += executor.compiled
@@ -532,12 +527,6 @@ class Preparer:
         _add_time(sr, "check", time.perf_counter() - t0)
         if not worst <= tol:
             raise SiteError(f"numeric self-check failed: error {worst:.2e} > {tol:.0e} ({self.dtype})")
-
-
-def _constant_inputs(ex) -> frozenset[str]:
-    """The inputs of an extracted program that a parameter or buffer feeds (its weights): the same at every call,
-    so its kernels may load them before their dependent-launch wait (``superopt.codegen.triton.render_triton``)."""
-    return frozenset(v.name for v, src in zip(ex.graph.inputs, ex.sources) if src[0] != "arg")
 
 
 def _add_time(sr: SiteReport, what: str, s: float) -> None:

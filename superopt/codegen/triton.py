@@ -102,7 +102,7 @@ PDL_SIGNAL = "tl.extra.cuda.gdc_launch_dependents()"
 def render_triton(ugraph: KernelGraph, prefetch: frozenset[str] = frozenset(), paired: bool = False,
                   chain: frozenset[str] = frozenset(), pdl: bool = False,
                   in_place: frozenset[str] = frozenset(), counted: str | None = None,
-                  blocks: bool = False, constant: frozenset[str] = frozenset()) -> TritonModule:
+                  blocks: bool = False) -> TritonModule:
     """Render every customized op of ``ugraph``; library ops are left to the runtime.
 
     Kernels named in ``prefetch`` load the next iteration's tiles before this iteration's work
@@ -122,11 +122,7 @@ def render_triton(ugraph: KernelGraph, prefetch: frozenset[str] = frozenset(), p
     finds it legal (``TritonModule.counting``; else the caller counts after the graph). Never with ``paired``.
     ``blocks``: every kernel as a device function of its block index, ``{name}_block(pid0, pid1, pid2, *params)``,
     with no launcher: the bodies a persistent kernel calls (``codegen.persistent``). Never with ``paired``,
-    ``chain``, ``pdl``, ``in_place`` or ``counted``.
-    ``constant``: graph inputs that hold the same values at every call and that no kernel writes (a site's weights).
-    With ``pdl`` a kernel loads its tiles of them that it holds whole before its first iteration (loop-invariant
-    tiles, a single iteration's, a prefetched loop's first) *before* it waits (``_early_loads``): a kernel is
-    resident while its predecessor runs, and those loads' memory latency then overlaps the predecessor's tail."""
+    ``chain``, ``pdl``, ``in_place`` or ``counted``."""
     if blocks and (paired or chain or pdl or in_place or counted is not None):
         raise ValueError("render_triton(blocks=True) renders plain block bodies: no paired, chain, pdl, in_place or "
                          "counted variant")
@@ -141,7 +137,7 @@ def render_triton(ugraph: KernelGraph, prefetch: frozenset[str] = frozenset(), p
     def render(idx: int, counts: bool = False) -> tuple[KernelSpec, str]:
         name = f"{base}_k{idx}"
         return _render_kernel(name, idx, ugraph.nodes[idx], ugraph, name in prefetch, paired, runs.get(idx), pdl,
-                              [s for s in stored if s.kernel == idx], counts, blocks, constant - in_place)
+                              [s for s in stored if s.kernel == idx], counts, blocks)
     rendered = {idx: render(idx) for idx, n in enumerate(ugraph.nodes) if n.op == "customized" and idx not in consumed}
     counting = None if paired or counted is None else \
         counting_kernel(ugraph, counted, {idx: spec.args for idx, (spec, _) in rendered.items()}, frozenset(consumed))
@@ -152,17 +148,6 @@ def render_triton(ugraph: KernelGraph, prefetch: frozenset[str] = frozenset(), p
     return TritonModule(base, "\n".join(parts), kernels, ugraph, pdl, stored, counting)
 
 
-def _early_loads(node: Node, constant: frozenset[str], prefetch: bool) -> list:
-    """The block inputs of ``node`` from ``constant`` graph inputs whose loads come before the block's first
-    iteration: loop-invariant tiles, the tiles of a single-iteration block, and iteration 0 of a prefetched loop
-    (``_emit_block``). A plain loop loads its tiles inside the loop, where Triton pipelines them: left there."""
-    b = node.block
-    looped = [inp for inp in b.inputs if inp.fmap != -1]
-    staged = prefetch and b.forloop > 1 and bool(looped)
-    return [inp for inp in b.inputs if node.args[inp.source] in constant
-            and (inp.fmap == -1 or b.forloop == 1 or staged)]
-
-
 def _narrow(node: Node, g: KernelGraph) -> str | None:
     """The fp16/bf16 dtype a kernel's dots take: the first narrow dtype among its tensors."""
     io = [g.type_of(a).dtype for a in node.args] + [v.type.dtype for v in node.outs]
@@ -171,8 +156,8 @@ def _narrow(node: Node, g: KernelGraph) -> str | None:
 
 def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph, prefetch: bool = False,
                    paired: bool = False, chain: Chain | None = None, pdl: bool = False,
-                   through: list[StoreThrough] | None = None, counts: bool = False, block_fn: bool = False,
-                   constant: frozenset[str] = frozenset()) -> tuple[KernelSpec, str]:
+                   through: list[StoreThrough] | None = None, counts: bool = False, block_fn: bool = False
+                   ) -> tuple[KernelSpec, str]:
     """One customized op as a @triton.jit kernel and its launcher.
 
     ``prefetch``: the loop's tiles are loaded one iteration ahead (iteration 0's before the loop,
@@ -186,13 +171,10 @@ def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph, prefetch: b
     an output is tiled (``store_through``): the kernel writes those inputs (outputs after its own for the
     copies), and takes the slot's index and the copied rows as arguments after its own. ``counts``: when its work is
     done, block (0, 0, 0) adds one to the int64 counter it takes last (``codegen.counted``). ``block_fn``: a device
-    function ``{kname}_block`` taking the block index (pid0, pid1, pid2) before the pointers, and no launcher.
-    ``constant``: graph inputs whose tiles may be loaded before the ``pdl`` wait (``render_triton``)."""
+    function ``{kname}_block`` taking the block index (pid0, pid1, pid2) before the pointers, and no launcher."""
     b: BlockGraph = node.block
     k = BlockWriter(b, _narrow(node, g))
-    # (a paired kernel's pointers and a stored-through slot are chosen before its loads: those keep the plain order)
-    early = _early_loads(node, constant, prefetch) if pdl and not paired and not through else []
-    if pdl and not early:  # before any load or store: nothing is touched until the predecessor is complete
+    if pdl:  # before any load or store: nothing is touched until the predecessor is complete
         k.emit(PDL_WAIT, 1)
         k.emit(PDL_SIGNAL, 1)
     reduced = [reduced_axes(o, b.grid) for o in b.outputs]
@@ -240,7 +222,7 @@ def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph, prefetch: b
         shapes[j] = g.type_of(s.cache).shape
         k.emit(f"slot{j} = tl.load(a{args.index(s.index)}_ptr)", 1)
         stores[j] = f"(o{j}_ptr + slot{j} * {math.prod(shapes[j][s.dim + 1:])})"
-    _emit_block(k, node, g, stores, atomic, prefetch, shapes, early, [PDL_WAIT, PDL_SIGNAL] if early else [])
+    _emit_block(k, node, g, stores, atomic, prefetch, shapes)
     for m, s in enumerate(copies, start=len(node.outs)):  # each block copies the tile it stored of its twin
         o, shape = b.outputs[s.out], g.type_of(s.cache).shape
         src, mask = k.tile_ptrs(f"a{args.index(s.copied)}_ptr", o, g.type_of(s.copied).shape)
@@ -265,25 +247,15 @@ def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph, prefetch: b
 
 
 def _emit_block(k: BlockWriter, node: Node, g: KernelGraph, stores: list[str], atomic: list[bool],
-                prefetch: bool, shapes: list[tuple[int, ...]] | None = None, early: list | None = None,
-                wait: list[str] | None = None) -> None:
+                prefetch: bool, shapes: list[tuple[int, ...]] | None = None) -> None:
     """The block graph of ``node`` from its loads to its stores (output j through pointer
     ``stores[j]`` into a tensor of ``shapes[j]``, default its own shape; added atomically where
-    ``atomic[j]``), in ``k``'s indentation. ``early`` (``_early_loads``) are loaded first, then the
-    ``wait`` lines are written, then everything else."""
+    ``atomic[j]``), in ``k``'s indentation."""
     b: BlockGraph = node.block
     var = block_variance(b)
     arg_shapes = [g.type_of(a).shape for a in node.args]
-    looped = [inp for inp in b.inputs if inp.fmap != -1]
-    prefetch = prefetch and b.forloop > 1 and bool(looped)
-    early = early or []
-    for inp in early:  # a prefetched loop's iteration 0 goes where the loop takes it from
-        staged = inp.fmap != -1 and b.forloop > 1
-        k.load(inp, arg_shapes[inp.source], 1, it="0", dst=f"{k.name(inp.value.name)}_next" if staged else None)
-    for line in wait or []:
-        k.emit(line, 1)
     for inp in b.inputs:
-        if inp.fmap == -1 and inp not in early:
+        if inp.fmap == -1:
             k.load(inp, arg_shapes[inp.source], 1)
     accums = [n for n in b.nodes if op_info(n.op).category is Category.ACCUM]
     for n in b.nodes:
@@ -301,10 +273,11 @@ def _emit_block(k: BlockWriter, node: Node, g: KernelGraph, stores: list[str], a
         else:
             k.emit(f"{k.name(n.out.name)} = tl.full({list(k.pad[n.out.name])}, {init}, tl.float32)", 1)
     rescaled_by = {n.args[1] for n in accums if n.op == "accum_sum_rescaled"}
+    looped = [inp for inp in b.inputs if inp.fmap != -1]
+    prefetch = prefetch and b.forloop > 1 and bool(looped)
     if prefetch:
         for inp in looped:
-            if inp not in early:
-                k.load(inp, arg_shapes[inp.source], 1, it="0", dst=f"{k.name(inp.value.name)}_next")
+            k.load(inp, arg_shapes[inp.source], 1, it="0", dst=f"{k.name(inp.value.name)}_next")
     ind = 1
     if b.forloop > 1:
         k.emit(f"for i in range({b.forloop}):", 1)
@@ -316,7 +289,7 @@ def _emit_block(k: BlockWriter, node: Node, g: KernelGraph, stores: list[str], a
             v = k.var[inp.value.name]
             k.emit(f"{v} = {v}_next", ind)
             k.load(inp, arg_shapes[inp.source], ind, it=f"((i + 1) % {b.forloop})", dst=f"{v}_next")
-        elif inp not in early:  # (an early input here is a single iteration's tile, already loaded)
+        else:
             k.load(inp, arg_shapes[inp.source], ind)
     skipped = {r.out.name for r in (*deferred.values(), *k.swapped.values())}
     for n in b.nodes:

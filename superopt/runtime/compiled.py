@@ -82,7 +82,7 @@ class CompiledGraph:
     def __init__(self, ugraph: KernelGraph, device: str | torch.device = "cuda",
                  launch: dict[str, Launch] | None = None, cache_dir=None,
                  binaries: dict[str, bytes] | None = None, pdl: bool = True, in_place: Sequence[str] = (),
-                 counter: str | None = None, constant: Sequence[str] = ()):
+                 counter: str | None = None):
         self.graph = check(ugraph)
         self.in_place = _in_place_scatters(self.graph, in_place)  # node index -> the input it writes
         self.device = torch.device(device)
@@ -92,10 +92,8 @@ class CompiledGraph:
         # here from the μGraph, never taken from a cache; ``binaries`` (a signed cache entry's) only
         # seed Triton's cache, which uses them where their hash matches this source.
         self.pdl = applies(self.device, pdl)
-        # ``constant``: the inputs the caller keeps the same for every call (weights), loaded before that wait
         self.module = render_triton(ugraph, prefetched(launch), chain=chained(launch), pdl=self.pdl,
-                                    in_place=frozenset(self.in_place.values()), counted=counter,
-                                    constant=frozenset(constant))
+                                    in_place=frozenset(self.in_place.values()), counted=counter)
         # the call counter: advanced by this node's kernel (``codegen.counted``), or by an add after the graph
         self.counter, self.counting = counter, self.module.counting
         # scatters a kernel stores (store_through): their rows get no buffer, the scatters no launch
@@ -439,18 +437,15 @@ def _library_step(fn, args: list[int], env: list) -> None:
 def compile_graph(ugraph: KernelGraph, backend: str = "triton", device: str | torch.device = "cuda",
                   launch: dict[str, Launch] | None = None, cache_dir=None,
                   binaries: dict[str, bytes] | None = None, pdl: bool = True,
-                  in_place: Sequence[str] = (), counter: str | None = None,
-                  constant: Sequence[str] = ()) -> CompiledGraph:
+                  in_place: Sequence[str] = (), counter: str | None = None) -> CompiledGraph:
     """Build ``ugraph`` for ``device``; ``launch`` maps kernel names to ``Launch`` (or its stored
     list form). ``binaries``: a trusted cache entry's ``CompiledGraph.binaries()`` (the source is
-    always rendered from ``ugraph``). ``pdl``: programmatic dependent launch where the GPU has it;
-    ``constant``: inputs that hold the same values at every call and that no kernel writes (the weights), which
-    a kernel may then load before its wait (``render_triton``).
+    always rendered from ``ugraph``). ``pdl``: programmatic dependent launch where the GPU has it.
     ``in_place``: inputs a library scatter may write; ``counter``: the input a call counter may be (see the
     module docstring)."""
     if backend != "triton":
         raise NotImplementedError(f"compile_graph: backend {backend!r}; this runtime builds 'triton' only")
-    return CompiledGraph(ugraph, device, launch, cache_dir, binaries, pdl, in_place, counter, constant)
+    return CompiledGraph(ugraph, device, launch, cache_dir, binaries, pdl, in_place, counter)
 
 
 def _in_place_scatters(g: KernelGraph, names: Sequence[str]) -> dict[int, str]:

@@ -16,13 +16,12 @@ from .binaries import warmup
 from .build import load_module
 
 
-def precompile(text: str, launch: dict[str, Launch] | None, pdl: bool, target, constant=frozenset()) -> int:
-    """Compile every kernel of the μGraph ``text`` as ``compile_graph(graph, launch=launch, constant=constant)``
-    with dependent launch ``pdl`` (already resolved for the device) would on a GPU of ``target`` (a
+def precompile(text: str, launch: dict[str, Launch] | None, pdl: bool, target) -> int:
+    """Compile every kernel of the μGraph ``text`` as ``compile_graph(graph, launch=launch)`` with
+    dependent launch ``pdl`` (already resolved for the device) would on a GPU of ``target`` (a
     ``GPUTarget``); the number of kernels Triton compiled (0: all were in its cache)."""
     launch = {k: Launch.of(v) for k, v in (launch or {}).items()}
-    tm = render_triton(from_text(text), prefetched(launch), chain=chained(launch), pdl=pdl,
-                       constant=frozenset(constant))
+    tm = render_triton(from_text(text), prefetched(launch), chain=chained(launch), pdl=pdl)
     if not tm.kernels:
         return 0
     return len(warmup(tm, load_module(tm), launch, target=target).compiled)
