@@ -1,0 +1,116 @@
+"""Is B faster than A? `mirage-serve bench` alternated between two source trees (or two settings) on one GPU.
+
+    python benchmarks/ab_trees.py MODEL [MODEL ...] --a-dir OLD_TREE --b-dir . [--batch 1] [--rounds 2]
+    python benchmarks/ab_trees.py MODEL --b-env MIRAGE_SERVE_PDL=0          # one tree, two settings
+
+Why: one bench process's reading of a 0.5-1B model at batch 1 can be 10-15% off in a short or cold run, while
+256-token, 5-repeat runs alternated on one warm machine agree within 0.5% (session 35,
+benchmarks/results/floor_h100_2026-11-28_s35/README.md). A change worth a few percent needs that protocol.
+
+Each round runs every model once with A, then once with B. Each run is a fresh process that imports the project from
+its tree's directory (``PYTHONPATH``, so a tree needs no install), with no baselines. The output prints each run's
+ms/step, B / A as the ratio of the medians, and the spread of each side (max − min over median). A ratio whose
+distance from 1 is smaller than the larger spread is reported as inside the noise.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+
+def bench_command(model: str, batch: str, repeats: int, json_path: Path) -> list[str]:
+    """``mirage-serve bench`` as a module run, so the tree on ``PYTHONPATH`` is the one imported."""
+    return [sys.executable, "-m", "mirage_serve.cli", "bench", model, "--batch", batch, "--baselines", ",",
+            "--repeats", str(repeats), "--json", str(json_path)]
+
+
+def ours_ms(report: dict) -> dict[int, float]:
+    """{batch: ms/step} of the ``ours`` rows of a bench JSON."""
+    return {row["batch"]: row["ms_per_step"] for row in report["rows"] if row["run"] == "ours"}
+
+
+def summarize(runs: dict[tuple[str, str, int], list[float]]) -> list[dict]:
+    """Per (model, batch): A's and B's runs, B / A of the medians, each side's spread, and whether the gap is
+    inside the noise. ``runs``: (model, side "a" or "b", batch) -> ms/step of each run."""
+    out = []
+    for model, batch in dict.fromkeys((m, b) for m, _, b in runs):
+        a, b = runs.get((model, "a", batch), []), runs.get((model, "b", batch), [])
+        if not a or not b:
+            continue
+        ma, mb = statistics.median(a), statistics.median(b)
+        spread = max((max(x) - min(x)) / statistics.median(x) for x in (a, b))
+        out.append(dict(model=model, batch=batch, a=a, b=b, ratio=mb / ma, spread=spread,
+                        noise=abs(mb / ma - 1) <= spread))
+    return out
+
+
+def table(rows: list[dict]) -> str:
+    lines = [f"{'model':<16} {'batch':>5}  {'A ms/step':<22} {'B ms/step':<22} {'B / A':>6}  {'spread':>6}  verdict"]
+    for r in rows:
+        verdict = "inside the noise" if r["noise"] else ("B faster" if r["ratio"] < 1 else "B slower")
+        fmt = lambda xs: ", ".join(f"{x:.3f}" for x in xs)  # noqa: E731
+        lines.append(f"{r['model']:<16} {r['batch']:>5}  {fmt(r['a']):<22} {fmt(r['b']):<22} {r['ratio']:>6.3f}  "
+                     f"{100 * r['spread']:>5.1f}%  {verdict}")
+    return "\n".join(lines)
+
+
+def _env(pairs: list[str], tree: Path) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(tree)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise SystemExit(f"--a-env / --b-env take NAME=VALUE, got {pair!r}")
+        env[name] = value
+    return env
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("models", nargs="+")
+    ap.add_argument("--a-dir", type=Path, default=Path("."), help="tree A (default: this one)")
+    ap.add_argument("--b-dir", type=Path, default=Path("."), help="tree B (default: this one)")
+    ap.add_argument("--a-env", nargs="*", default=[], metavar="NAME=VALUE", help="environment of A's runs")
+    ap.add_argument("--b-env", nargs="*", default=[], metavar="NAME=VALUE", help="environment of B's runs")
+    ap.add_argument("--batch", default="1", help="comma list, as the bench takes it")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--timeout", type=float, default=120.0, help="seconds a run (one that passes it is dropped)")
+    args = ap.parse_args(argv)
+    for side in ("a", "b"):
+        if not (getattr(args, f"{side}_dir") / "mirage_serve").is_dir():
+            raise SystemExit(f"--{side}-dir {getattr(args, f'{side}_dir')}: no mirage_serve/ there; pass a source "
+                             f"tree (e.g. `git archive REV | tar -x -C DIR`)")
+    runs: dict[tuple[str, str, int], list[float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.rounds):
+            for model in args.models:
+                for side in ("a", "b"):
+                    tree = getattr(args, f"{side}_dir").resolve()
+                    path = Path(tmp) / f"{model}_{side}_{r}.json"
+                    try:
+                        done = subprocess.run(bench_command(model, args.batch, args.repeats, path), cwd=tree,
+                                              env=_env(getattr(args, f"{side}_env"), tree), capture_output=True,
+                                              text=True, timeout=args.timeout)
+                    except subprocess.TimeoutExpired:
+                        print(f"round {r + 1} {model} {side.upper()}: over {args.timeout:.0f} s, dropped", flush=True)
+                        continue
+                    if done.returncode != 0:
+                        print(f"round {r + 1} {model} {side.upper()}: failed (exit {done.returncode}):\n"
+                              f"{done.stderr[-2000:]}", flush=True)
+                        continue
+                    for batch, ms in ours_ms(json.loads(path.read_text())).items():
+                        runs.setdefault((model, side, batch), []).append(ms)
+                        print(f"round {r + 1} {model} b{batch} {side.upper()}: {ms:.3f} ms/step", flush=True)
+    print()
+    print(table(summarize(runs)))
+
+
+if __name__ == "__main__":
+    main()

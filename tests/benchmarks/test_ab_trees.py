@@ -1,0 +1,66 @@
+"""benchmarks/ab_trees.py: alternated bench runs of two trees, and the verdict on their ratio."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "ab_trees.py"
+_spec = importlib.util.spec_from_file_location("ab_trees", _PATH)
+ab = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = ab
+_spec.loader.exec_module(ab)
+
+# A tree whose "bench" writes the JSON rows the real one writes, its ms/step taken from the environment (and the
+# tree's own constant): proof of which tree and which environment each run got.
+_FAKE_CLI = '''
+import json, os, sys
+args = sys.argv[1:]
+path = args[args.index("--json") + 1]
+ms = float(os.environ.get("FAKE_MS", "1.0")) * TREE_FACTOR
+batches = [int(b) for b in args[args.index("--batch") + 1].split(",")]
+rows = [{"run": "ours", "batch": b, "ms_per_step": ms * b} for b in batches]
+rows.append({"run": "eager", "batch": 1, "ms_per_step": 99.0})
+json.dump({"rows": rows}, open(path, "w"))
+'''
+
+
+def _tree(root: Path, factor: float) -> Path:
+    (root / "mirage_serve").mkdir(parents=True)
+    (root / "mirage_serve" / "__init__.py").write_text("")
+    (root / "mirage_serve" / "cli.py").write_text(f"TREE_FACTOR = {factor}\n" + _FAKE_CLI)
+    return root
+
+
+def test_runs_alternate_each_tree_from_its_own_directory(tmp_path, capsys):
+    a, b = _tree(tmp_path / "a", 1.0), _tree(tmp_path / "b", 0.8)
+    ab.main(["m1", "m2", "--a-dir", str(a), "--b-dir", str(b), "--batch", "1,8", "--rounds", "2"])
+    out = capsys.readouterr().out
+    order = [line.split(":")[0] for line in out.splitlines() if line.startswith("round")]
+    assert order == [f"round {r} {m} b{bt} {s}" for r in (1, 2) for m in ("m1", "m2") for s in "AB" for bt in (1, 8)]
+    assert "round 1 m1 b8 B: 6.400 ms/step" in out  # tree b's factor, its batch
+    rows = [line.split() for line in out.splitlines() if line.startswith(("m1 ", "m2 "))]
+    assert len(rows) == 4 and all("0.800" in r and "faster" in r for r in rows)
+
+
+def test_one_tree_two_environments(tmp_path, capsys):
+    tree = _tree(tmp_path / "t", 1.0)
+    ab.main(["m", "--a-dir", str(tree), "--b-dir", str(tree), "--b-env", "FAKE_MS=1.25", "--rounds", "1"])
+    out = capsys.readouterr().out
+    assert "round 1 m b1 A: 1.000" in out and "round 1 m b1 B: 1.250" in out and "B slower" in out
+
+
+def test_a_gap_smaller_than_either_sides_spread_is_noise():
+    rows = ab.summarize({("m", "a", 1): [1.00, 1.10], ("m", "b", 1): [0.98, 1.00],
+                         ("n", "a", 1): [1.00, 1.001], ("n", "b", 1): [0.90, 0.901]})
+    by = {r["model"]: r for r in rows}
+    assert by["m"]["noise"] and by["m"]["ratio"] == pytest.approx(0.99 / 1.05)
+    assert not by["n"]["noise"] and by["n"]["ratio"] < 1
+    assert "inside the noise" in ab.table(rows) and "B faster" in ab.table(rows)
+
+
+def test_a_directory_without_the_project_is_refused(tmp_path):
+    with pytest.raises(SystemExit, match="--a-dir .*no mirage_serve"):
+        ab.main(["m", "--a-dir", str(tmp_path)])
