@@ -100,44 +100,64 @@ def period_break(names: list[str], steps: int) -> str:
 
 
 def site_bandwidth(rows: list[tuple[str, float, float]], part_bytes: dict[str, int],
-                   twins: dict[str, int] | None = None) -> list[tuple]:
+                   twins: dict[str, int] | None = None, folds: dict[str, tuple[str, int]] | None = None) -> list[tuple]:
     """Per site program (``sites.site_parts`` label): (label, calls/step, µs per call, bytes per call,
     GB/s). ``rows``: ``summarize``'s (kernel name, launches/step, µs/step); a program's kernels are
     named ``<label>_m<rows>_fused_k<i>`` and its first kernel (``k0``) counts the calls; bytes per
     call: the program's parameters (its weights), which a decode GEMV reads once per call.
     ``twins``: label -> launches per step of a program two parts of every layer run (k and v) when
     they run apart; launched half as often, it ran as one paired launch reading both parts'
-    weights (``mirage_serve.patching.pairing``), and is listed as ``<label> ×2``."""
+    weights (``mirage_serve.patching.pairing``), and is listed as ``<label> ×2``.
+    ``folds``: label -> (the first label of its site, the bytes it adds there). A part that launched nothing of its
+    own while its site's first part did was stacked into that launch (``PatchOptions.stacked_projections``: q, k and
+    v as one projection), whose bytes then include it; the row is listed as ``<first> +<label>``. Session 33's
+    profiles, made without this, counted q's weights alone for the stacked q/k/v launch."""
     import re
 
+    def launches(label: str) -> list[tuple[str, float, float]]:
+        pat = re.compile(rf"^{re.escape(label)}_m\d+_fused_k(\d+)$")
+        return [(m.group(1), n, us) for name, n, us in rows if (m := pat.match(name))]
+
+    stacked: dict[str, list[tuple[str, int]]] = {}
+    for label, (first, extra) in (folds or {}).items():
+        if not launches(label) and launches(first):
+            stacked.setdefault(first, []).append((label, extra))
     out = []
     for label, nbytes in part_bytes.items():
-        pat = re.compile(rf"^{re.escape(label)}_m\d+_fused_k(\d+)$")
-        hits = [(m.group(1), n, us) for name, n, us in rows if (m := pat.match(name))]
+        hits = launches(label)
         calls = sum(n for k, n, _ in hits if k == "0")
         if calls:
             us = sum(u for _, _, u in hits) / calls
             if twins and label in twins and round(2 * calls) == twins[label]:
                 label, nbytes = f"{label} ×2", 2 * nbytes
+            for other, extra in stacked.get(label, []):
+                label, nbytes = f"{label} +{other}", nbytes + extra
             out.append((label, calls, us, nbytes, nbytes / (us * 1e-6) / 1e9))
     return sorted(out, key=lambda r: -r[1] * r[2])
 
 
-def _part_bytes(model) -> tuple[dict[str, int], dict[str, int]]:
-    """Parameter bytes of each site program of the model's first decoder layer, and for each program
-    two parts of a layer run (k and v), its launches per step when they run apart. Sites as patch()
-    finds them: the family's adapter, else the partition of the traced layer (call before patching)."""
+def _part_bytes(model) -> tuple[dict[str, int], dict[str, int], dict[str, tuple[str, int]]]:
+    """Parameter bytes of each site program of the model's first decoder layer; for each program two parts of a
+    layer run (k and v), its launches per step when they run apart; and for each later part of a site, the site's
+    first part and the bytes of its parameters that part lacks, times the parts of that label (``site_bandwidth``'s
+    ``folds``). Sites as patch() finds them: the family's adapter, else the partition of the traced layer (call
+    before patching)."""
     from mirage_serve.patching.pipeline import family_of
     from mirage_serve.patching.sites import find_layers, site_module, site_parts
 
     family, _ = family_of(model, model.config.model_type)
     _, layers = find_layers(model, family)
-    out, count = {}, defaultdict(int)
+    out, count, folds = {}, defaultdict(int), {}
     for site in family.sites:
-        for label, part, _ in site_parts(site.name, site_module(layers[0], site)):
+        parts = site_parts(site.name, site_module(layers[0], site))
+        first = {id(p) for p in parts[0][1].parameters()} if parts else set()
+        for label, part, _ in parts:
             out[label] = sum(p.numel() * p.element_size() for p in part.parameters())
             count[label] += 1
-    return out, {label: 2 * len(layers) for label, c in count.items() if c == 2}
+            extra = sum(p.numel() * p.element_size() for p in part.parameters() if id(p) not in first)
+            if label != parts[0][0] and extra:  # (a norm part's weight is the first part's too)
+                folds[label] = (parts[0][0], extra * count[label])
+    return out, {label: 2 * len(layers) for label, c in count.items() if c == 2}, folds
 
 
 def _profile(model, ids, steps: int) -> list[KernelSpan]:
@@ -235,9 +255,9 @@ def _report(args, lm, ids, bw, part_bytes) -> None:
               f"{sum(us for _, _, us in attn):.1f} µs/step ({', '.join(f'{n} {us:.1f}' for n, _, us in attn)})")
         for why, n in Counter(attention_kernels(lm.model).values()).items():
             print(f"  {n} layers: {why}")
-        print(f"\n{'site program':<14} {'calls/step':>10} {'µs/call':>8} {'MB/call':>8} {'GB/s':>7} {'% copy':>7}")
+        print(f"\n{'site program':<20} {'calls/step':>10} {'µs/call':>8} {'MB/call':>8} {'GB/s':>7} {'% copy':>7}")
         for label, calls, us, nbytes, gbps in site_bandwidth(s["rows"], *part_bytes):
-            print(f"{label:<14} {calls:>10.1f} {us:>8.1f} {nbytes / 1e6:>8.2f} {gbps:>7.0f} {100 * gbps * 1e9 / bw:>6.0f}%")
+            print(f"{label:<20} {calls:>10.1f} {us:>8.1f} {nbytes / 1e6:>8.2f} {gbps:>7.0f} {100 * gbps * 1e9 / bw:>6.0f}%")
 
 
 if __name__ == "__main__":

@@ -78,6 +78,31 @@ def test_a_paired_program_counts_both_parts_weights():
     assert apart[0][0] == "attn_in_1" and apart[0][3] == 8_000_000
 
 
+def test_a_stacked_projection_counts_every_consumers_weights():
+    """q, k and v stacked into one launch (attn_in's kernel; attn_in_1, the k and v parts, launch nothing): the row
+    counts all three weights. Where k and v launch on their own, nothing is folded."""
+    folds = {"attn_in_1": ("attn_in", 2 * 250_000)}
+    stacked = prof.site_bandwidth([("attn_in_m1_fused_k0", 16.0, 160.0)], {"attn_in": 1_000_000, "attn_in_1": 250_000},
+                                  None, folds)
+    (label, calls, us, nbytes, gbps), = stacked
+    assert (label, calls, us, nbytes) == ("attn_in +attn_in_1", 16.0, 10.0, 1_500_000)
+    assert gbps == pytest.approx(150.0)
+    apart = prof.site_bandwidth([("attn_in_m1_fused_k0", 16.0, 160.0), ("attn_in_1_m1_fused_k0", 32.0, 160.0)],
+                                {"attn_in": 1_000_000, "attn_in_1": 250_000}, None, folds)
+    assert {r[0]: r[3] for r in apart} == {"attn_in": 1_000_000, "attn_in_1": 250_000}
+
+
+def test_part_bytes_folds_the_later_consumers_of_a_norm_site_without_its_weight_twice():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2)
+    part_bytes, _, folds = prof._part_bytes(LlamaForCausalLM(cfg))
+    # fp32: q 64x64 (+ the norm's 64), k and v 32x64 each, the norm weight counted once
+    assert part_bytes["attn_in"] == 4 * (64 * 64 + 64)
+    assert folds == {"attn_in_1": ("attn_in", 2 * 4 * 32 * 64)}
+
+
 def test_decode_steps_leave_out_what_generate_launches_after_the_last_step():
     step = ["norm", "gemv", "add"] * 3 + ["lm_head", "argmax"]
     epilogue = ["cat", "copy", "gemv"]  # generate() assembling its output after the loop
