@@ -44,19 +44,25 @@ def summarize(runs: dict[tuple[str, str, int], list[float]]) -> list[dict]:
         if not a or not b:
             continue
         ma, mb = statistics.median(a), statistics.median(b)
-        spread = max((max(x) - min(x)) / statistics.median(x) for x in (a, b))
+        # one run a side has no spread to judge the gap by
+        spread = max((max(x) - min(x)) / statistics.median(x) for x in (a, b)) if min(len(a), len(b)) > 1 else None
         out.append(dict(model=model, batch=batch, a=a, b=b, ratio=mb / ma, spread=spread,
-                        noise=abs(mb / ma - 1) <= spread))
+                        noise=None if spread is None else abs(mb / ma - 1) <= spread))
     return out
+
+
+def _runs(xs: list[float]) -> str:
+    return ", ".join(f"{x:.3f}" for x in xs)
 
 
 def table(rows: list[dict]) -> str:
     lines = [f"{'model':<16} {'batch':>5}  {'A ms/step':<22} {'B ms/step':<22} {'B / A':>6}  {'spread':>6}  verdict"]
     for r in rows:
-        verdict = "inside the noise" if r["noise"] else ("B faster" if r["ratio"] < 1 else "B slower")
-        fmt = lambda xs: ", ".join(f"{x:.3f}" for x in xs)  # noqa: E731
-        lines.append(f"{r['model']:<16} {r['batch']:>5}  {fmt(r['a']):<22} {fmt(r['b']):<22} {r['ratio']:>6.3f}  "
-                     f"{100 * r['spread']:>5.1f}%  {verdict}")
+        side = "B faster" if r["ratio"] < 1 else "B slower"
+        verdict = {None: f"{side}? (one run a side: no spread)", True: "inside the noise", False: side}[r["noise"]]
+        spread = "-" if r["spread"] is None else f"{100 * r['spread']:.1f}%"
+        lines.append(f"{r['model']:<16} {r['batch']:>5}  {_runs(r['a']):<22} {_runs(r['b']):<22} {r['ratio']:>6.3f}  "
+                     f"{spread:>6}  {verdict}")
     return "\n".join(lines)
 
 

@@ -139,8 +139,8 @@ def site_bandwidth(rows: list[tuple[str, float, float]], part_bytes: dict[str, i
 def _part_bytes(model) -> tuple[dict[str, int], dict[str, int], dict[str, tuple[str, int]]]:
     """Parameter bytes of each site program of the model's first decoder layer; for each program two parts of a
     layer run (k and v), its launches per step when they run apart; and for each later part of a site, the site's
-    first part and the bytes of its parameters that part lacks, times the parts of that label (``site_bandwidth``'s
-    ``folds``). Sites as patch() finds them: the family's adapter, else the partition of the traced layer (call
+    first part and the bytes of their parameters that part lacks, summed over the parts of that label
+    (``site_bandwidth``'s ``folds``). Sites as patch() finds them: the family's adapter, else the partition of the traced layer (call
     before patching)."""
     from mirage_serve.patching.pipeline import family_of
     from mirage_serve.patching.sites import find_layers, site_module, site_parts
@@ -156,7 +156,7 @@ def _part_bytes(model) -> tuple[dict[str, int], dict[str, int], dict[str, tuple[
             count[label] += 1
             extra = sum(p.numel() * p.element_size() for p in part.parameters() if id(p) not in first)
             if label != parts[0][0] and extra:  # (a norm part's weight is the first part's too)
-                folds[label] = (parts[0][0], extra * count[label])
+                folds[label] = (parts[0][0], folds.get(label, (None, 0))[1] + extra)  # k and v: one label
     return out, {label: 2 * len(layers) for label, c in count.items() if c == 2}, folds
 
 
