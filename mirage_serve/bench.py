@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import platform
+import statistics
 import sys
 import time
 from typing import Any
@@ -106,11 +107,12 @@ def _measure(lm: LoadedModel, opts: BenchOptions, cache: str, prog: Progress, ti
             if timed:
                 runs: list = []
                 warm: list = []
+                steps: list = []
                 sec, tokens = decode_step_time(lm.model, ids, opts.new_tokens, cache, opts.device, opts.repeats,
-                                               prog, every_run=runs, warmup=warm)
-                out[b] = (sec, tokens, _repeat_divergence(runs), warm[0] if warm else None)
+                                               prog, every_run=runs, warmup=warm, each_step=steps)
+                out[b] = (sec, tokens, _repeat_divergence(runs), warm[0] if warm else None, steps)
             else:
-                out[b] = (None, generate(lm.model, ids, opts.new_tokens, cache), None, None)
+                out[b] = (None, generate(lm.model, ids, opts.new_tokens, cache), None, None, [])
                 prog.step("reference tokens")
         except Exception as err:
             if not _is_oom(err):
@@ -352,6 +354,14 @@ def _warm_repatch(lm: LoadedModel, opts: BenchOptions, patch, unpatch) -> dict:
     return {"patch_seconds": patched, "first_step_seconds": first, "counts": _counts(report)}
 
 
+def _spread_pct(steps: list[float]) -> float | None:
+    """(max − min) / median of the repetitions' step times, in %; None below two repetitions."""
+    if len(steps) < 2:
+        return None
+    mid = statistics.median(steps)
+    return 100 * (max(steps) - min(steps)) / mid if mid > 0 else None
+
+
 def _rows(opts: BenchOptions, measured: dict, floor_ms: float | None) -> list[dict]:
     rows = []
     order = (["ours"] if "ours" in measured else []) + [r for r in measured if r != "ours"]
@@ -365,7 +375,10 @@ def _rows(opts: BenchOptions, measured: dict, floor_ms: float | None) -> list[di
                    "pct_of_floor": 100 * floor_ms / ms if floor_ms and ms > 0 else None, "speedup": {},
                    # the first generate()s at this batch: HF's compile; our first-use checks, attention choice
                    # and CUDA-graph captures
-                   "warmup_seconds": measured[name][b][3]}
+                   "warmup_seconds": measured[name][b][3],
+                   # each repetition's own step time, and their spread: how far the median can be trusted
+                   "ms_per_step_runs": [s * 1e3 for s in measured[name][b][4]],
+                   "spread_pct": _spread_pct(measured[name][b][4])}
             if name == "ours":
                 for base in opts.baselines:
                     base_ms = measured[base][b][0] * 1e3

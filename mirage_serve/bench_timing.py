@@ -70,14 +70,16 @@ def _timed(model, ids, n: int, cache: str, device: str) -> tuple[float, object]:
 
 def decode_step_time(model, ids, new_tokens: int, cache: str, device: str, repeats: int,
                      progress: Progress | None = None, every_run: list | None = None,
-                     warmup: list | None = None):
+                     warmup: list | None = None, each_step: list | None = None):
     """(seconds per decode step, new token ids [B, new_tokens]) — median over `repeats`.
 
     Warm-up (and compile) at both lengths on GPU and for the static cache; CPU eager has nothing to
     warm, and skipping it halves the default CPU run. ``every_run``: a list that receives the new
     tokens of each timed run (the same prompt each time: whether the run repeats itself). ``warmup``:
     a list that receives the warm-up's seconds (what a first generate() at this batch costs: HF's
-    compile, or a patched model's first-use checks, attention choice and graph captures).
+    compile, or a patched model's first-use checks, attention choice and graph captures). ``each_step``: a list
+    that receives each repetition's own step time (its long run less its short run), whose spread says how far
+    the median can be trusted.
     """
     if device.startswith("cuda") or cache.startswith("static"):
         t0 = time.perf_counter()
@@ -95,6 +97,8 @@ def decode_step_time(model, ids, new_tokens: int, cache: str, device: str, repea
         t_short, _ = _timed(model, ids, 1, cache, device)
         longs.append(t_long)
         shorts.append(t_short)
+        if each_step is not None:
+            each_step.append((t_long - t_short) / max(new_tokens - 1, 1))
         if progress:
             progress.step("timed")
     step = (statistics.median(longs) - statistics.median(shorts)) / max(new_tokens - 1, 1)

@@ -137,6 +137,8 @@ def format_result(r: dict) -> str:
               "checks, the attention choice, CUDA-graph captures)", "correctness " + correctness_line(r)]
     if r.get("repeats"):
         lines.append("repeats     " + repeats_line(r))
+    if spread_line(r):
+        lines.append("spread      " + spread_line(r))
     if "sampling" in r:
         lines.append("sampling    " + sampling_line(r))
     lines += [f"note        {n}" for n in r["notes"]]
@@ -214,6 +216,16 @@ def repeats_line(r: dict) -> str:
                      f"{name} NOT repeatable: " + ", ".join(f"batch {b} differs from its first run at step "
                                                            f"{d['step']} (row {d['row']})" for b, d in moved))
     return "; ".join(parts)
+
+
+def spread_line(r: dict) -> str:
+    """The repetitions' own step times, max − min over their median, per timed row: a gap between two runs smaller
+    than this is not shown by them (docs/measuring.md). Empty where no row has two repetitions."""
+    parts = [f"batch {row['batch']} {row['run']} {row['spread_pct']:.1f}%" for row in r["rows"]
+             if row.get("spread_pct") is not None]
+    if not parts:
+        return ""
+    return f"of the {r['settings']['repeats']} repetitions' step times (max - min over median): " + ", ".join(parts)
 
 
 def sampling_line(r: dict) -> str:

@@ -41,6 +41,9 @@ def check_schema(doc: dict, batches: list[int], baselines: list[str], real_patch
         assert row["ms_per_step"] > 0 and row["tok_per_s"] == pytest.approx(row["batch"] * 1e3 / row["ms_per_step"])
         assert set(row["speedup"]) == (set(baselines) if row["run"] == "ours" else set())
         assert row["warmup_seconds"] is None or row["warmup_seconds"] > 0, row  # CPU eager has no warm-up
+        # each repetition's own step time, and their spread (None where the median step is not positive: CPU noise)
+        assert len(row["ms_per_step_runs"]) == s["repeats"], row
+        assert row["spread_pct"] is None or row["spread_pct"] >= 0, row
     c = doc["correctness"]
     assert c["reference"] == "eager" and c["steps"] == s["new_tokens"]
     if ours:  # sampling checked per batch (keys become strings in JSON)
@@ -65,6 +68,8 @@ def test_bench_tiny_json_and_plot(tmp_path, capsys):
     assert "sampling    seed 0" in out and "batch 3 OK: first decode step's logits" in out
     doc = json.loads(j.read_text())
     check_schema(doc, [1, 3], ["eager"])
+    spreads = [f"batch {r['batch']} {r['run']} {r['spread_pct']:.1f}%" for r in doc["rows"] if r["spread_pct"] is not None]
+    assert not spreads or "spread      of the 3 repetitions' step times (max - min over median): " + ", ".join(spreads) in out
     assert doc["settings"]["cache_dir"] == str(tmp_path / "kc") and doc["speed_note"].startswith("speed numbers")
     assert doc["model"]["num_hidden_layers"] == 2 and doc["model"]["random_weights"] is True
     assert doc["correctness"] == {"reference": "eager", "checked": True, "identical": True, "steps": 6,
@@ -374,3 +379,15 @@ def test_the_floor_comes_from_the_better_of_two_copy_measurements(tmp_path, caps
     ours = next(r for r in doc["rows"] if r["run"] == "ours")
     assert ours["pct_of_floor"] == pytest.approx(100 * doc["floor_ms"] / ours["ms_per_step"])
     assert "copy 2900 GB/s (read + write, this run; the better of 2500 and 2900 GB/s" in capsys.readouterr().out
+
+
+def test_the_spread_of_the_repetitions_is_max_minus_min_over_their_median():
+    from mirage_serve.cli_bench import spread_line
+
+    assert bench._spread_pct([1.0, 1.1, 0.9]) == pytest.approx(20.0)
+    assert bench._spread_pct([2e-3]) is None and bench._spread_pct([]) is None
+    assert bench._spread_pct([-1e-4, 1e-5, -2e-5]) is None  # a tiny model's noise: no positive median
+    r = {"settings": {"repeats": 3}, "rows": [{"batch": 1, "run": "ours", "spread_pct": 0.42},
+                                             {"batch": 1, "run": "eager", "spread_pct": None}]}
+    assert spread_line(r) == "of the 3 repetitions' step times (max - min over median): batch 1 ours 0.4%"
+    assert spread_line({"settings": {"repeats": 1}, "rows": [{"batch": 1, "run": "ours", "spread_pct": None}]}) == ""
