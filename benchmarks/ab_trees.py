@@ -23,6 +23,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from mirage_serve.bench import spread_pct
+
 
 def bench_command(model: str, batch: str, repeats: int, json_path: Path) -> list[str]:
     """``mirage-serve bench`` as a module run, so the tree on ``PYTHONPATH`` is the one imported."""
@@ -44,8 +46,9 @@ def summarize(runs: dict[tuple[str, str, int], list[float]]) -> list[dict]:
         if not a or not b:
             continue
         ma, mb = statistics.median(a), statistics.median(b)
-        # one run a side has no spread to judge the gap by
-        spread = max((max(x) - min(x)) / statistics.median(x) for x in (a, b)) if min(len(a), len(b)) > 1 else None
+        # one run a side has no spread to judge the gap by (the bench's own measure of it, over runs here)
+        sides = [spread_pct(x) for x in (a, b)]
+        spread = None if None in sides else max(sides) / 100
         out.append(dict(model=model, batch=batch, a=a, b=b, ratio=mb / ma, spread=spread,
                         noise=None if spread is None else abs(mb / ma - 1) <= spread))
     return out

@@ -354,8 +354,9 @@ def _warm_repatch(lm: LoadedModel, opts: BenchOptions, patch, unpatch) -> dict:
     return {"patch_seconds": patched, "first_step_seconds": first, "counts": _counts(report)}
 
 
-def _spread_pct(steps: list[float]) -> float | None:
-    """(max − min) / median of the repetitions' step times, in %; None below two repetitions."""
+def spread_pct(steps: list[float]) -> float | None:
+    """(max − min) / median of step times (a run's repetitions; benchmarks/ab_trees.py: whole runs), in %; None
+    below two of them or where the median is not positive."""
     if len(steps) < 2:
         return None
     mid = statistics.median(steps)
@@ -378,7 +379,7 @@ def _rows(opts: BenchOptions, measured: dict, floor_ms: float | None) -> list[di
                    "warmup_seconds": measured[name][b][3],
                    # each repetition's own step time, and their spread: how far the median can be trusted
                    "ms_per_step_runs": [s * 1e3 for s in measured[name][b][4]],
-                   "spread_pct": _spread_pct(measured[name][b][4])}
+                   "spread_pct": spread_pct(measured[name][b][4])}
             if name == "ours":
                 for base in opts.baselines:
                     base_ms = measured[base][b][0] * 1e3

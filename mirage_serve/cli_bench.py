@@ -137,8 +137,9 @@ def format_result(r: dict) -> str:
               "checks, the attention choice, CUDA-graph captures)", "correctness " + correctness_line(r)]
     if r.get("repeats"):
         lines.append("repeats     " + repeats_line(r))
-    if spread_line(r):
-        lines.append("spread      " + spread_line(r))
+    spread = spread_line(r)
+    if spread:
+        lines.append("spread      " + spread)
     if "sampling" in r:
         lines.append("sampling    " + sampling_line(r))
     lines += [f"note        {n}" for n in r["notes"]]

@@ -384,9 +384,9 @@ def test_the_floor_comes_from_the_better_of_two_copy_measurements(tmp_path, caps
 def test_the_spread_of_the_repetitions_is_max_minus_min_over_their_median():
     from mirage_serve.cli_bench import spread_line
 
-    assert bench._spread_pct([1.0, 1.1, 0.9]) == pytest.approx(20.0)
-    assert bench._spread_pct([2e-3]) is None and bench._spread_pct([]) is None
-    assert bench._spread_pct([-1e-4, 1e-5, -2e-5]) is None  # a tiny model's noise: no positive median
+    assert bench.spread_pct([1.0, 1.1, 0.9]) == pytest.approx(20.0)
+    assert bench.spread_pct([2e-3]) is None and bench.spread_pct([]) is None
+    assert bench.spread_pct([-1e-4, 1e-5, -2e-5]) is None  # a tiny model's noise: no positive median
     r = {"settings": {"repeats": 3}, "rows": [{"batch": 1, "run": "ours", "spread_pct": 0.42},
                                              {"batch": 1, "run": "eager", "spread_pct": None}]}
     assert spread_line(r) == "of the 3 repetitions' step times (max - min over median): batch 1 ours 0.4%"
