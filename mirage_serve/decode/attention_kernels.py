@@ -69,25 +69,20 @@ def _softcap(s, cap):
 
 @triton.jit
 def _attend_split(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr, mask_ptr,
-                  o_ptr, m_ptr, l_ptr, qn_ptr, kn_ptr, arrived_ptr, len_ptr,
+                  o_ptr, m_ptr, l_ptr, qn_ptr, kn_ptr,
                   q_sb, k_sb, v_sb, cs_sb, c_sb, c_sh, c_sn, mk_sb, mk_sn, o_sb, o_sh, o_ss, ml_sb, ml_sh,
                   scale, eps, chunk,
                   HKV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr,
                   BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                   MASK_KIND: tl.constexpr, QK_NORM: tl.constexpr, PDL: tl.constexpr, ROT: tl.constexpr,
-                  SOFTCAP: tl.constexpr = 0.0, ROPE_WIDE: tl.constexpr = 0,
-                  ONE_PASS: tl.constexpr = 0, ADVANCE: tl.constexpr = 0):
+                  SOFTCAP: tl.constexpr = 0.0, ROPE_WIDE: tl.constexpr = 0):
     """MASK_KIND: 0 none (attend to every written slot), 1 boolean (True = attend), 2 additive.
     QK_NORM: 0 none, else q and k RMS-normalised per head before RoPE in that form of ``_head``
     (weights ``qn_ptr``, ``kn_ptr``, ``eps``).
     ROT: the rotary dims, the first ROT of each head (D, or fewer: StableLM's partial rotary); the rest
     pass through RoPE unchanged. SOFTCAP: > 0: the scaled scores are soft-capped (``_softcap``) before
     the mask, as HF's Gemma-2 does. ROPE_WIDE: RoPE in float32, rounded once (``_rope``).
-    PDL: launched with programmatic dependent launch (superopt.runtime.grid_dependency).
-    ONE_PASS: one split (chunk ≥ the capacity): ``o_ptr`` is the attention output [b, Hq·d] (row stride
-    ``o_sb``) and gets acc / l in its dtype, as ``_combine`` computes it from one split; m and l are not
-    stored. ADVANCE (with ONE_PASS): the length at ``len_ptr`` is advanced by the last program to have
-    read the slot, counted on the int32 at ``arrived_ptr`` (zero before the launch, zero after it)."""
+    PDL: launched with programmatic dependent launch (superopt.runtime.grid_dependency)."""
     if PDL:  # nothing is read or written before the kernel before this one is complete
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -96,8 +91,6 @@ def _attend_split(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr
     row = pid // HKV
     kv = pid % HKV
     pos = tl.load(pos_ptr)                 # the new token's slot; slots < pos are in the cache
-    if ONE_PASS and ADVANCE:  # release: this program's read of the slot is ordered before its arrival
-        arrivals = tl.atomic_add(arrived_ptr, 1, sem="acq_rel")
     start = split * chunk
     end = tl.minimum(start + chunk, pos)
     g = tl.arange(0, BLOCK_G)
@@ -171,20 +164,11 @@ def _attend_split(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr
         p_v = p_new.to(dt).to(tl.float32)  # as the tiles' p·V rounds p to the model dtype
         acc = acc * alpha[:, None] + p_v[:, None] * v_new.to(tl.float32)[None, :]
         m_i = m_new
-    if ONE_PASS:
-        res = acc / l_i[:, None]  # _combine's sum(o·w) / sum(l·w) with one split: w = 1
-        tl.store(o_ptr + row * o_sb + heads[:, None] * D + d[None, :], res.to(o_ptr.dtype.element_ty),
-                 mask=g_ok[:, None] & d_ok[None, :])
-        if ADVANCE:
-            if arrivals == tl.num_programs(0) - 1:  # the last program of the grid (one split) to read the slot
-                tl.store(arrived_ptr, 0)
-                tl.store(len_ptr, tl.load(len_ptr) + 1)
-    else:
-        o_off = row * o_sb + heads[:, None] * o_sh + split * o_ss + d[None, :]
-        tl.store(o_ptr + o_off, acc, mask=g_ok[:, None] & d_ok[None, :])
-        ml_off = row * ml_sb + heads * ml_sh + split
-        tl.store(m_ptr + ml_off, m_i, mask=g_ok)
-        tl.store(l_ptr + ml_off, l_i, mask=g_ok)
+    o_off = row * o_sb + heads[:, None] * o_sh + split * o_ss + d[None, :]
+    tl.store(o_ptr + o_off, acc, mask=g_ok[:, None] & d_ok[None, :])
+    ml_off = row * ml_sb + heads * ml_sh + split
+    tl.store(m_ptr + ml_off, m_i, mask=g_ok)
+    tl.store(l_ptr + ml_off, l_i, mask=g_ok)
 
 
 @triton.jit

@@ -27,26 +27,9 @@ class LaunchPlan:
     block_n: int = BLOCK_N  # cache positions per loop iteration
     num_warps: int = 4
     num_stages: int = 3     # Triton's default on Hopper
-    one_pass_tiles: int = 8  # a cache of at most this many block_n tiles runs unsplit, in one launch
 
 
 DEFAULT_PLAN = LaunchPlan()
-
-
-_ARRIVALS: dict[torch.device, torch.Tensor] = {}
-
-
-def _arrival_counter(device: torch.device) -> torch.Tensor | None:
-    """The int32 a one-launch step counts its programs on (zero between launches: the last program
-    resets it), one per device: the decode kernels of a device run one after another on its stream, each
-    launch waiting for the one before (or for its predecessors' completion, under PDL). None while a
-    CUDA graph is being captured before one exists: made then, it would live in the graph's memory pool."""
-    counter = _ARRIVALS.get(device)
-    if counter is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None
-        counter = _ARRIVALS[device] = torch.zeros(1, dtype=torch.int32, device=device)
-    return counter
 
 
 @functools.lru_cache(maxsize=None)
@@ -57,13 +40,11 @@ def _sm_count(device: torch.device) -> int:
 
 
 def split_plan(rows: int, kv_heads: int, capacity: int, sms: int, waves: int = DEFAULT_PLAN.waves,
-               block_n: int = BLOCK_N, one_pass_tiles: int = DEFAULT_PLAN.one_pass_tiles) -> tuple[int, int]:
+               block_n: int = BLOCK_N) -> tuple[int, int]:
     """(splits, positions per split): enough programs to fill ``waves`` waves of the GPU, each
-    split a whole number of ``block_n`` tiles, or one split where the cache has at most
-    ``one_pass_tiles`` tiles; depends on the capacity, not the current length (graph-stable)."""
+    split a whole number of ``block_n`` tiles; depends on the capacity, not the current length
+    (graph-stable)."""
     tiles = -(-capacity // block_n)
-    if tiles <= one_pass_tiles:
-        return 1, tiles * block_n
     want = max(1, -(-waves * sms // (rows * kv_heads)))
     per = -(-tiles // min(want, tiles))
     chunk = per * block_n
@@ -90,21 +71,12 @@ def decode_attention(q, k, v, cos, sin, keys, values, pos, mask, scale: float,
     hq = q.shape[1] // d
     group = hq // hkv
     dev = q.device
-    splits, chunk = split_plan(b, hkv, cap, _sm_count(dev), plan.waves, plan.block_n, plan.one_pass_tiles)
-    arrived = _arrival_counter(dev) if splits == 1 and advance is not None else None
-    # unsplit, in one launch, unless it must advance the length and no counter can be had now
-    one_pass = splits == 1 and (advance is None or arrived is not None)
+    splits, chunk = split_plan(b, hkv, cap, _sm_count(dev), plan.waves, plan.block_n)
     pdl = applies(dev, pdl)  # the kernels wait for their predecessor (superopt.runtime.grid_dependency)
     options = launch_options(pdl)
-    out = torch.empty(b, hq * d, dtype=q.dtype, device=dev)
-    if one_pass:  # the output itself, in place of the partials (attention_kernels: ONE_PASS)
-        o_part = m_part = l_part = out
-        o_strides, ml_strides = (out.stride(0), 0, 0), (0, 0)
-    else:
-        o_part = torch.empty(b, hq, splits, d, dtype=torch.float32, device=dev)
-        m_part = torch.empty(b, hq, splits, dtype=torch.float32, device=dev)
-        l_part = torch.empty_like(m_part)
-        o_strides, ml_strides = o_part.stride()[:3], m_part.stride()[:2]
+    o_part = torch.empty(b, hq, splits, d, dtype=torch.float32, device=dev)
+    m_part = torch.empty(b, hq, splits, dtype=torch.float32, device=dev)
+    l_part = torch.empty_like(m_part)
     if mask is None:
         kind, mask_t, mk_sb, mk_sn = 0, pos, 0, 0
     else:
@@ -114,17 +86,16 @@ def decode_attention(q, k, v, cos, sin, keys, values, pos, mask, scale: float,
     q_w, k_w, eps, form = qk_norm if qk_norm is not None else (q, k, 0.0, 0)  # weights unread at form 0
     _attend_split[(b * hkv, splits)](
         q, k, v, cos, sin, keys, values, pos, mask_t, o_part, m_part, l_part, q_w, k_w,
-        pos if arrived is None else arrived, pos if advance is None else advance,
         q.stride(0), k.stride(0), v.stride(0), cos.stride(0) if cos.shape[0] > 1 else 0,
-        keys.stride(0), keys.stride(1), keys.stride(2), mk_sb, mk_sn, *o_strides, *ml_strides,
+        keys.stride(0), keys.stride(1), keys.stride(2), mk_sb, mk_sn,
+        o_part.stride(0), o_part.stride(1), o_part.stride(2), m_part.stride(0), m_part.stride(1),
         float(scale), float(eps), chunk,
         HKV=hkv, GROUP=group, D=d, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d,
         BLOCK_N=plan.block_n, MASK_KIND=kind, QK_NORM=form, PDL=pdl, ROT=rotary_dim or d,
         SOFTCAP=float(softcap or 0.0), ROPE_WIDE=int(cos.dtype == torch.float32 and q.dtype != torch.float32),
-        ONE_PASS=int(one_pass), ADVANCE=int(one_pass and advance is not None),
         num_warps=plan.num_warps, num_stages=plan.num_stages, **options)
-    if one_pass:
-        return out
+
+    out = torch.empty(b, hq * d, dtype=q.dtype, device=dev)
     _combine[(b * hq,)](
         o_part, m_part, l_part, out, pos if advance is None else advance,
         o_part.stride(0), o_part.stride(1), o_part.stride(2), m_part.stride(0), m_part.stride(1),

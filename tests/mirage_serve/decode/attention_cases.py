@@ -10,26 +10,22 @@ from transformers import (AutoConfig, Gemma2Config, Gemma3TextConfig, GraniteCon
                           Qwen3Config)
 
 # (rows, q heads, kv heads, head dim, capacity, slot, mask kind, per-head q/k RMSNorm form (0 none, 1 HF's
-#  usual, 2 Gemma-3's 1 + weight), logit softcap or 0, rotary dims or 0 for the whole head, cos/sin in float32,
-#  LaunchPlan.one_pass_tiles: caches of at most that many tiles unsplit, in one launch)
+#  usual, 2 Gemma-3's 1 + weight), logit softcap or 0, rotary dims or 0 for the whole head, cos/sin in float32)
 KERNEL_CASES = {
-    "mha_first_slot": (1, 4, 4, 32, 64, 0, "none", 0, 0.0, 0, False, 0),
-    "gqa7_bool_padded": (3, 14, 2, 64, 200, 131, "bool", 0, 0.0, 0, False, 0),
-    "d96_additive_last_slot": (2, 6, 2, 96, 130, 129, "additive", 0, 0.0, 0, False, 0),
-    "many_splits_broadcast_mask": (2, 3, 1, 16, 1000, 517, "bool1", 0, 0.0, 0, False, 0),
-    "qk_norm_gqa4": (2, 8, 2, 64, 150, 77, "bool", 1, 0.0, 0, False, 0),
-    "qk_norm_d96_padded_lanes": (1, 3, 1, 96, 70, 69, "none", 1, 0.0, 0, False, 0),
+    "mha_first_slot": (1, 4, 4, 32, 64, 0, "none", 0, 0.0, 0, False),
+    "gqa7_bool_padded": (3, 14, 2, 64, 200, 131, "bool", 0, 0.0, 0, False),
+    "d96_additive_last_slot": (2, 6, 2, 96, 130, 129, "additive", 0, 0.0, 0, False),
+    "many_splits_broadcast_mask": (2, 3, 1, 16, 1000, 517, "bool1", 0, 0.0, 0, False),
+    "qk_norm_gqa4": (2, 8, 2, 64, 150, 77, "bool", 1, 0.0, 0, False),
+    "qk_norm_d96_padded_lanes": (1, 3, 1, 96, 70, 69, "none", 1, 0.0, 0, False),
     # Gemma-3's per-head norms: times 1 + weight, in float32 (weights near 0, as Gemma's are)
-    "qk_norm_one_plus_weight": (2, 8, 2, 64, 150, 77, "bool", 2, 0.0, 0, False, 0),
+    "qk_norm_one_plus_weight": (2, 8, 2, 64, 150, 77, "bool", 2, 0.0, 0, False),
     # scores of |s| ~ 3-10 (q scaled up) against a cap of 5: tanh far from linear, as Gemma-2's cap of 50 bites
-    "softcap_gqa2_bool": (2, 4, 2, 32, 150, 90, "bool", 0, 5.0, 0, False, 0),
+    "softcap_gqa2_bool": (2, 4, 2, 32, 150, 90, "bool", 0, 5.0, 0, False),
     # StableLM-2: RoPE on the first quarter of each head, the rest passed through
-    "partial_rotary_quarter": (2, 8, 2, 64, 150, 77, "bool", 0, 0.0, 16, False, 0),
+    "partial_rotary_quarter": (2, 8, 2, 64, 150, 77, "bool", 0, 0.0, 16, False),
     # OLMo-2: cos and sin in float32 beside fp16 / bf16 q and k, RoPE computed in float32 and rounded once
-    "rope_in_float32": (2, 8, 2, 64, 150, 77, "bool", 0, 0.0, 0, True, 0),
-    # the one-launch form over several tiles: a padded boolean mask, the new token in the last tile but one
-    "one_pass_gqa7_bool_padded": (3, 14, 2, 64, 200, 131, "bool", 0, 0.0, 0, False, 8),
-    "one_pass_qk_norm_additive": (2, 8, 2, 64, 150, 77, "additive", 1, 0.0, 0, False, 8),
+    "rope_in_float32": (2, 8, 2, 64, 150, 77, "bool", 0, 0.0, 0, True),
 }
 EPS = 1e-6
 
@@ -46,8 +42,7 @@ def _rope(x, cos, sin):  # x: [b, H, d]; cos, sin: [b, r] — HF's rotate-half c
     return torch.cat((xr * cos[:, None] + turned * sin[:, None], rest), -1)
 
 
-def kernel_case(rows, hq, hkv, d, cap, slot, kind, qk_norm, softcap, rot, wide_rope, one_pass_tiles, dtype,
-                device="cpu", seed=0):
+def kernel_case(rows, hq, hkv, d, cap, slot, kind, qk_norm, softcap, rot, wide_rope, dtype, device="cpu", seed=0):
     g = torch.Generator().manual_seed(seed)
     rnd = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
     q, k, v = rnd(rows, hq * d), rnd(rows, hkv * d), rnd(rows, hkv * d)
@@ -69,7 +64,7 @@ def kernel_case(rows, hq, hkv, d, cap, slot, kind, qk_norm, softcap, rot, wide_r
             "additive": torch.where(valid, 0.0, -1e30)}[kind]
     if kind == "bool1":
         valid = valid[:1].expand(rows, cap)
-    from mirage_serve.decode.attention_launch import LaunchPlan, decode_attention
+    from mirage_serve.decode.attention_launch import decode_attention
 
     t = getattr(torch, dtype)
     args = [x.to(torch.float32 if wide_rope and i in (3, 4) else t).to(device)
@@ -80,7 +75,7 @@ def kernel_case(rows, hq, hkv, d, cap, slot, kind, qk_norm, softcap, rot, wide_r
     m4 = None if mask is None else (mask.to(t) if kind == "additive" else mask).to(device)
     norm = (args[7], args[8], EPS, qk_norm) if qk_norm else None
     out = decode_attention(*args[:5], kc, vc, counter, m4, d ** -0.5, advance=counter, qk_norm=norm,
-                           softcap=softcap, rotary_dim=rot, plan=LaunchPlan(one_pass_tiles=one_pass_tiles)).cpu()
+                           softcap=softcap, rotary_dim=rot).cpu()
     kc, vc, args = kc.cpu(), vc.cpu(), [x.cpu() for x in args]
 
     q, k = q.view(rows, hq, d), k.view(rows, hkv, d)

@@ -115,17 +115,10 @@ def test_wrong_kernel_is_refused_at_first_use(interp):
 @pytest.mark.parametrize("rows,kv,cap,sms", [(1, 8, 256, 132), (16, 8, 32768, 132), (1, 2, 100, 132),
                                              (3, 1, 1000, 8), (8, 8, 64, 132)])
 def test_split_plan_covers_the_cache_in_whole_tiles(rows, kv, cap, sms):
-    splits, chunk = split_plan(rows, kv, cap, sms, one_pass_tiles=0)
+    splits, chunk = split_plan(rows, kv, cap, sms)
     assert chunk % BLOCK_N == 0 and splits * chunk >= cap > (splits - 1) * chunk
     tiles = -(-cap // BLOCK_N)
     assert splits == tiles or rows * kv * splits >= 2 * sms  # fills two waves unless out of tiles
-
-
-@pytest.mark.parametrize("cap,splits", [(1, 1), (64, 1), (384, 1), (512, 1), (513, 5), (4096, 5)])
-def test_a_short_cache_runs_unsplit(cap, splits):
-    """Up to ``one_pass_tiles`` tiles the cache is one split (one launch); past it, split to fill two waves."""
-    got, chunk = split_plan(8, 8, cap, 132, one_pass_tiles=8)
-    assert got == splits and chunk % BLOCK_N == 0 and got * chunk >= cap > (got - 1) * chunk
 
 
 def _attn(config):
