@@ -46,17 +46,18 @@ def kernel_us(fn, sets) -> dict[str, float]:
 
 def handwritten(kw: dict, dtype: torch.dtype, plan=None):
     """(call, inputs) of the decode path's kernels at the row's shape: RoPE, the cache write at the
-    last slot and attention over the whole cache, no mask; ``plan``: a ``LaunchPlan`` (None: the
-    default)."""
+    row's ``position`` (default: the last slot) and attention over the slots before it, no mask; ``plan``: a
+    ``LaunchPlan`` (None: the default)."""
     from mirage_serve.decode.attention_launch import DEFAULT_PLAN, decode_attention
 
     b, hq, hkv, d, n = kw["batch"], kw["q_heads"], kw["kv_heads"], kw["head_dim"], kw["kv_len"]
+    slot = kw.get("position", n - 1)  # the new token's slot: the last, unless the row says
     dev = "cuda"
     xs = [torch.randn(b, hq * d, device=dev, dtype=dtype), torch.randn(b, hkv * d, device=dev, dtype=dtype),
           torch.randn(b, hkv * d, device=dev, dtype=dtype), torch.randn(1, d, device=dev, dtype=dtype),
           torch.randn(1, d, device=dev, dtype=dtype), torch.randn(b, hkv, n, d, device=dev, dtype=dtype),
           torch.randn(b, hkv, n, d, device=dev, dtype=dtype)]
-    pos = torch.tensor(n - 1, device=dev)
+    pos = torch.tensor(slot, device=dev)
     scale = 1 / math.sqrt(d)
 
     def call(q, k, v, cos, sin, keys, values):
