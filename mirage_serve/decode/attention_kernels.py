@@ -11,7 +11,8 @@ cache's index_copy, a mask, repeat_kv copies on older transformers, SDPA, a tran
    normalises and rotates k, writes k and v to the cache and adds the token to its softmax from
    registers (nothing reads that slot before the write). The slot is read from
    device memory (``pos_ptr``), so no step needs a host sync; splits past it return at once.
-   Partial outputs in float32.
+   Partial outputs in float32. Under dependent launch, each program's first cache tile is loaded
+   before it waits for the q / k / v projection to finish.
 2. ``_combine``: the splits' partial softmaxes merged into the attention output, in the layout
    o_proj reads; its first program also advances the cache's device-side length, if it has one.
 
@@ -68,6 +69,38 @@ def _softcap(s, cap):
 
 
 @triton.jit
+def _cache_tile(kc_ptr, vc_ptr, base, cols, ok, d, d_ok, c_sn):
+    """K^T [BLOCK_D, BLOCK_N] and V [BLOCK_N, BLOCK_D] of the cache slots ``cols`` where ``ok`` (else 0).
+    V with K, before the scores need K: both tiles in flight at once."""
+    kt = tl.load(kc_ptr + base + cols[None, :] * c_sn + d[:, None], mask=ok[None, :] & d_ok[:, None], other=0.0)
+    v = tl.load(vc_ptr + base + cols[:, None] * c_sn + d[None, :], mask=ok[:, None] & d_ok[None, :], other=0.0)
+    return kt, v
+
+
+@triton.jit
+def _attend_tile(q, kt, v, cols, ok, m_i, l_i, acc, scale, mask_ptr, row, mk_sb, mk_sn,
+                 SOFTCAP: tl.constexpr, MASK_KIND: tl.constexpr):
+    """One tile of the online softmax: (m, l, acc) updated with the slots ``cols`` where ``ok``. Slots < the
+    position are all written (finite), so rows the attention mask drops are zero-weighted, never NaN."""
+    s = tl.dot(q, kt, input_precision="ieee") * scale                     # [BLOCK_G, BLOCK_N]
+    if SOFTCAP > 0:
+        s = _softcap(s, SOFTCAP)
+    if MASK_KIND == 1:
+        keep = tl.load(mask_ptr + row * mk_sb + cols * mk_sn, mask=ok, other=0)
+        ok = ok & (keep != 0)
+    if MASK_KIND == 2:
+        s += tl.load(mask_ptr + row * mk_sb + cols * mk_sn, mask=ok, other=0.0).to(tl.float32)[None, :]
+    s = tl.where(ok[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)   # a fully masked tile: no NaN
+    p = tl.exp(s - m_use[:, None])
+    alpha = tl.exp(m_i - m_use)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _attend_split(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr, mask_ptr,
                   o_ptr, m_ptr, l_ptr, qn_ptr, kn_ptr,
                   q_sb, k_sb, v_sb, cs_sb, c_sb, c_sh, c_sn, mk_sb, mk_sn, o_sb, o_sh, o_ss, ml_sb, ml_sh,
@@ -82,22 +115,36 @@ def _attend_split(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr
     ROT: the rotary dims, the first ROT of each head (D, or fewer: StableLM's partial rotary); the rest
     pass through RoPE unchanged. SOFTCAP: > 0: the scaled scores are soft-capped (``_softcap``) before
     the mask, as HF's Gemma-2 does. ROPE_WIDE: RoPE in float32, rounded once (``_rope``).
-    PDL: launched with programmatic dependent launch (superopt.runtime.grid_dependency)."""
-    if PDL:  # nothing is read or written before the kernel before this one is complete
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    PDL: launched with programmatic dependent launch (superopt.runtime.grid_dependency); the slice's first
+    cache tile is read before the wait (the rule that makes that legal is in the body)."""
     pid = tl.program_id(0)
     split = tl.program_id(1)
     row = pid // HKV
     kv = pid % HKV
-    pos = tl.load(pos_ptr)                 # the new token's slot; slots < pos are in the cache
     start = split * chunk
-    end = tl.minimum(start + chunk, pos)
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_D)
     n = tl.arange(0, BLOCK_N)
     g_ok = g < GROUP
     d_ok = d < D
+    base = row * c_sb + kv * c_sh
+    # The slice's first cache tile is loaded before the wait for the kernel before this one (the q / k / v
+    # projection), so its memory latency overlaps that kernel instead of following it. Legal because no
+    # launch of the two before this one writes those slots or the slot counter: every kernel launched with
+    # dependent launch waits for its own predecessor before it lets its successor start
+    # (superopt.runtime.grid_dependency), so whatever ran two launches back is complete here. The counter
+    # (written once a step, by this layer's own attention) is read again after the wait; a caller that
+    # advanced it in the very launch before gets the tile loaded again below, never a stale one.
+    early = tl.load(pos_ptr)
+    cols0 = start + n
+    kt0, v0 = _cache_tile(kc_ptr, vc_ptr, base, cols0, cols0 < tl.minimum(start + chunk, early), d, d_ok, c_sn)
+    if PDL:  # from here on, the predecessor is complete
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    pos = tl.load(pos_ptr, volatile=True)  # the new token's slot; slots < pos are in the cache
+    end = tl.minimum(start + chunk, pos)
+    if pos != early:
+        kt0, v0 = _cache_tile(kc_ptr, vc_ptr, base, cols0, cols0 < end, d, d_ok, c_sn)
     dt = kc_ptr.dtype.element_ty
     half = ROT // 2
     partner = tl.where(d < half, d + half, tl.where(d < ROT, d - half, d))
@@ -119,32 +166,15 @@ def _attend_split(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    base = row * c_sb + kv * c_sh
-    for s0 in range(start, end, BLOCK_N):
+    if start < end:
+        m_i, l_i, acc = _attend_tile(q, kt0, v0, cols0, cols0 < end, m_i, l_i, acc, scale, mask_ptr, row,
+                                     mk_sb, mk_sn, SOFTCAP, MASK_KIND)
+    for s0 in range(start + BLOCK_N, end, BLOCK_N):
         cols = s0 + n
         ok = cols < end
-        kt = tl.load(kc_ptr + base + cols[None, :] * c_sn + d[:, None],
-                     mask=ok[None, :] & d_ok[:, None], other=0.0)           # [BLOCK_D, BLOCK_N]
-        # V with K, before the scores need K: both tiles in flight at once. Slots < end are all
-        # written (finite), so rows the attention mask drops below are zero-weighted, never NaN.
-        v = tl.load(vc_ptr + base + cols[:, None] * c_sn + d[None, :],
-                    mask=ok[:, None] & d_ok[None, :], other=0.0)            # [BLOCK_N, BLOCK_D]
-        s = tl.dot(q, kt, input_precision="ieee") * scale                     # [BLOCK_G, BLOCK_N]
-        if SOFTCAP > 0:
-            s = _softcap(s, SOFTCAP)
-        if MASK_KIND == 1:
-            keep = tl.load(mask_ptr + row * mk_sb + cols * mk_sn, mask=ok, other=0)
-            ok = ok & (keep != 0)
-        if MASK_KIND == 2:
-            s += tl.load(mask_ptr + row * mk_sb + cols * mk_sn, mask=ok, other=0.0).to(tl.float32)[None, :]
-        s = tl.where(ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)   # a fully masked tile: no NaN
-        p = tl.exp(s - m_use[:, None])
-        alpha = tl.exp(m_i - m_use)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        m_i = m_new
+        kt, v = _cache_tile(kc_ptr, vc_ptr, base, cols, ok, d, d_ok, c_sn)
+        m_i, l_i, acc = _attend_tile(q, kt, v, cols, ok, m_i, l_i, acc, scale, mask_ptr, row, mk_sb, mk_sn,
+                                     SOFTCAP, MASK_KIND)
     if (pos >= start) & (pos < start + chunk):  # this slice holds the new token
         tl.store(kc_ptr + base + pos * c_sn + d, k_new, mask=d_ok)
         tl.store(vc_ptr + base + pos * c_sn + d, v_new, mask=d_ok)

@@ -16,7 +16,14 @@ Waiting before anything else is what keeps it safe next to any neighbour: the ke
 nothing before its predecessor is complete, so a predecessor that never signals (a torch or cuBLAS
 kernel) is simply waited for, and a successor launched without the attribute is ordered by the stream
 as always. Signalling right after the wait lets the next kernel's blocks be resident, launched and
-waiting, when this one ends; at most two kernels are in flight. Both instructions are no-ops in a
+waiting, when this one ends; at most two kernels are in flight.
+
+That order gives one more guarantee, which a kernel may use to start early: when a kernel launched so
+begins, its predecessor has passed its own wait, so everything launched two or more places before it is
+complete and its writes are visible. Memory that neither of the two launches before it writes may be
+*read* before the wait (never written). The hand-written decode attention
+(``mirage_serve/decode/attention_kernels.py``) loads its first cache tile that way, the slots of earlier
+steps, while the q / k / v projection it waits for still runs. Both instructions are no-ops in a
 kernel launched without the attribute (``torch.compile``'s launches), so the same binary serves
 either launch.
 """
