@@ -11,8 +11,8 @@ cache's index_copy, a mask, repeat_kv copies on older transformers, SDPA, a tran
    normalises and rotates k, writes k and v to the cache and adds the token to its softmax from
    registers (nothing reads that slot before the write). The slot is read from
    device memory (``pos_ptr``), so no step needs a host sync; splits past it return at once.
-   Partial outputs in float32. Under dependent launch, each program's first cache tile is loaded
-   before it waits for the q / k / v projection to finish.
+   Partial outputs in float32. A program whose slice is one tile loads it before it waits for the
+   q / k / v projection to finish (under dependent launch, while the projection still runs).
 2. ``_combine``: the splits' partial softmaxes merged into the attention output, in the layout
    o_proj reads; its first program also advances the cache's device-side length, if it has one.
 
@@ -108,15 +108,15 @@ def _attend_split(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr
                   HKV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr,
                   BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                   MASK_KIND: tl.constexpr, QK_NORM: tl.constexpr, PDL: tl.constexpr, ROT: tl.constexpr,
-                  SOFTCAP: tl.constexpr = 0.0, ROPE_WIDE: tl.constexpr = 0):
+                  SOFTCAP: tl.constexpr = 0.0, ROPE_WIDE: tl.constexpr = 0, ONE_TILE: tl.constexpr = 0):
     """MASK_KIND: 0 none (attend to every written slot), 1 boolean (True = attend), 2 additive.
     QK_NORM: 0 none, else q and k RMS-normalised per head before RoPE in that form of ``_head``
     (weights ``qn_ptr``, ``kn_ptr``, ``eps``).
     ROT: the rotary dims, the first ROT of each head (D, or fewer: StableLM's partial rotary); the rest
     pass through RoPE unchanged. SOFTCAP: > 0: the scaled scores are soft-capped (``_softcap``) before
     the mask, as HF's Gemma-2 does. ROPE_WIDE: RoPE in float32, rounded once (``_rope``).
-    PDL: launched with programmatic dependent launch (superopt.runtime.grid_dependency); the slice's first
-    cache tile is read before the wait (the rule that makes that legal is in the body)."""
+    PDL: launched with programmatic dependent launch (superopt.runtime.grid_dependency).
+    ONE_TILE: each slice is one tile (``chunk == BLOCK_N``), loaded before the wait (why that is legal: the body)."""
     pid = tl.program_id(0)
     split = tl.program_id(1)
     row = pid // HKV
@@ -128,23 +128,29 @@ def _attend_split(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr
     g_ok = g < GROUP
     d_ok = d < D
     base = row * c_sb + kv * c_sh
-    # The slice's first cache tile is loaded before the wait for the kernel before this one (the q / k / v
+    # A slice of one tile (ONE_TILE) loads it before the wait for the kernel before this one (the q / k / v
     # projection), so its memory latency overlaps that kernel instead of following it. Legal because no
     # launch of the two before this one writes those slots or the slot counter: every kernel launched with
     # dependent launch waits for its own predecessor before it lets its successor start
     # (superopt.runtime.grid_dependency), so whatever ran two launches back is complete here. The counter
     # (written once a step, by this layer's own attention) is read again after the wait; a caller that
-    # advanced it in the very launch before gets the tile loaded again below, never a stale one.
-    early = tl.load(pos_ptr)
+    # advanced it in the very launch before gets the tile loaded again, never a stale one. A longer slice
+    # keeps its loop whole, which Triton pipelines: peeled, its second tile waited on the first (H100, session 36).
     cols0 = start + n
-    kt0, v0 = _cache_tile(kc_ptr, vc_ptr, base, cols0, cols0 < tl.minimum(start + chunk, early), d, d_ok, c_sn)
+    if ONE_TILE:
+        early = tl.load(pos_ptr)
+        kt0, v0 = _cache_tile(kc_ptr, vc_ptr, base, cols0, cols0 < tl.minimum(start + chunk, early), d, d_ok, c_sn)
     if PDL:  # from here on, the predecessor is complete
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    pos = tl.load(pos_ptr, volatile=True)  # the new token's slot; slots < pos are in the cache
+    if ONE_TILE:  # the new token's slot (slots < pos are in the cache), read again: not merged with the early read
+        pos = tl.load(pos_ptr, volatile=True)
+    else:
+        pos = tl.load(pos_ptr)
     end = tl.minimum(start + chunk, pos)
-    if pos != early:
-        kt0, v0 = _cache_tile(kc_ptr, vc_ptr, base, cols0, cols0 < end, d, d_ok, c_sn)
+    if ONE_TILE:
+        if pos != early:
+            kt0, v0 = _cache_tile(kc_ptr, vc_ptr, base, cols0, cols0 < end, d, d_ok, c_sn)
     dt = kc_ptr.dtype.element_ty
     half = ROT // 2
     partner = tl.where(d < half, d + half, tl.where(d < ROT, d - half, d))
@@ -166,15 +172,17 @@ def _attend_split(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    if start < end:
-        m_i, l_i, acc = _attend_tile(q, kt0, v0, cols0, cols0 < end, m_i, l_i, acc, scale, mask_ptr, row,
-                                     mk_sb, mk_sn, SOFTCAP, MASK_KIND)
-    for s0 in range(start + BLOCK_N, end, BLOCK_N):
-        cols = s0 + n
-        ok = cols < end
-        kt, v = _cache_tile(kc_ptr, vc_ptr, base, cols, ok, d, d_ok, c_sn)
-        m_i, l_i, acc = _attend_tile(q, kt, v, cols, ok, m_i, l_i, acc, scale, mask_ptr, row, mk_sb, mk_sn,
-                                     SOFTCAP, MASK_KIND)
+    if ONE_TILE:
+        if start < end:
+            m_i, l_i, acc = _attend_tile(q, kt0, v0, cols0, cols0 < end, m_i, l_i, acc, scale, mask_ptr, row,
+                                         mk_sb, mk_sn, SOFTCAP, MASK_KIND)
+    else:
+        for s0 in range(start, end, BLOCK_N):
+            cols = s0 + n
+            ok = cols < end
+            kt, v = _cache_tile(kc_ptr, vc_ptr, base, cols, ok, d, d_ok, c_sn)
+            m_i, l_i, acc = _attend_tile(q, kt, v, cols, ok, m_i, l_i, acc, scale, mask_ptr, row, mk_sb, mk_sn,
+                                         SOFTCAP, MASK_KIND)
     if (pos >= start) & (pos < start + chunk):  # this slice holds the new token
         tl.store(kc_ptr + base + pos * c_sn + d, k_new, mask=d_ok)
         tl.store(vc_ptr + base + pos * c_sn + d, v_new, mask=d_ok)

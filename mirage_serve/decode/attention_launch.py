@@ -93,6 +93,7 @@ def decode_attention(q, k, v, cos, sin, keys, values, pos, mask, scale: float,
         HKV=hkv, GROUP=group, D=d, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d,
         BLOCK_N=plan.block_n, MASK_KIND=kind, QK_NORM=form, PDL=pdl, ROT=rotary_dim or d,
         SOFTCAP=float(softcap or 0.0), ROPE_WIDE=int(cos.dtype == torch.float32 and q.dtype != torch.float32),
+        ONE_TILE=int(chunk == plan.block_n),
         num_warps=plan.num_warps, num_stages=plan.num_stages, **options)
 
     out = torch.empty(b, hq * d, dtype=q.dtype, device=dev)

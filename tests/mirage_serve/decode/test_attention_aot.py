@@ -50,7 +50,8 @@ def test_attention_kernels_compile_for_sm90(dtype, hkv, group, d, mask, qk_norm)
     k = _compile(_attend_split, types, dict(HKV=hkv, GROUP=group, D=d, BLOCK_G=max(16, _pow2(group)),
                                             BLOCK_D=block_d, BLOCK_N=BLOCK_N, MASK_KIND=mask, QK_NORM=qk_norm,
                                             PDL=pdl, ROT=ROT.get((hkv, group, d), d),
-                                            SOFTCAP=SOFTCAP.get((hkv, group, d), 0.0), ROPE_WIDE=int(wide)), 4)
+                                            SOFTCAP=SOFTCAP.get((hkv, group, d), 0.0), ROPE_WIDE=int(wide),
+                                            ONE_TILE=int(mask != 2)), 4)  # (slices of one tile, and longer)
     assert k.asm["cubin"] and "mma.sync" in k.asm["ptx"]  # q·Kᵀ and p·V on tensor cores
     c = _compile(_combine, {"o_ptr": "*fp32", "m_ptr": "*fp32", "l_ptr": "*fp32", "out_ptr": t, "len_ptr": "*i64"},
                  dict(HQ=hkv * group, D=d, SPLITS=5, BLOCK_S=8, BLOCK_D=block_d, ADVANCE=True, PDL=pdl), 1)
@@ -58,3 +59,6 @@ def test_attention_kernels_compile_for_sm90(dtype, hkv, group, d, mask, qk_norm)
     for kernel in (k, c):
         ptx = kernel.asm["ptx"]
         assert ("griddepcontrol.wait" in ptx) == pdl and ("griddepcontrol.launch_dependents" in ptx) == pdl
+    if pdl and mask != 2:  # a one-tile slice's cache tile is loaded while the predecessor runs; nothing is stored
+        before = k.asm["ptx"].split("griddepcontrol.wait")[0]
+        assert "ld.global" in before and "st.global" not in before and "atom" not in before
