@@ -7,11 +7,13 @@ step, idle gap µs per step (step wall − busy), and weight bytes ÷ busy time 
 measured in the same run; then, per site program, µs per call and its weights ÷ that time (achieved
 bandwidth per block; library kernels such as cuBLAS GEMVs are not attributed to a site).
 On sm_90+ the generated kernels use programmatic dependent launch: a kernel's span then starts while
-its predecessor still runs (it waits in ``griddepcontrol.wait``), so its per-kernel time includes
-that wait (the busy total counts overlaps once); set MIRAGE_SERVE_PDL=0 for per-kernel times.
+its predecessor still runs (it waits in ``griddepcontrol.wait``), so its span includes that wait (the busy
+total counts overlaps once). The marginal column (``marginal``: a launch's end minus the end before it) is
+what each launch added to the step, and sums to it; the site table uses it.
 
     python benchmarks/profile_decode_step.py Llama-3.1-8B --batch 1 --steps 32 [--no-patch]
     python benchmarks/profile_decode_step.py Llama-3.1-8B --attention hand-written,searched   # issue 28, must-show 3
+    python benchmarks/profile_decode_step.py Llama-3.2-1B --from-trace trace.json.gz          # a --trace-out, no GPU
 
 ``--attention``: one profile per ``PatchOptions.attention`` mode, in one process (the model loaded once,
 patched, profiled and unpatched per mode), each with the decode-attention kernels' own rows summed
@@ -50,6 +52,27 @@ def summarize(spans: list[KernelSpan], steps: int) -> dict:
     rows = sorted(((n, len(d) / steps, sum(d) / steps) for n, d in per_name.items()), key=lambda r: -r[2])
     return {"rows": rows, "busy_us": busy / steps, "wall_us": wall / steps,
             "gap_us": (wall - busy) / steps, "kernels_per_step": len(spans) / steps}
+
+
+def marginal(spans: list[KernelSpan], steps: int) -> list[tuple[str, float, float, float]]:
+    """Per kernel name: (name, launches/step, marginal µs/step, µs each launch started before the previous end).
+
+    A kernel's marginal time is its end minus the latest end before it (0 where it ends inside an earlier
+    kernel): the time the step got longer because it ran, its launch gap and its wait included, so the rows add
+    up to the step's span. Under dependent launch the span of a kernel (``summarize``'s rows) starts while its
+    predecessor runs and counts that overlap, which makes the per-kernel spans add up to far more than the
+    step (session 36: attn_in 243 µs a step in spans, 93 µs marginal, at Llama-3.2-1B b1); the marginal view
+    is the one to read a launch's cost from. The last column is how far ahead of that previous end the launch
+    began (negative: a gap before it)."""
+    spans = sorted(spans, key=lambda s: s.start_us)
+    per_name: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    last_end = spans[0].start_us if spans else 0.0
+    for s in spans:
+        per_name[s.name].append((max(0.0, s.end_us - last_end), last_end - s.start_us))
+        last_end = max(last_end, s.end_us)
+    rows = [(n, len(v) / steps, sum(m for m, _ in v) / steps, sum(e for _, e in v) / len(v))
+            for n, v in per_name.items()]
+    return sorted(rows, key=lambda r: -r[2])
 
 
 def rare_kernels(spans: list[KernelSpan], steps: int) -> set[str]:
@@ -179,11 +202,6 @@ def _profile(model, ids, steps: int) -> list[KernelSpan]:
 
 
 def main(argv=None) -> None:
-    import torch
-
-    from mirage_serve.bench_load import load
-    from superopt.runtime.timing import copy_bandwidth
-
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model")
     ap.add_argument("--batch", type=int, default=1)
@@ -193,7 +211,16 @@ def main(argv=None) -> None:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--attention", default="", help="comma-separated PatchOptions.attention modes, one profile each")
     ap.add_argument("--trace-out", default="", help="write every profiled kernel (name, start µs, end µs) as JSON here")
+    ap.add_argument("--from-trace", default="", help="no GPU: the tables of a --trace-out file (.json or .json.gz); "
+                                                      "MODEL gives the layer count")
     args = ap.parse_args(argv)
+    if args.from_trace:
+        return _from_trace(args)
+    import torch
+
+    from mirage_serve.bench_load import load
+    from superopt.runtime.timing import copy_bandwidth
+
     bw = copy_bandwidth()
     lm = load(args.model, dtype="bf16", device="cuda")
     part_bytes = _part_bytes(lm.model) if args.patch else None
@@ -218,6 +245,42 @@ def main(argv=None) -> None:
 ATTENTION_KERNELS = ("decode_attention_", "_attend_split", "_combine")
 
 
+def _from_trace(args) -> None:
+    import gzip
+    import json
+
+    from mirage_serve import registry
+
+    opener = gzip.open if args.from_trace.endswith(".gz") else open
+    with opener(args.from_trace, "rt") as f:
+        trace = [KernelSpan(*t) for t in json.load(f)]
+    print_tables(trace, args.steps, registry.get(args.model).config["num_hidden_layers"], args.top,
+                 f"{args.from_trace}: {args.model} batch {args.batch}")
+
+
+def print_tables(trace: list[KernelSpan], steps: int, layers: int, top: int, title: str) -> tuple[dict, list]:
+    """The step tables of a profiled ``generate()``'s kernels: per kernel, its spans (``summarize``) and its
+    marginal time (``marginal``). Returns both summaries."""
+    spans, exact = decode_steps(trace, steps, min_period=layers)
+    rare = rare_kernels(trace, steps)
+    print(f"set aside: {sum(t.name in rare for t in trace)} launches of {len(rare)} kernels that ran fewer than "
+          f"{steps} times (not every step: the prefill's, the loop's poll of its finished rows)")
+    if not exact:
+        print("decode steps not found exactly: " + period_break([t.name for t in trace], steps))
+    s = summarize(spans, steps)
+    print(f"{title}; {s['kernels_per_step']:.0f} kernels/step, GPU busy {s['busy_us']:.0f} µs/step, idle gaps "
+          f"{s['gap_us']:.0f} µs/step, span {s['wall_us']:.0f} µs/step"
+          + ("" if exact else " (steps not repeating: prefill cut approximately)"))
+    marg = {n: (us, early) for n, _, us, early in marginal(spans, steps)}
+    print(f"{'kernel':<62} {'per step':>8} {'span µs':>9} {'marginal':>9} {'share':>6} {'early µs':>9}")
+    for name, n, us in sorted(s["rows"], key=lambda r: -marg[r[0]][0])[:top]:
+        m, early = marg[name]
+        print(f"{name[:62]:<62} {n:>8.1f} {us:>9.1f} {m:>9.1f} {100 * m / s['wall_us']:>5.1f}% {early:>9.2f}")
+    print("(span: each launch's own start to end, which under dependent launch includes its wait; marginal: "
+          "its end minus the end before it, summing to the step; early: how long before that end it began)")
+    return s, marginal(spans, steps)
+
+
 def _report(args, lm, ids, bw, part_bytes) -> None:
     """Profile ``args.steps`` decode steps of the (patched) model and print the tables."""
     import torch
@@ -230,33 +293,22 @@ def _report(args, lm, ids, bw, part_bytes) -> None:
 
         with open(args.trace_out, "w") as f:
             json.dump([[t.name, t.start_us, t.end_us] for t in trace], f)
-    spans, exact = decode_steps(trace, args.steps, min_period=lm.facts["num_hidden_layers"])
-    rare = rare_kernels(trace, args.steps)
-    print(f"set aside: {sum(t.name in rare for t in trace)} launches of {len(rare)} kernels that ran fewer than "
-          f"{args.steps} times (not every step: the prefill's, the loop's poll of its finished rows)")
-    if not exact:
-        print("decode steps not found exactly: " + period_break([t.name for t in trace], args.steps))
-    s = summarize(spans, args.steps)
-    print(f"{torch.cuda.get_device_name()}: copy {bw / 1e12:.2f} TB/s; {lm.name} batch {args.batch}; "
-          f"{s['kernels_per_step']:.0f} kernels/step, GPU busy {s['busy_us']:.0f} µs/step, idle gaps "
-          f"{s['gap_us']:.0f} µs/step, span {s['wall_us']:.0f} µs/step"
-          + ("" if exact else " (steps not repeating: prefill cut approximately)"))
+    s, marg = print_tables(trace, args.steps, lm.facts["num_hidden_layers"], args.top,
+                           f"{torch.cuda.get_device_name()}: copy {bw / 1e12:.2f} TB/s; {lm.name} batch {args.batch}")
     floor_bytes = registry.decode_bytes(lm.facts)
     print(f"weights {floor_bytes / 1e9:.2f} GB/step → {floor_bytes / (s['busy_us'] * 1e-6) / 1e9:.0f} GB/s over "
           f"busy time = {100 * floor_bytes / (s['busy_us'] * 1e-6) / bw:.0f}% of copy bandwidth")
-    print(f"{'kernel':<70} {'per step':>8} {'µs/step':>9} {'share':>6}")
-    for name, n, us in s["rows"][:args.top]:
-        print(f"{name[:70]:<70} {n:>8.1f} {us:>9.1f} {100 * us / s['busy_us']:>5.1f}%")
     if part_bytes is not None:
         from mirage_serve import attention_kernels
 
-        attn = [(n, c, us) for n, c, us in s["rows"] if n.startswith(ATTENTION_KERNELS)]
-        print(f"decode-attention kernels: {sum(c for _, c, _ in attn):.0f} launches/step, "
-              f"{sum(us for _, _, us in attn):.1f} µs/step ({', '.join(f'{n} {us:.1f}' for n, _, us in attn)})")
+        attn = [(n, c, us) for n, c, us, _ in marg if n.startswith(ATTENTION_KERNELS)]
+        print(f"decode-attention kernels: {sum(c for _, c, _ in attn):.0f} launches/step, {sum(us for _, _, us in attn):.1f} "
+              f"marginal µs/step ({', '.join(f'{n} {us:.1f}' for n, _, us in attn)})")
         for why, n in Counter(attention_kernels(lm.model).values()).items():
             print(f"  {n} layers: {why}")
-        print(f"\n{'site program':<20} {'calls/step':>10} {'µs/call':>8} {'MB/call':>8} {'GB/s':>7} {'% copy':>7}")
-        for label, calls, us, nbytes, gbps in site_bandwidth(s["rows"], *part_bytes):
+        print(f"\n{'site program':<20} {'calls/step':>10} {'µs/call':>8} {'MB/call':>8} {'GB/s':>7} {'% copy':>7}"
+              "   (marginal µs: from the end of the launch before)")
+        for label, calls, us, nbytes, gbps in site_bandwidth([r[:3] for r in marg], *part_bytes):
             print(f"{label:<20} {calls:>10.1f} {us:>8.1f} {nbytes / 1e6:>8.2f} {gbps:>7.0f} {100 * gbps * 1e9 / bw:>6.0f}%")
 
 

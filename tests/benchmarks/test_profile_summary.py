@@ -28,6 +28,19 @@ def test_summary_counts_overlap_once_and_reports_gaps_per_step():
     assert s["rows"][0][0] == "b"  # sorted by time, largest first
 
 
+def test_marginal_times_add_up_to_the_step_under_overlap_and_gaps():
+    K = prof.KernelSpan
+    # a(0-10); b launched early (5) and waiting until a ends, done at 20; c after a gap of 5; d inside c
+    spans = [K("c", 25, 40), K("a", 0, 10), K("b", 5, 20), K("d", 30, 35)]
+    rows = {n: (c, us, early) for n, c, us, early in prof.marginal(spans, steps=1)}
+    assert rows["a"] == (1.0, 10.0, 0.0)
+    assert rows["b"] == (1.0, 10.0, 5.0)      # its span is 15; the step grew by 10
+    assert rows["c"] == (1.0, 20.0, -5.0)     # the gap before it is its own
+    assert rows["d"] == (1.0, 0.0, 10.0)      # ends inside c: costs the step nothing
+    assert sum(us for _, us, _ in rows.values()) == 40.0  # the step's span
+    assert [r[0] for r in prof.marginal(spans, steps=1)][0] == "c"  # largest first
+
+
 def test_summary_of_nothing_is_zero():
     s = prof.summarize([], steps=4)
     assert s["busy_us"] == 0 and s["wall_us"] == 0 and s["rows"] == []
