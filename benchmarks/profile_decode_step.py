@@ -302,8 +302,8 @@ def _report(args, lm, ids, bw, part_bytes) -> None:
         from mirage_serve import attention_kernels
 
         attn = [(n, c, us) for n, c, us, _ in marg if n.startswith(ATTENTION_KERNELS)]
-        print(f"decode-attention kernels: {sum(c for _, c, _ in attn):.0f} launches/step, {sum(us for _, _, us in attn):.1f} "
-              f"marginal µs/step ({', '.join(f'{n} {us:.1f}' for n, _, us in attn)})")
+        print(f"decode-attention kernels: {sum(c for _, c, _ in attn):.0f} launches/step, "
+              f"{sum(us for _, _, us in attn):.1f} marginal µs/step ({', '.join(f'{n} {us:.1f}' for n, _, us in attn)})")
         for why, n in Counter(attention_kernels(lm.model).values()).items():
             print(f"  {n} layers: {why}")
         print(f"\n{'site program':<20} {'calls/step':>10} {'µs/call':>8} {'MB/call':>8} {'GB/s':>7} {'% copy':>7}"

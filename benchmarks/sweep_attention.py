@@ -5,10 +5,11 @@
 
 For each shape: every ``LaunchPlan`` (waves of programs, cache positions per iteration, warps,
 pipeline stages), one call replayed in a CUDA graph over inputs rotated beyond L2, as a share of the
-copy bandwidth measured in the same run; the default plan is marked. The shapes are bench_blocks' attention rows, or with ``--models`` the registry models' heads
-at a cache of ``--kv-len`` slots with the new token at ``--position`` (the bench's decode: a static cache
-of prompt + new tokens, filled half-way on average). What the split plan of ``attention_launch`` should
-be is read off this table, not guessed.
+copy bandwidth measured in the same run; the default plan is marked. The shapes are bench_blocks'
+attention rows, or with ``--models`` the registry models' heads at a cache of ``--kv-len`` slots with
+the new token at ``--position`` (the bench's decode: a static cache of prompt + new tokens, filled
+half-way on average). What the split plan of ``attention_launch`` should be is read off this table,
+not guessed.
 """
 from __future__ import annotations
 
@@ -29,8 +30,9 @@ def model_rows(models: str, batches: list[int], kv_len: int, position: int | Non
         cfg = registry.get(name).config
         heads = cfg["num_attention_heads"]
         for b in batches:
+            slot = kv_len - 1 if position is None else position
             kw = dict(batch=b, q_heads=heads, kv_heads=cfg.get("num_key_value_heads") or heads,
-                      head_dim=registry.head_dim(cfg), kv_len=kv_len, position=kv_len - 1 if position is None else position)
+                      head_dim=registry.head_dim(cfg), kv_len=kv_len, position=slot)
             yield f"{name} L{kv_len} @{kw['position']} b{b}", "decode_attention", kw, "bfloat16"
 
 
@@ -75,8 +77,8 @@ def main() -> None:
             mark = " (default)" if plan == DEFAULT_PLAN else ""
             splits, _ = split_plan(kw["batch"], kw["kv_heads"], kw["kv_len"], sms, plan.waves, plan.block_n)
             print(f"| {label} | {plan.waves}, {plan.block_n}, {plan.num_warps}, {plan.num_stages}{mark} | {splits} | "
-                  f"{us:.1f} | "
-                  f"{100 * nbytes / (us * 1e-6) / bw:.0f}% | {base / us if base else float('nan'):.2f}× |", flush=True)
+                  f"{us:.1f} | {100 * nbytes / (us * 1e-6) / bw:.0f}% | {base / us if base else float('nan'):.2f}× |",
+                  flush=True)
 
 
 if __name__ == "__main__":
