@@ -93,6 +93,12 @@ FINAL_NORM: Knob[bool] = Knob(
     "run the model's final norm (after the last decoder layer) as a site kernel, one launch instead of the norm's "
     "own torch ops; 0 leaves it original (default of PatchOptions.final_norm)")
 
+LM_HEAD: Knob[bool] = Knob(
+    "MIRAGE_SERVE_LM_HEAD", parse_bool, False,
+    "run the model's output projection (lm_head) as a searched site kernel, launched with dependent launch like "
+    "the layers' kernels (cuBLAS's GEMV follows a 5 µs gap on H100 decode steps); off until measured "
+    "(default of PatchOptions.lm_head)")
+
 RESEARCH: Knob[bool] = Knob(
     "MIRAGE_SERVE_RESEARCH", parse_bool, False,
     "search again, where patch() profiles on the GPU, the programs the shipped kernel cache has: the shipped "
@@ -126,7 +132,7 @@ PROGRESS: Knob[bool] = Knob(
     "profile of its candidates, the choice of a decode-attention shape) and when it ends; 0 silences them")
 
 KNOBS: tuple[Knob, ...] = (CACHE_DIR, CACHE_READ_ONLY, CACHE_KEY, PDL, PAIRED_LAUNCH, STACKED_PROJECTIONS, FINAL_NORM,
-                           RESEARCH, FUSED_RESIDUAL, ATTENTION, PROGRESS)
+                           LM_HEAD, RESEARCH, FUSED_RESIDUAL, ATTENTION, PROGRESS)
 
 
 def torchrun_ranks() -> tuple[int, int, int] | None:

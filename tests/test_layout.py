@@ -103,8 +103,8 @@ MIRAGE_LAYERS = (
     {"knobs", "cli_errors", "hf_names", "registry", "report", "backends", "verify_parallel", "cost_fit",
      "patching.sites", "patching.trace", "patching.handoff", "patching.forward_rewrite"},  # leaves
     {"options", "progress", "site_kernel", "patches", "cache", "tp",
-     "patching.partition", "patching.residual", "patching.final_norm"},  # switches, kernel store, adapters, shards;
-    # traced sites, residual plan, the model's final norm
+     "patching.partition", "patching.residual", "patching.final_norm", "patching.lm_head"},  # switches, kernel
+    # store, adapters, shards; traced sites, residual plan, the model's final norm and output projection
     {"optimize", "patching.pairing"},                 # cache or search, then verify; k/v pairing
     {"patching.prepare"},                             # one site: extract, choose, verify, build, self-check
     {"patching.install"},                             # swap forwards, restore them

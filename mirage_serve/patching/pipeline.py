@@ -25,7 +25,7 @@ from superopt.runtime.interpreter import interpreting
 
 from .. import backends, optimize
 from ..options import PatchOptions
-from . import final_norm
+from . import final_norm, lm_head
 from .prepare import Preparer, SiteError
 from .handoff import ResidualSlot
 from .residual import FusedAdd, LayerPlan, plan_residual_adds
@@ -248,7 +248,8 @@ def _attention_search(call: _Call, cache, search_budget):
 
 
 def _prepare_sites(model, family, layers_path, layers, residual, call: _Call, cache, search_budget) -> list:
-    """Stage "prepare": every site of every layer, then the model's final norm (``final_norm``),
+    """Stage "prepare": every site of every layer, then the model's final norm (``final_norm``) and, where
+    ``PatchOptions.lm_head`` asks, its output projection (``lm_head``),
     extracted, chosen, verified, built and self-checked (``prepare.Preparer``); returns (module the
     site's paths are relative to, site, runtime, SiteReport) of those ready. A site that fails stays
     original, with its reason in its SiteReport."""
@@ -265,6 +266,9 @@ def _prepare_sites(model, family, layers_path, layers, residual, call: _Call, ca
             for i, layer in enumerate(layers) for site in family.sites]
     if final:
         jobs.append((-1, model, final_norm.site(final), ""))
+    head = lm_head.find_lm_head(model) if call.options.lm_head and shard is None else None
+    if head:
+        jobs.append((-1, model, lm_head.site(head), ""))
     prep = Preparer(call.backend, call.dtype, call.buckets, search_budget, cache,
                     call.options, shard_tag=shard.tag if shard else "")
     plans = []

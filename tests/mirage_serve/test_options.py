@@ -10,6 +10,7 @@ from mirage_serve.options import PatchOptions
 
 FIELDS = {"pdl": knobs.PDL, "paired_launch": knobs.PAIRED_LAUNCH, "fused_residual": knobs.FUSED_RESIDUAL,
           "stacked_projections": knobs.STACKED_PROJECTIONS, "final_norm": knobs.FINAL_NORM,
+          "lm_head": knobs.LM_HEAD,
           "research": knobs.RESEARCH}
 
 

@@ -1,0 +1,58 @@
+"""The model's output projection (lm_head) as a site: the GEMV over the vocabulary that ends a decode step.
+
+    path = find_lm_head(model)   # "lm_head", or None
+
+On a decode step it is cuBLAS's GEMV, the one large launch of the step that is not a dependent launch: H100 traces
+show a 5.3–5.6 µs gap before it on every model profiled, where the site kernels around it start early
+(benchmarks/results/floor_h100_2026-11-28_s36/README.md, section 2). As a site it is the program ``x -> W x``,
+searched, verified and launched like a layer's projection (``ProjSite``), so it is launched with dependent launch
+too. Its output, the logits, leaves the model: outside CUDA-graph capture it is handed out as a copy
+(``ProjSite.escapes``), as a site kernel reuses its output buffer.
+
+Found through HF's own interface for it, ``get_output_embeddings()``, and checked from the data flow of one
+decode-shaped forward: the module must be a Linear called once there, and must return a tensor as wide as the
+logits the model returns. A model whose logits are not that projection's output is left as it is: one whose
+logits are computed some other way, or with no ``get_output_embeddings``. Where the logits are that output scaled
+afterwards, the projection is still found, because the logits are only as wide as it. Gemma-2's final softcap is
+such a case: it stays in the model's forward, after the kernel. Off by default (``PatchOptions.lm_head``) until an
+H100 A/B shows it pays. docs/architecture.md, "The output projection".
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .sites import ProjSite
+
+NAME = "lm_head"
+
+
+def site(path: str) -> ProjSite:
+    """The output projection at ``path`` (relative to the model) as a site; its logits leave the model."""
+    return ProjSite(NAME, path, escapes=True)
+
+
+def find_lm_head(model: nn.Module) -> str | None:
+    """The path of the model's output projection, or None (no such Linear, or a forward that cannot run on one
+    token). Runs one forward of ``model`` on one token, no gradients."""
+    get = getattr(model, "get_output_embeddings", None)
+    head = get() if callable(get) else None
+    if not isinstance(head, nn.Linear):
+        return None
+    path = next((p for p, m in model.named_modules() if m is head and p), None)
+    if path is None:
+        return None
+    calls: list[torch.Tensor] = []
+    handle = head.register_forward_hook(lambda module, args, out: calls.append(out))
+    device = head.weight.device
+    try:
+        with torch.no_grad():
+            out = model(input_ids=torch.ones(1, 1, dtype=torch.long, device=device), use_cache=True)
+    except Exception:  # a forward that cannot run here leaves the projection as it is
+        return None
+    finally:
+        handle.remove()
+    logits = getattr(out, "logits", None)
+    if len(calls) != 1 or not isinstance(logits, torch.Tensor) or calls[0].shape[-1] != logits.shape[-1]:
+        return None
+    return path
