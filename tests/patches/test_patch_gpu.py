@@ -162,6 +162,19 @@ def test_tiny_qwen3_generate_with_qk_norm_in_the_attention_kernel(tmp_path):
     assert not report.unpatched and "q/k RMSNorm (2 layers)" in report.note, report.note
 
 
+@pytest.mark.gpu
+def test_tiny_qwen2_generate_with_the_output_projection_a_site(tmp_path):
+    """PatchOptions.lm_head on the GPU path: the tied output projection searched, launched in the decode
+    graphs with dependent launch, its logits chosen from by the greedy kernels."""
+    from transformers import Qwen2Config
+
+    report = _generate_patched(Qwen2Config(vocab_size=1001, hidden_size=256, intermediate_size=688,
+                                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                           tie_word_embeddings=True), tmp_path, PatchOptions(lm_head=True))
+    assert [s.site for s in report.sites if s.layer < 0] == ["final_norm", "lm_head"], str(report)
+    assert not report.unpatched and all(s.patched for s in report.sites if s.layer < 0), str(report)
+
+
 def _assert_same_tokens_ties_aside(model, got, want) -> None:
     """Greedy tokens equal, except that the first divergence may be a bf16 near-tie.
 
