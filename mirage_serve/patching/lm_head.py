@@ -9,13 +9,11 @@ searched, verified and launched like a layer's projection (``ProjSite``), so it 
 too. Its output, the logits, leaves the model: outside CUDA-graph capture it is handed out as a copy
 (``ProjSite.escapes``), as a site kernel reuses its output buffer.
 
-Found through HF's own interface for it, ``get_output_embeddings()``, and checked from the data flow of one
-decode-shaped forward: the module must be a Linear called once there, and must return a tensor as wide as the
-logits the model returns. A model whose logits are not that projection's output is left as it is: one whose
-logits are computed some other way, or with no ``get_output_embeddings``. Where the logits are that output scaled
-afterwards, the projection is still found, because the logits are only as wide as it. Gemma-2's final softcap is
-such a case: it stays in the model's forward, after the kernel. Off by default (``PatchOptions.lm_head``) until an
-H100 A/B shows it pays. docs/architecture.md, "The output projection".
+Found through HF's own interface for it, ``get_output_embeddings()``, and checked on one decode-shaped forward:
+a Linear, called once, returning a tensor as wide as the logits the model returns (else the model is left as it
+is). Logits transformed after the projection (Gemma-2's final softcap) pass that check; the transformation stays in
+the model's forward, after the kernel. Off by default (``PatchOptions.lm_head``) until an H100 A/B shows it pays.
+docs/architecture.md, "The output projection".
 """
 from __future__ import annotations
 
