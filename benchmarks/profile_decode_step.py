@@ -271,14 +271,15 @@ def print_tables(trace: list[KernelSpan], steps: int, layers: int, top: int, tit
     print(f"{title}; {s['kernels_per_step']:.0f} kernels/step, GPU busy {s['busy_us']:.0f} µs/step, idle gaps "
           f"{s['gap_us']:.0f} µs/step, span {s['wall_us']:.0f} µs/step"
           + ("" if exact else " (steps not repeating: prefill cut approximately)"))
-    marg = {n: (us, early) for n, _, us, early in marginal(spans, steps)}
+    rows = marginal(spans, steps)
+    marg = {n: (us, early) for n, _, us, early in rows}
     print(f"{'kernel':<62} {'per step':>8} {'span µs':>9} {'marginal':>9} {'share':>6} {'early µs':>9}")
     for name, n, us in sorted(s["rows"], key=lambda r: -marg[r[0]][0])[:top]:
         m, early = marg[name]
         print(f"{name[:62]:<62} {n:>8.1f} {us:>9.1f} {m:>9.1f} {100 * m / s['wall_us']:>5.1f}% {early:>9.2f}")
     print("(span: each launch's own start to end, which under dependent launch includes its wait; marginal: "
           "its end minus the end before it, summing to the step; early: how long before that end it began)")
-    return s, marginal(spans, steps)
+    return s, rows
 
 
 def _report(args, lm, ids, bw, part_bytes) -> None:
