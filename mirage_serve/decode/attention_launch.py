@@ -27,6 +27,7 @@ class LaunchPlan:
     block_n: int = BLOCK_N  # cache positions per loop iteration
     num_warps: int = 4
     num_stages: int = 3     # Triton's default on Hopper
+    one_tile_waves: int = 4  # one tile a slice wherever that many programs fit in this many waves (0: never)
 
 
 DEFAULT_PLAN = LaunchPlan()
@@ -39,15 +40,18 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def split_plan(rows: int, kv_heads: int, capacity: int, sms: int, waves: int = DEFAULT_PLAN.waves,
-               block_n: int = BLOCK_N) -> tuple[int, int]:
-    """(splits, positions per split): enough programs to fill ``waves`` waves of the GPU, each
-    split a whole number of ``block_n`` tiles; depends on the capacity, not the current length
-    (graph-stable)."""
-    tiles = -(-capacity // block_n)
-    want = max(1, -(-waves * sms // (rows * kv_heads)))
-    per = -(-tiles // min(want, tiles))
-    chunk = per * block_n
+def split_plan(rows: int, kv_heads: int, capacity: int, sms: int, plan: LaunchPlan = DEFAULT_PLAN) -> tuple[int, int]:
+    """(splits, positions per split): one tile a split where those programs fit in ``plan.one_tile_waves``
+    waves of the GPU (a one-tile slice is loaded before the dependent-launch wait: attention_kernels),
+    else enough programs to fill ``plan.waves`` waves, each split a whole number of tiles. Depends on
+    the capacity, not the current length (graph-stable)."""
+    tiles = -(-capacity // plan.block_n)
+    if rows * kv_heads * tiles <= plan.one_tile_waves * sms:
+        per = 1
+    else:
+        want = max(1, -(-plan.waves * sms // (rows * kv_heads)))
+        per = -(-tiles // min(want, tiles))
+    chunk = per * plan.block_n
     return -(-capacity // chunk), chunk
 
 
@@ -71,7 +75,7 @@ def decode_attention(q, k, v, cos, sin, keys, values, pos, mask, scale: float,
     hq = q.shape[1] // d
     group = hq // hkv
     dev = q.device
-    splits, chunk = split_plan(b, hkv, cap, _sm_count(dev), plan.waves, plan.block_n)
+    splits, chunk = split_plan(b, hkv, cap, _sm_count(dev), plan)
     pdl = applies(dev, pdl)  # the kernels wait for their predecessor (superopt.runtime.grid_dependency)
     options = launch_options(pdl)
     o_part = torch.empty(b, hq, splits, d, dtype=torch.float32, device=dev)

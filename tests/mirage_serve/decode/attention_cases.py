@@ -26,6 +26,9 @@ KERNEL_CASES = {
     "partial_rotary_quarter": (2, 8, 2, 64, 150, 77, "bool", 0, 0.0, 16, False),
     # OLMo-2: cos and sin in float32 beside fp16 / bf16 q and k, RoPE computed in float32 and rounded once
     "rope_in_float32": (2, 8, 2, 64, 150, 77, "bool", 0, 0.0, 0, True),
+    # a cache too long for one tile a slice in four waves (8 row-heads × 68 tiles > 4 × 132 SMs, and > 4 × the
+    # interpreter's 8): slices of several tiles, so the loop runs (the cases above are one tile a slice)
+    "multi_tile_slices": (2, 8, 4, 16, 4300, 3001, "bool", 0, 0.0, 0, False),
 }
 EPS = 1e-6
 

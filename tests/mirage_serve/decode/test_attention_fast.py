@@ -13,7 +13,7 @@ import torch
 from transformers import Gemma2Config, Gemma3TextConfig, LlamaConfig, Qwen3Config
 
 from mirage_serve.decode.attention_fast import fused_qk_norm, unsupported
-from mirage_serve.decode.attention_launch import BLOCK_N, split_plan
+from mirage_serve.decode.attention_launch import BLOCK_N, LaunchPlan, split_plan
 
 from .attention_cases import FAMILIES, KERNEL_CASES
 
@@ -119,6 +119,26 @@ def test_split_plan_covers_the_cache_in_whole_tiles(rows, kv, cap, sms):
     assert chunk % BLOCK_N == 0 and splits * chunk >= cap > (splits - 1) * chunk
     tiles = -(-cap // BLOCK_N)
     assert splits == tiles or rows * kv * splits >= 2 * sms  # fills two waves unless out of tiles
+
+
+@pytest.mark.parametrize("rows,kv,cap,one_tile", [(8, 8, 384, True), (8, 8, 1024, False), (1, 8, 4096, True),
+                                                  (16, 8, 384, False), (1, 2, 100, True)])
+def test_split_plan_cuts_one_tile_a_split_where_four_waves_hold_them(rows, kv, cap, one_tile):
+    sms = 132
+    splits, chunk = split_plan(rows, kv, cap, sms)
+    assert (chunk == BLOCK_N) == one_tile, (splits, chunk)
+    assert (rows * kv * -(-cap // BLOCK_N) <= 4 * sms) == one_tile  # the rule, restated
+
+
+def test_the_kernel_cases_cover_one_tile_slices_and_longer_ones():
+    for sms in (8, 132):  # Triton's interpreter, an H100
+        one_tile = {split_plan(c[0], c[2], c[4], sms)[1] == BLOCK_N for c in KERNEL_CASES.values()}
+        assert one_tile == {True, False}, sms
+
+
+def test_split_plan_without_the_one_tile_rule_fills_two_waves():
+    assert split_plan(8, 8, 384, 132, LaunchPlan(one_tile_waves=0)) == (3, 128)  # 192 programs, two tiles each
+    assert split_plan(8, 8, 384, 132) == (6, 64)
 
 
 def _attn(config):
