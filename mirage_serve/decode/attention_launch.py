@@ -27,7 +27,7 @@ class LaunchPlan:
     block_n: int = BLOCK_N  # cache positions per loop iteration
     num_warps: int = 4
     num_stages: int = 3     # Triton's default on Hopper
-    one_tile_waves: int = 4  # one tile a slice wherever that many programs fit in this many waves (0: never)
+    one_tile_splits: int = 16  # up to this many splits, one tile a split where 2 × waves waves hold them (0: never)
 
 
 DEFAULT_PLAN = LaunchPlan()
@@ -41,12 +41,14 @@ def _sm_count(device: torch.device) -> int:
 
 
 def split_plan(rows: int, kv_heads: int, capacity: int, sms: int, plan: LaunchPlan = DEFAULT_PLAN) -> tuple[int, int]:
-    """(splits, positions per split): one tile a split where those programs fit in ``plan.one_tile_waves``
-    waves of the GPU (a one-tile slice is loaded before the dependent-launch wait: attention_kernels),
-    else enough programs to fill ``plan.waves`` waves, each split a whole number of tiles. Depends on
+    """(splits, positions per split): enough programs to fill ``plan.waves`` waves of the GPU, each split a
+    whole number of tiles; one tile a split where that is at most ``plan.one_tile_splits`` splits and twice
+    the waves (a one-tile slice is loaded before the dependent-launch wait, ``attention_kernels``: at 8 rows
+    and 6 tiles that was 4–9% faster alone and 1.3% a step end to end; at 64 tiles of 128-wide heads the
+    combine's extra splits made it 13% slower: benchmarks/results/floor_h200_2026-11-28_s37/README.md). Depends on
     the capacity, not the current length (graph-stable)."""
     tiles = -(-capacity // plan.block_n)
-    if rows * kv_heads * tiles <= plan.one_tile_waves * sms:
+    if tiles <= plan.one_tile_splits and rows * kv_heads * tiles <= 2 * plan.waves * sms:
         per = 1
     else:
         want = max(1, -(-plan.waves * sms // (rows * kv_heads)))

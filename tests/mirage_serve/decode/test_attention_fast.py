@@ -121,13 +121,15 @@ def test_split_plan_covers_the_cache_in_whole_tiles(rows, kv, cap, sms):
     assert splits == tiles or rows * kv * splits >= 2 * sms  # fills two waves unless out of tiles
 
 
-@pytest.mark.parametrize("rows,kv,cap,one_tile", [(8, 8, 384, True), (8, 8, 1024, False), (1, 8, 4096, True),
-                                                  (16, 8, 384, False), (1, 2, 100, True)])
-def test_split_plan_cuts_one_tile_a_split_where_four_waves_hold_them(rows, kv, cap, one_tile):
+@pytest.mark.parametrize("rows,kv,cap,one_tile", [(8, 8, 384, True), (8, 8, 1024, False), (1, 8, 4096, False),
+                                                  (16, 8, 384, False), (1, 2, 100, True), (4, 8, 1024, True),
+                                                  (1, 8, 2048, True)])
+def test_split_plan_cuts_one_tile_a_split_where_it_can(rows, kv, cap, one_tile):
     sms = 132
     splits, chunk = split_plan(rows, kv, cap, sms)
     assert (chunk == BLOCK_N) == one_tile, (splits, chunk)
-    assert (rows * kv * -(-cap // BLOCK_N) <= 4 * sms) == one_tile  # the rule, restated
+    tiles = -(-cap // BLOCK_N)  # the rule, restated: ≤ 16 splits in ≤ 4 waves, or the two-wave plan's own cut
+    assert ((tiles <= 16 and rows * kv * tiles <= 4 * sms) or rows * kv * tiles <= 2 * sms) == one_tile
 
 
 def test_the_kernel_cases_cover_one_tile_slices_and_longer_ones():
@@ -137,7 +139,7 @@ def test_the_kernel_cases_cover_one_tile_slices_and_longer_ones():
 
 
 def test_split_plan_without_the_one_tile_rule_fills_two_waves():
-    assert split_plan(8, 8, 384, 132, LaunchPlan(one_tile_waves=0)) == (3, 128)  # 192 programs, two tiles each
+    assert split_plan(8, 8, 384, 132, LaunchPlan(one_tile_splits=0)) == (3, 128)  # 192 programs, two tiles each
     assert split_plan(8, 8, 384, 132) == (6, 64)
 
 
