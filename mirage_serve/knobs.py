@@ -94,10 +94,11 @@ FINAL_NORM: Knob[bool] = Knob(
     "own torch ops; 0 leaves it original (default of PatchOptions.final_norm)")
 
 LM_HEAD: Knob[bool] = Knob(
-    "MIRAGE_SERVE_LM_HEAD", parse_bool, True,
+    "MIRAGE_SERVE_LM_HEAD", parse_bool, False,
     "run the model's output projection (lm_head) as a searched site kernel, launched with dependent launch like "
-    "the layers' kernels (cuBLAS's GEMV follows a 5 µs gap on H100 decode steps; H200: 1-4% faster steps at b1, "
-    "the same at b8); 0 leaves it to the model's own Linear (default of PatchOptions.lm_head)")
+    "the layers' kernels (H200: 1-4% faster steps at b1, the same at b8); off by default while no shipped cache "
+    "entry holds one, as a cold first patch then searches it, about a minute a batch bucket for Llama-3.1-8B "
+    "(default of PatchOptions.lm_head)")
 
 RESEARCH: Knob[bool] = Knob(
     "MIRAGE_SERVE_RESEARCH", parse_bool, False,
