@@ -87,7 +87,8 @@ class DecodeLoop:
         if prompt_mask is not None:
             self.mask[:, :width].copy_(prompt_mask)
         self.step_mask.start(prompt_mask, width)
-        self.pos.copy_(next_pos.expand_as(self.pos))  # position of the first generated token
+        # the prompt's last position: _advance moves it on to the first generated token's, with the mask's column
+        self.pos.copy_(next_pos.expand_as(self.pos) - 1)
         self.eos_mask.zero_()
         if eos_ids is not None:
             self.eos_mask[eos_ids.to(self.eos_mask.device).reshape(-1)] = True
@@ -155,8 +156,6 @@ class DecodeLoop:
 
     def _step(self) -> None:
         own = self.step_mask.adopted  # None on the loop's first step, until HF's mask is compared with ours
-        if own is not False:  # a rejected step mask costs no launches
-            self.step_mask.advance()
         inputs = self.model.prepare_inputs_for_generation(
             self.ids, next_sequence_length=1, attention_mask=self.step_mask.mask if own else self.mask,
             **{CACHE_KWARG: self.cache}, position_ids=self.pos, **self.extra)
@@ -164,11 +163,11 @@ class DecodeLoop:
             self.step_mask.adopt(inputs.get("attention_mask"))
         with self.rotary.active():
             out = self.forward(**inputs, return_dict=True)
-        self.pos.add_(1)
         self._advance(out.logits[:, -1])
 
     def _advance(self, logits: torch.Tensor) -> None:
-        """Token choice and HF's bookkeeping of ``_sample``, in place on the device buffers."""
+        """Token choice and HF's bookkeeping of ``_sample``, in place on the device buffers, then the next step's
+        position and step-mask column (they do not depend on the token; the greedy kernels fold them in)."""
         if self.greedy is not None:
             self.greedy(logits, self)
             return
@@ -181,3 +180,6 @@ class DecodeLoop:
         self.unfinished.logical_and_(~self.eos_mask[tok])
         self.ids.copy_(tok[:, None])
         self.t.add_(1)
+        self.pos.add_(1)
+        if self.step_mask.adopted is not False:  # a rejected step mask costs no launches
+            self.step_mask.advance()

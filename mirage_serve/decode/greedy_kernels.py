@@ -12,7 +12,9 @@ case whose result is an argmax of the raw logits) two kernels do the same:
    at −inf while fewer than ``min_new`` tokens were generated (HF's min-length processors);
 2. ``_choose_and_book``, one program: per row the first index of the largest chunk maximum, which
    is ``torch.argmax``'s answer (ties: the first occurrence; NaN counts as the largest, and the first
-   NaN wins), then ``_advance``'s bookkeeping, op for op.
+   NaN wins), then ``_advance``'s bookkeeping, op for op, and the next step's inputs that do not
+   depend on the token: each row's position one further, and the step mask's next column
+   (``step_mask.StepMask.advance``). Those were three torch launches of their own a step.
 
 Sampling and warpers keep the torch ops (``token_choice.TokenChooser``).
 """
@@ -64,8 +66,8 @@ def _partial_argmax(logits_ptr, l_sb, V, eos_ptr, t_ptr, min_new_ptr, val_ptr, i
 
 @triton.jit
 def _choose_and_book(val_ptr, idx_ptr, nan_ptr, rows, parts, unfinished_ptr, pad_ptr, tokens_ptr, tok_sb,
-                     eos_ptr, ids_ptr, ids_sb, t_ptr, generated_ptr,
-                     BLOCK_B: tl.constexpr, BLOCK_S: tl.constexpr, NONE: tl.constexpr):
+                     eos_ptr, ids_ptr, ids_sb, t_ptr, generated_ptr, pos_ptr, pos_sb, mask_ptr, mask_sb, mask_len,
+                     slot_ptr, BLOCK_B: tl.constexpr, BLOCK_S: tl.constexpr, NONE: tl.constexpr):
     r = tl.arange(0, BLOCK_B)
     s = tl.arange(0, BLOCK_S)
     r_ok = r < rows
@@ -87,6 +89,11 @@ def _choose_and_book(val_ptr, idx_ptr, nan_ptr, rows, parts, unfinished_ptr, pad
     tl.store(unfinished_ptr + r, unf & ~hit, mask=r_ok)
     tl.store(ids_ptr + r * ids_sb, tok, mask=r_ok)
     tl.store(t_ptr, t + 1)
+    # the next step's position and step-mask column, as StepMask.advance sets it (past the cache: the last one)
+    tl.store(pos_ptr + r * pos_sb, tl.load(pos_ptr + r * pos_sb, mask=r_ok, other=0) + 1, mask=r_ok)
+    slot = tl.load(slot_ptr)
+    tl.store(mask_ptr + r * mask_sb + tl.minimum(slot, mask_len - 1), tl.full([BLOCK_B], 1, tl.int1), mask=r_ok)
+    tl.store(slot_ptr, slot + 1)
 
 
 class GreedyAdvance:
@@ -106,10 +113,12 @@ class GreedyAdvance:
                              f"{self.vocab}) (rows, the config's vocabulary)")
         if logits.stride(-1) != 1:
             logits = logits.contiguous()
+        mask = loop.step_mask.mask  # [rows, 1, 1, L]: a row's columns at unit stride
         _partial_argmax[(self.rows, self.parts)](
             logits, logits.stride(0), self.vocab, loop.eos_mask, loop.t, loop.min_new, self.val, self.idx, self.nan,
             CHUNK=CHUNK, BLOCK=BLOCK, NONE=NONE)
         _choose_and_book[(1,)](
             self.val, self.idx, self.nan, self.rows, self.parts, loop.unfinished, loop.pad, loop.tokens,
             loop.tokens.stride(0), loop.eos_mask, loop.ids, loop.ids.stride(0), loop.t, loop.generated,
+            loop.pos, loop.pos.stride(0), mask, mask.stride(0), mask.shape[-1], loop.step_mask.slot,
             BLOCK_B=triton.next_power_of_2(self.rows), BLOCK_S=triton.next_power_of_2(self.parts), NONE=NONE)

@@ -8,7 +8,8 @@ full attention that mask is, element for element,
     mask[b, 0, 0, j] = prompt_mask[b, j] (ones after the prompt)  and  j <= slot
 
 with ``slot`` the cache slot of the token being decoded. ``StepMask`` holds it as a bool [B, 1, 1, L] tensor: the
-prompt's columns are set per call (``start``), and each step sets one more column (``advance``: two launches). A
+prompt's columns are set per call (``start``), and each chosen token sets the column of the step that will read it
+(``advance``). A
 4D mask passed to HF is taken as it is (its mask builders return a 4D mask unchanged), so the dozen kernels go.
 
 Exactness is checked, not assumed: on a loop's first step HF still builds its own mask, and ``adopt`` takes ours
@@ -36,8 +37,11 @@ class StepMask:
         self.slot.fill_(width)
 
     def advance(self) -> torch.Tensor:
-        """This step's mask (``self.mask``): its slot's column set (HF's causality), ready for the next step's."""
-        self.mask.index_fill_(3, self.slot, True)
+        """The next step's column set (HF's causality) and the slot moved past it. Called once a token is chosen
+        (``fast_loop.DecodeLoop._advance``; the greedy kernels do the same in their last launch), so the mask is
+        ready before the step that reads it. The token chosen after the cache's last slot has no step to run: the
+        column written then is the last one again, which is already set."""
+        self.mask.index_fill_(3, self.slot.clamp(max=self.mask.shape[-1] - 1), True)
         self.slot.add_(1)
         return self.mask
 

@@ -1,4 +1,4 @@
-"""The decode-attention kernels compile ahead of time for sm_90 (no GPU): every mask kind and the
+"""The decode kernels compile ahead of time for sm_90 (no GPU): the attention's, for every mask kind and the
 head shapes of the registry's models, with tensor-core MMAs in the attention kernel's PTX."""
 from __future__ import annotations
 
@@ -62,3 +62,18 @@ def test_attention_kernels_compile_for_sm90(dtype, hkv, group, d, mask, qk_norm)
     if pdl and mask != 2:  # a one-tile slice's cache tile is loaded while the predecessor runs; nothing is stored
         before = k.asm["ptx"].split("griddepcontrol.wait")[0]
         assert "ld.global" in before and "st.global" not in before and "atom" not in before
+
+
+def test_greedy_kernels_compile_for_sm90():
+    """The decode loop's token choice and bookkeeping (greedy_kernels), which also stores the next step's mask column
+    into a bool tensor: built for sm_90 as the GPU builds them."""
+    from mirage_serve.decode.greedy_kernels import BLOCK, CHUNK, NONE, _choose_and_book, _partial_argmax
+
+    p = _compile(_partial_argmax, {"logits_ptr": "*bf16", "eos_ptr": "*i1", "t_ptr": "*i64", "min_new_ptr": "*i64",
+                                   "val_ptr": "*fp32", "idx_ptr": "*i32", "nan_ptr": "*i32"},
+                 dict(CHUNK=CHUNK, BLOCK=BLOCK, NONE=NONE), 4)
+    longs = ("pad_ptr", "tokens_ptr", "ids_ptr", "t_ptr", "generated_ptr", "pos_ptr", "slot_ptr")
+    c = _compile(_choose_and_book, {"val_ptr": "*fp32", "idx_ptr": "*i32", "nan_ptr": "*i32", "unfinished_ptr": "*i1",
+                                    "eos_ptr": "*i1", "mask_ptr": "*i1", **{n: "*i64" for n in longs}},
+                 dict(BLOCK_B=8, BLOCK_S=64, NONE=NONE), 4)
+    assert p.asm["cubin"] and c.asm["cubin"]

@@ -1,4 +1,5 @@
-"""The decode loop's two-launch greedy advance takes torch.argmax's token and does HF's bookkeeping."""
+"""The decode loop's two-launch greedy advance takes torch.argmax's token, does HF's bookkeeping and sets up the
+next step; the loop that runs it (in Triton's interpreter) returns HF's tokens."""
 from __future__ import annotations
 
 import pytest
@@ -20,7 +21,14 @@ def _wrong(results: dict) -> dict:
 
 
 def test_every_buffer_matches_the_torch_ops(interpreted):
-    assert not _wrong(interpreted)
+    assert not _wrong(interpreted["kernels"])
+
+
+def test_the_loop_that_runs_them_returns_hf_tokens(interpreted):
+    loop = interpreted["loop"]
+    assert loop["greedy_kernels"] and loop["fast"] == 2, loop  # the kernels ran, in the loop, for both calls
+    assert loop["same"] == [True, True], loop
+    assert set(loop["adopted"]) == {True}, loop  # the steps read the mask the kernel's columns made
 
 
 @pytest.mark.gpu

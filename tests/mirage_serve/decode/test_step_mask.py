@@ -38,3 +38,13 @@ def test_adopted_only_for_one_equal_bool_tensor_and_decided_once():
         sm.advance()
         assert sm.adopt(other) is False and sm.adopt(hf) is False  # the first answer stands
     assert mine.adopt({"full_attention": hf}) is True
+
+
+def test_a_token_chosen_after_the_last_slot_leaves_the_mask_as_it_was():
+    prompt = torch.tensor([[0, 1, 1]])
+    sm = StepMask(1, 5, torch.device("cpu"))
+    sm.start(prompt, 3)
+    sm.advance(), sm.advance()  # slots 3 and 4: the cache is full
+    full = _hf_style(prompt, 5, 4)
+    assert torch.equal(sm.mask, full)
+    assert torch.equal(sm.advance(), full) and int(sm.slot) == 6  # no step reads it: nothing out of bounds
