@@ -9,8 +9,8 @@ full attention that mask is, element for element,
 
 with ``slot`` the cache slot of the token being decoded. ``StepMask`` holds it as a bool [B, 1, 1, L] tensor: the
 prompt's columns are set per call (``start``), and each chosen token sets the column of the step that will read it
-(``advance``). A
-4D mask passed to HF is taken as it is (its mask builders return a 4D mask unchanged), so the dozen kernels go.
+(``advance``). A 4D mask passed to HF is taken as it is (its mask builders return a 4D mask unchanged), so the
+dozen kernels go.
 
 Exactness is checked, not assumed: on a loop's first step HF still builds its own mask, and ``adopt`` takes ours
 only when HF's is a single bool tensor of this shape equal to ours in every element; otherwise (sliding layers,
