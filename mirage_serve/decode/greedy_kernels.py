@@ -122,3 +122,7 @@ class GreedyAdvance:
             loop.tokens.stride(0), loop.eos_mask, loop.ids, loop.ids.stride(0), loop.t, loop.generated,
             loop.pos, loop.pos.stride(0), mask, mask.stride(0), mask.shape[-1], loop.step_mask.slot,
             BLOCK_B=triton.next_power_of_2(self.rows), BLOCK_S=triton.next_power_of_2(self.parts), NONE=NONE)
+        # The mask was written in place, as index_fill_ writes it: say so as torch would. The searched attention
+        # converts a step's mask once and reuses it while its version is unchanged (attention_searched.additive_mask);
+        # unannounced, the capture after the first step would find the conversion current and record none.
+        torch.autograd.graph.increment_version(mask)

@@ -83,11 +83,15 @@ def compare(device: str = "cpu") -> dict[str, dict[str, bool]]:
                     logits = _logits(rows, vocab, dtype, g, kind, want.eos_mask.cpu()).to(device)
                     got = _copy(want)
                     DecodeLoop._advance(want, logits)
+                    version = got.step_mask.mask._version
                     GreedyAdvance(rows, vocab, device)(logits, got)
                     same = {k: bool(torch.equal(getattr(got, k), getattr(want, k)))
                             for k in ("tokens", "ids", "unfinished", "t", "generated", "pos")}
                     same["step_mask"] = bool(torch.equal(got.step_mask.mask, want.step_mask.mask)
                                              and torch.equal(got.step_mask.slot, want.step_mask.slot))
+                    # written in place and announced, as torch's index_fill_ is (attention_searched.additive_mask
+                    # converts a mask again only when its version moved)
+                    same["mask_version"] = got.step_mask.mask._version > version
                     results[f"{rows}x{vocab}/{str(dtype)[6:]}/{kind}/t{t}"] = same
     return results
 
