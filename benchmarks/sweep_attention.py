@@ -44,6 +44,7 @@ def main() -> None:
     ap.add_argument("--warps", default="2,4,8")
     ap.add_argument("--stages", default="2,3,4")
     ap.add_argument("--one-tile-splits", default="0,16", help="one tile a split up to so many splits (LaunchPlan)")
+    ap.add_argument("--combine-warps", default="1", help="warps of a combine program (LaunchPlan)")
     ap.add_argument("--models", default="", help="comma-separated registry names (in place of bench_blocks' rows)")
     ap.add_argument("--batch", default="1,8", help="with --models")
     ap.add_argument("--kv-len", type=int, default=384, help="with --models: the cache's capacity")
@@ -52,11 +53,13 @@ def main() -> None:
     args = ap.parse_args()
     ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
     plans = [LaunchPlan(*p) for p in itertools.product(ints(args.waves), ints(args.block_n), ints(args.warps),
-                                                       ints(args.stages), ints(args.one_tile_splits))]
+                                                       ints(args.stages), ints(args.one_tile_splits),
+                                                       ints(args.combine_warps))]
     bw = copy_bandwidth()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"device: {torch.cuda.get_device_name()}; copy bandwidth {bw / 1e12:.2f} TB/s; {len(plans)} plans\n")
-    print("| row | plan (waves, block_n, warps, stages, one_tile_splits) | splits | graph µs | % copy BW | vs default |")
+    print("| row | plan (waves, block_n, warps, stages, one_tile_splits, combine_warps) | splits | graph µs "
+          "| % copy BW | vs default |")
     print("|---|---|---|---|---|---|")
     rows = (model_rows(args.models, ints(args.batch), args.kv_len, args.position) if args.models
             else attention_rows(args.only))
@@ -78,7 +81,7 @@ def main() -> None:
             mark = " (default)" if plan == DEFAULT_PLAN else ""
             splits, _ = split_plan(kw["batch"], kw["kv_heads"], kw["kv_len"], sms, plan)
             print(f"| {label} | {plan.waves}, {plan.block_n}, {plan.num_warps}, {plan.num_stages}, "
-                  f"{plan.one_tile_splits}{mark} | {splits} | "
+                  f"{plan.one_tile_splits}, {plan.combine_warps}{mark} | {splits} | "
                   f"{us:.1f} | {100 * nbytes / (us * 1e-6) / bw:.0f}% | {base / us if base else float('nan'):.2f}× |",
                   flush=True)
 

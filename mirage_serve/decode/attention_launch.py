@@ -28,6 +28,7 @@ class LaunchPlan:
     num_warps: int = 4
     num_stages: int = 3     # Triton's default on Hopper
     one_tile_splits: int = 16  # up to this many splits, one tile a split where 2 × waves waves hold them (0: never)
+    combine_warps: int = 1  # warps of a ``_combine`` program, which reads every split's partial head vector
 
 
 DEFAULT_PLAN = LaunchPlan()
@@ -108,5 +109,5 @@ def decode_attention(q, k, v, cos, sin, keys, values, pos, mask, scale: float,
         o_part.stride(0), o_part.stride(1), o_part.stride(2), m_part.stride(0), m_part.stride(1),
         out.stride(0),
         HQ=hq, D=d, SPLITS=splits, BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=block_d,
-        ADVANCE=advance is not None, PDL=pdl, num_warps=1, **options)
+        ADVANCE=advance is not None, PDL=pdl, num_warps=plan.combine_warps, **options)
     return out

@@ -54,7 +54,8 @@ def test_attention_kernels_compile_for_sm90(dtype, hkv, group, d, mask, qk_norm)
                                             ONE_TILE=int(mask != 2)), 4)  # (slices of one tile, and longer)
     assert k.asm["cubin"] and "mma.sync" in k.asm["ptx"]  # q·Kᵀ and p·V on tensor cores
     c = _compile(_combine, {"o_ptr": "*fp32", "m_ptr": "*fp32", "l_ptr": "*fp32", "out_ptr": t, "len_ptr": "*i64"},
-                 dict(HQ=hkv * group, D=d, SPLITS=5, BLOCK_S=8, BLOCK_D=block_d, ADVANCE=True, PDL=pdl), 1)
+                 dict(HQ=hkv * group, D=d, SPLITS=5, BLOCK_S=8, BLOCK_D=block_d, ADVANCE=True, PDL=pdl),
+                 4 if pdl else 1)  # (LaunchPlan.combine_warps: the default 1, and more)
     assert c.asm["cubin"]
     for kernel in (k, c):
         ptx = kernel.asm["ptx"]
