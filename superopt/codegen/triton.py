@@ -30,8 +30,8 @@ import itertools
 import math
 from dataclasses import dataclass
 
-from ..ir import (BlockGraph, Category, KernelGraph, Node, Variance, block_variance, default_stages, op_info,
-                  reduced_axes)
+from ..ir import (DTYPE_BYTES, BlockGraph, Category, KernelGraph, Node, Variance, block_variance, default_stages,
+                  op_info, reduced_axes)
 from ..ir.chain import Chain, chains
 from .common import identifier
 from .counted import counting_kernel
@@ -97,6 +97,10 @@ class TritonModule:
 # ``pdl`` waits for its predecessor, then lets its successor be scheduled, before anything else.
 PDL_WAIT = "tl.extra.cuda.gdc_wait()"
 PDL_SIGNAL = "tl.extra.cuda.gdc_launch_dependents()"
+# Before that wait a block asks L2 for its first tile of each weight (``_weights_to_l2``): inputs of at least this
+# many bytes (an activation of a decode step is smaller), at most this many bytes a block.
+L2_PREFETCH_MIN = 256 << 10
+L2_PREFETCH_CAP = 64 << 10
 
 
 def render_triton(ugraph: KernelGraph, prefetch: frozenset[str] = frozenset(), paired: bool = False,
@@ -148,6 +152,31 @@ def render_triton(ugraph: KernelGraph, prefetch: frozenset[str] = frozenset(), p
     return TritonModule(base, "\n".join(parts), kernels, ugraph, pdl, stored, counting)
 
 
+def _weights_to_l2(k: BlockWriter, node: Node, g: KernelGraph, written: frozenset[str]) -> None:
+    """Before a dependent launch's wait: ask L2 for this block's first tile of each weight, so its first loads
+    after the wait find them there while the predecessor's tail still runs (no load, no store: a hint).
+
+    A weight is a graph input of at least ``L2_PREFETCH_MIN`` bytes that the graph does not write
+    (``written``), read in place (no view); at most ``L2_PREFETCH_CAP`` bytes a block. Earlier forms asked for a
+    block's even share of each weight's bytes, which for a tile of many rows is not its first tile
+    (benchmarks/results/floor_h100_2026-11-28_s35/README.md)."""
+    b: BlockGraph = node.block
+    inputs = {v.name: v for v in g.inputs}
+    budget = L2_PREFETCH_CAP
+    for inp in b.inputs:
+        a = node.args[inp.source]
+        if a not in inputs or a in written or inp.view:
+            continue
+        t = g.type_of(a)
+        if math.prod(t.shape) * DTYPE_BYTES[t.dtype] < L2_PREFETCH_MIN:
+            continue
+        tile = math.prod(inp.value.type.shape) * DTYPE_BYTES[inp.value.type.dtype]
+        if tile > budget:
+            continue
+        budget -= tile
+        k.l2_prefetch(inp, t.shape, 1)
+
+
 def _narrow(node: Node, g: KernelGraph) -> str | None:
     """The fp16/bf16 dtype a kernel's dots take: the first narrow dtype among its tensors."""
     io = [g.type_of(a).dtype for a in node.args] + [v.type.dtype for v in node.outs]
@@ -174,7 +203,8 @@ def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph, prefetch: b
     function ``{kname}_block`` taking the block index (pid0, pid1, pid2) before the pointers, and no launcher."""
     b: BlockGraph = node.block
     k = BlockWriter(b, _narrow(node, g))
-    if pdl:  # before any load or store: nothing is touched until the predecessor is complete
+    early = pdl and not paired and not block_fn  # weights asked of L2 before the wait (``_weights_to_l2``)
+    if pdl and not early:  # before any load or store: nothing is touched until the predecessor is complete
         k.emit(PDL_WAIT, 1)
         k.emit(PDL_SIGNAL, 1)
     reduced = [reduced_axes(o, b.grid) for o in b.outputs]
@@ -216,6 +246,10 @@ def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph, prefetch: b
         params = params + [f"{p_}_b" for p_ in params]
     for a in pids if not block_fn else ():
         k.emit(f"pid{a} = tl.program_id({a})", 1)
+    if early:
+        _weights_to_l2(k, node, g, frozenset(s.cache for s in through or ()))
+        k.emit(PDL_WAIT, 1)
+        k.emit(PDL_SIGNAL, 1)
     stores = [f"w{j}_ptr" if atomic[j] else f"o{j}_ptr" for j in range(len(b.outputs))]
     shapes = [v.type.shape for v in node.outs]
     for j, s in own.items():  # the row's tile at the slot: offset by the index along the scatter's dim

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from ..ir import BlockGraph, Category, Node, Variance, block_variance, op_info
+from ..ir import DTYPE_BYTES, BlockGraph, Category, Node, Variance, block_variance, op_info
 from ..ir.padding import fma_matmul, padded_shapes
 from ..ir.movement import view_shape
 from .common import identifier, strides
@@ -18,6 +18,8 @@ from .triton_movement import moved_tile
 
 WGMMA_MIN_ROWS = 64  # a warpgroup's wgmma rows: a dot with fewer rows and at least this many columns is swapped
 TL_DTYPES = {"float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32"}
+# one L2 prefetch (``BlockWriter.l2_prefetch``); inline asm must give a result, so a dummy one
+L2_PREFETCH_ASM = "mov.u32 $0, 0;\n\tprefetch.global.L2 [$1];"
 _UNARY = {
     "exp": "tl.exp({0})",
     "neg": "(-{0})",
@@ -137,8 +139,9 @@ class BlockWriter:
         self.lines.append("    " * (ind + self.base) + line)
 
     # ------------------------------------------------------------ loads and stores
-    def load(self, inp, src_shape: tuple[int, ...], ind: int, it: str = "i", dst: str | None = None) -> None:
-        """``inp``'s tile at for-loop iteration ``it`` (an expression) into ``dst`` (default: its variable)."""
+    def _offsets(self, inp, src_shape: tuple[int, ...], it: str, lanes: dict[int, str] | None = None) -> str:
+        """The element offsets of ``inp``'s tile at for-loop iteration ``it`` in its operand. ``lanes``: per
+        dimension, an index expression in place of the tile's ``tl.arange`` along it."""
         b, name = self.b, inp.value.name
         tile, pad = self.real[name], self.pad[name]
         terms = []
@@ -148,10 +151,42 @@ class BlockWriter:
                      if inp.imap[a] == d and b.grid[a] > 1]
             if inp.fmap == d and b.forloop > 1:
                 parts.append(f"{it} * {tile[d]}")
-            idx = _viewed(" + ".join(parts + [_ar(pad[d], d, len(tile))]), inp.view, d)
+            lane = (lanes or {}).get(d, _ar(pad[d], d, len(tile)))
+            idx = _viewed(" + ".join(parts + [lane]), inp.view, d)
             terms.append(f"({idx})" + (f" * {stride}" if stride != 1 else ""))
+        return " + ".join(terms)
+
+    def l2_prefetch(self, inp, src_shape: tuple[int, ...], ind: int, line: int = 128) -> None:
+        """Ask L2 (PTX ``prefetch.global.L2``) for every ``line``-byte line of ``inp``'s tile at iteration 0: one
+        request a line of each of the tile's rows, none of them a load. A hint with no result: it changes no value
+        and waits for nothing. ``inp`` is read in place (no view: ``codegen.triton``'s caller checks it), from an
+        operand whose address is a multiple of ``line`` (a torch allocation's is); where a row's bytes may start
+        inside a line, one more request, at its last element, covers the line it ends in. Lanes past the tile (its
+        padding) ask for its last row or element again, never for a line the load does not read."""
+        b, name = self.b, inp.value.name
+        tile, pad = self.real[name], self.pad[name]
+        last, size = len(tile) - 1, DTYPE_BYTES[self.dtype[name]]
+        step = max(1, line // size)  # elements a line
+        row_starts = [s * size for s in strides(src_shape)[:last]]
+        row_starts += [src_shape[last] // b.grid[a] * size for a in range(3) if inp.imap[a] == last and b.grid[a] > 1]
+        aligned = all(x % line == 0 for x in row_starts)
+        n = -(-tile[last] // step) + (0 if aligned else 1)
+        n = 1 << (n - 1).bit_length()  # tl.arange takes powers of two
+        lanes = {d: f"tl.minimum({_ar(pad[d], d, len(tile))}, {tile[d] - 1})" for d in range(last) if pad[d] > tile[d]}
+        lanes[last] = f"{_ar(n, last, len(tile))} * {step}"
+        if (n - 1) * step > tile[last] - 1:  # lanes past a row's end ask for its last element's line (again)
+            lanes[last] = f"tl.minimum({lanes[last]}, {tile[last] - 1})"
         ptr = self.args[inp.source] if self.args is not None else f"a{inp.source}_ptr"
-        ptrs = f"{ptr} + " + " + ".join(terms)
+        addr = f"{ptr}.to(tl.int64) + ({self._offsets(inp, src_shape, '0', lanes)}).to(tl.int64) * {size}"
+        self.emit(f"tl.inline_asm_elementwise({L2_PREFETCH_ASM!r}, \"=r,l\", [{addr}], dtype=tl.int32, "
+                  "is_pure=False, pack=1)", ind)
+
+    def load(self, inp, src_shape: tuple[int, ...], ind: int, it: str = "i", dst: str | None = None) -> None:
+        """``inp``'s tile at for-loop iteration ``it`` (an expression) into ``dst`` (default: its variable)."""
+        name = inp.value.name
+        tile, pad = self.real[name], self.pad[name]
+        ptr = self.args[inp.source] if self.args is not None else f"a{inp.source}_ptr"
+        ptrs = f"{ptr} + " + self._offsets(inp, src_shape, it)
         mask = tile_mask(tile, pad)
         args = f"{ptrs}, mask={mask}, other=0.0" if mask else ptrs
         if inp.source in self.fresh:

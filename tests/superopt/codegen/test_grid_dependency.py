@@ -4,10 +4,13 @@ warm-up) asks for PDL only for such a module."""
 from __future__ import annotations
 
 import re
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from superopt.codegen.triton import PDL_SIGNAL, PDL_WAIT, render_triton
+from superopt.ir.text import from_text
 from superopt.runtime.grid_dependency import applies, launch_options, supported
 from superopt.runtime.interpreter import interpreting
 from tests.superopt.codegen.triton_cases import CASES, build
@@ -32,6 +35,10 @@ def _bodies(source: str) -> dict[str, list[str]]:
     return out
 
 
+def _asks_l2(line: str) -> bool:
+    return line.strip().startswith("tl.inline_asm_elementwise(") and "prefetch.global.L2" in line
+
+
 @pytest.mark.parametrize("case", IDS)
 def test_every_kernel_rendered_with_pdl_waits_then_signals_first_and_launchers_are_untouched(case):
     g = build(case, "bfloat16").ugraph
@@ -40,11 +47,59 @@ def test_every_kernel_rendered_with_pdl_waits_then_signals_first_and_launchers_a
     bodies = _bodies(tm.source)
     assert set(bodies) == {k.name for k in tm.kernels}
     for name, body in bodies.items():
-        assert body[:2] == [PDL_WAIT, PDL_SIGNAL], name
-        assert body[2:] == _bodies(plain.source)[name]  # the kernel's own statements, unchanged
+        wait = body.index(PDL_WAIT)
+        assert body[wait + 1] == PDL_SIGNAL, name
+        # before the wait: the block's indices and L2 requests for weights, nothing that reads or writes memory
+        assert all(re.fullmatch(r"pid\d = tl.program_id\(\d\)", x) or _asks_l2(x) for x in body[:wait]), name
+        # the kernel's own statements, unchanged
+        assert [x for x in body if x not in (PDL_WAIT, PDL_SIGNAL) and not _asks_l2(x)] == \
+            _bodies(plain.source)[name]
     assert tm.source.count(PDL_WAIT) == len(tm.kernels) and PDL_WAIT not in plain.source
-    # nothing but the two lines differs (the launchers, the imports)
-    assert [x for x in tm.source.splitlines() if x.strip() not in (PDL_WAIT, PDL_SIGNAL)] == plain.source.splitlines()
+    # nothing but those lines differs (the launchers, the imports)
+    assert [x for x in tm.source.splitlines() if x.strip() not in (PDL_WAIT, PDL_SIGNAL)
+            and not _asks_l2(x)] == plain.source.splitlines()
+
+
+GEMV = """graph gemv
+input %w : bfloat16[{rows},{cols}]
+input %x : bfloat16[8,{cols}]
+%t1 = customized(%w, %x) : bfloat16[8,{rows}] {{
+  grid {grid},1,1 threads 128 forloop {loop}
+  in %i0 = arg0 imap(0,-1,-1) fmap 1 : bfloat16[{tr},{tc}]
+  in %i1 = arg1 imap(-1,-1,-1) fmap 1 : bfloat16[8,{tc}]
+  %v0 = transpose(%i0) : bfloat16[{tc},{tr}]
+  %v1 = matmul(%i1, %v0) : bfloat16[8,{tr}]
+  %v2 = accum_sum(%v1) : bfloat16[8,{tr}]
+  out %v2 omap(1,-1,-1) reduce none
+}}
+output %t1
+"""
+
+
+def _lines_of(expr: str, mask: str | None, pid: int, scale: int) -> set[int]:
+    """The 128-byte lines (from the operand's start) of a rendered address expression: ``scale`` bytes an offset,
+    evaluated with numpy at block ``pid``, iteration 0, lanes where ``mask`` holds."""
+    ns = {"tl": SimpleNamespace(arange=np.arange, minimum=np.minimum, where=np.where), "pid0": pid, "i": 0,
+          "a0_ptr": 0}
+    at = np.asarray(eval(expr.replace(".to(tl.int64)", ""), ns)) * scale
+    keep = np.broadcast_to(eval(mask, ns), at.shape) if mask else np.ones(at.shape, bool)
+    return set((np.broadcast_to(at, keep.shape)[keep] // 128).tolist())
+
+
+@pytest.mark.parametrize("rows, cols, grid, loop", [(512, 1024, 16, 4),    # rows of whole lines
+                                                     (384, 1000, 24, 8),    # rows starting inside a line
+                                                     (372, 1024, 31, 4)])   # 12-row tiles, padded to 16
+def test_a_waiting_block_asks_l2_for_exactly_the_lines_of_its_first_weight_tile(rows, cols, grid, loop):
+    g = from_text(GEMV.format(rows=rows, cols=cols, grid=grid, loop=loop, tr=rows // grid, tc=cols // loop))
+    src = render_triton(g, pdl=True).source
+    body = next(iter(_bodies(src).values()))
+    asks = [x for x in body if _asks_l2(x)]
+    assert len(asks) == 1 and body.index(asks[0]) < body.index(PDL_WAIT)  # the weight, not the 16 KB activation
+    addr = re.search(r'"=r,l", \[(.*)\], dtype=', asks[0]).group(1)
+    load = next(x for x in body if x.split(" = ")[-1].startswith("tl.load(a0_ptr + "))
+    m = re.fullmatch(r"\w+ = tl.load\(a0_ptr \+ (.*?)(?:, mask=(.*), other=0.0)?\)", load)
+    for pid in range(grid):
+        assert _lines_of(addr, None, pid, 1) == _lines_of(m.group(1), m.group(2), pid, 2), pid
 
 
 def test_pdl_only_from_sm90_and_only_while_enabled():
