@@ -101,9 +101,11 @@ PDL_SIGNAL = "tl.extra.cuda.gdc_launch_dependents()"
 # many bytes (an activation of a decode step is smaller), at most this many bytes a block.
 L2_PREFETCH_MIN = 256 << 10
 L2_PREFETCH_CAP = 64 << 10
-# Only the first blocks ask: those that can be resident while the predecessor's tail runs (about two an SM of a
-# 132-SM H100). A block that starts after it gains nothing, and a small tile's request is repeated by every thread
-# that holds a copy of it: in all 8192 blocks of a b1 gate/up kernel that made Llama-3.2-1B b1 55% slower (H100).
+# Only a kernel of at most this many blocks asks: about two an SM of a 132-SM H100, so all of them can be resident
+# during the predecessor's tail. Measured on an H100 (alternated runs; benchmarks/results/floor_h100_2026-11-28_s38):
+# Llama-3.1-8B b8, whose site kernels have 128-256 blocks of 8-64 KB tiles, 1.9% faster a step; Llama-3.2-1B b1,
+# 512-8192 blocks of 0.5-16 KB, 55% slower with every block asking (a small tile is held in copies by many threads,
+# and each copy's request is one of its own) and still 1.8% slower with only the first 256 blocks asking.
 L2_PREFETCH_BLOCKS = 256
 
 
@@ -166,7 +168,9 @@ def _weights_to_l2(k: BlockWriter, node: Node, g: KernelGraph, written: frozense
     (benchmarks/results/floor_h100_2026-11-28_s35/README.md)."""
     b: BlockGraph = node.block
     inputs = {v.name: v for v in g.inputs}
-    budget, first = L2_PREFETCH_CAP, True
+    if math.prod(b.grid) > L2_PREFETCH_BLOCKS:
+        return
+    budget = L2_PREFETCH_CAP
     for inp in b.inputs:
         a = node.args[inp.source]
         if a not in inputs or a in written or inp.view:
@@ -178,12 +182,7 @@ def _weights_to_l2(k: BlockWriter, node: Node, g: KernelGraph, written: frozense
         if tile > budget:
             continue
         budget -= tile
-        few = math.prod(b.grid) <= L2_PREFETCH_BLOCKS
-        if first and not few:  # the block's index in launch order
-            blk = " + ".join(f"tl.program_id({a}) * {math.prod(b.grid[:a])}" for a in range(3) if b.grid[a] > 1)
-            k.emit(f"if {blk} < {L2_PREFETCH_BLOCKS}:", 1)
-        first = False
-        k.l2_prefetch(inp, t.shape, 1 if few else 2)
+        k.l2_prefetch(inp, t.shape, 1)
 
 
 def _narrow(node: Node, g: KernelGraph) -> str | None:

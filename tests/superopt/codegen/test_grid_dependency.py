@@ -39,10 +39,6 @@ def _asks_l2(line: str) -> bool:
     return line.strip().startswith("tl.inline_asm_elementwise(") and "prefetch.global.L2" in line
 
 
-def _gates_l2(line: str) -> bool:  # the first blocks alone ask
-    return bool(re.fullmatch(rf"if [\w()* +]+ < {L2_PREFETCH_BLOCKS}:", line.strip()))
-
-
 @pytest.mark.parametrize("case", IDS)
 def test_every_kernel_rendered_with_pdl_waits_then_signals_first_and_launchers_are_untouched(case):
     g = build(case, "bfloat16").ugraph
@@ -54,15 +50,14 @@ def test_every_kernel_rendered_with_pdl_waits_then_signals_first_and_launchers_a
         wait = body.index(PDL_WAIT)
         assert body[wait + 1] == PDL_SIGNAL, name
         # before the wait: the block's indices and L2 requests for weights, nothing that reads or writes memory
-        assert all(re.fullmatch(r"pid\d = tl.program_id\(\d\)", x) or _asks_l2(x) or _gates_l2(x)
-                   for x in body[:wait]), name
+        assert all(re.fullmatch(r"pid\d = tl.program_id\(\d\)", x) or _asks_l2(x) for x in body[:wait]), name
         # the kernel's own statements, unchanged
-        assert [x for x in body if x not in (PDL_WAIT, PDL_SIGNAL) and not _asks_l2(x) and not _gates_l2(x)] == \
+        assert [x for x in body if x not in (PDL_WAIT, PDL_SIGNAL) and not _asks_l2(x)] == \
             _bodies(plain.source)[name]
     assert tm.source.count(PDL_WAIT) == len(tm.kernels) and PDL_WAIT not in plain.source
     # nothing but those lines differs (the launchers, the imports)
     assert [x for x in tm.source.splitlines() if x.strip() not in (PDL_WAIT, PDL_SIGNAL)
-            and not _asks_l2(x) and not _gates_l2(x)] == plain.source.splitlines()
+            and not _asks_l2(x)] == plain.source.splitlines()
 
 
 GEMV = """graph gemv
@@ -83,7 +78,7 @@ output %t1
 
 def _eval(expr: str, pid: int):
     """A rendered expression evaluated with numpy at block ``pid`` (of a 1-D grid), iteration 0, operand at 0."""
-    tl = SimpleNamespace(arange=np.arange, minimum=np.minimum, program_id=lambda a: pid if a == 0 else 0)
+    tl = SimpleNamespace(arange=np.arange, minimum=np.minimum)
     return eval(expr.replace(".to(tl.int64)", ""), {"tl": tl, "pid0": pid, "i": 0, "a0_ptr": 0})
 
 
@@ -98,22 +93,21 @@ def _lines_of(expr: str, mask: str | None, pid: int, scale: int) -> set[int]:
 @pytest.mark.parametrize("rows, cols, grid, loop", [(512, 1024, 16, 4),    # rows of whole lines
                                                      (384, 1000, 24, 8),    # rows starting inside a line
                                                      (372, 1024, 31, 4),    # 12-row tiles, padded to 16
-                                                     (2048, 512, 1024, 2)])  # more blocks than ask
+                                                     (2048, 512, 1024, 2)])  # too many blocks: none asks
 def test_a_waiting_block_asks_l2_for_exactly_the_lines_of_its_first_weight_tile(rows, cols, grid, loop):
     g = from_text(GEMV.format(rows=rows, cols=cols, grid=grid, loop=loop, tr=rows // grid, tc=cols // loop))
     src = render_triton(g, pdl=True).source
     body = next(iter(_bodies(src).values()))
     asks = [x for x in body if _asks_l2(x)]
+    if grid > L2_PREFETCH_BLOCKS:
+        assert not asks
+        return
     assert len(asks) == 1 and body.index(asks[0]) < body.index(PDL_WAIT)  # the weight, not the 16 KB activation
-    before = body[body.index(asks[0]) - 1]
-    gate = re.fullmatch(r"if (.*):", before).group(1) if before.startswith("if ") else "True"
-    assert (gate == "True") == (grid <= L2_PREFETCH_BLOCKS)
     addr = re.search(r'"=r,l", \[(.*)\], dtype=', asks[0]).group(1)
     load = next(x for x in body if x.split(" = ")[-1].startswith("tl.load(a0_ptr + "))
     m = re.fullmatch(r"\w+ = tl.load\(a0_ptr \+ (.*?)(?:, mask=(.*), other=0.0)?\)", load)
     for pid in range(grid):
-        asked = _lines_of(addr, None, pid, 1) if _eval(gate, pid) else set()
-        assert asked == (_lines_of(m.group(1), m.group(2), pid, 2) if pid < L2_PREFETCH_BLOCKS else set()), pid
+        assert _lines_of(addr, None, pid, 1) == _lines_of(m.group(1), m.group(2), pid, 2), pid
 
 
 def test_pdl_only_from_sm90_and_only_while_enabled():
