@@ -94,7 +94,7 @@ class TritonModule:
 
 
 # Programmatic dependent launch (sm_90+, superopt.runtime.grid_dependency): a kernel rendered with
-# ``pdl`` waits for its predecessor, then lets its successor be scheduled, before anything else.
+# ``pdl`` waits for its predecessor, then lets its successor be scheduled, before any load or store.
 PDL_WAIT = "tl.extra.cuda.gdc_wait()"
 PDL_SIGNAL = "tl.extra.cuda.gdc_launch_dependents()"
 # Before that wait a block asks L2 for its first tile of each weight (``_weights_to_l2``): inputs of at least this
@@ -123,9 +123,10 @@ def render_triton(ugraph: KernelGraph, prefetch: frozenset[str] = frozenset(), p
     every axis is cut, the upper half of a doubled x axis.
     ``chain``: kernels that also run their consumer, where ``ir.chain`` finds that legal (one
     launch for a split kernel and its combine); the consumer's kernel is then not rendered.
-    Never with ``paired``. ``pdl``: every kernel's first statements wait for its predecessor and
-    signal its successor (``PDL_WAIT``, ``PDL_SIGNAL``; why that order is safe next to any neighbour:
-    ``superopt.runtime.grid_dependency``); the module is then launched with dependent launch.
+    Never with ``paired``. ``pdl``: every kernel waits for its predecessor and signals its successor
+    before its first load or store (``PDL_WAIT``, ``PDL_SIGNAL``; why that order is safe next to any
+    neighbour: ``superopt.runtime.grid_dependency``); before the wait, a kernel of few blocks asks L2 for its
+    first weight tiles (``_weights_to_l2``). The module is then launched with dependent launch.
     ``in_place``: inputs the runtime lets the graph write; a scatter of a kernel's row into one of them is
     stored by that kernel where ``store_through`` finds it legal (``TritonModule.stored``). ``counted``: the graph
     input a caller's call counter may be; the last kernel advances the counter where ``counted.counting_kernel``

@@ -8,11 +8,11 @@ waits in ``griddepcontrol.wait`` until the predecessor has completed and its wri
 
 It is done one way. ``applies(device, enabled)`` decides (a CUDA GPU of sm_90+, kernels compiled, a
 Triton that has the instructions, and the caller's switch: ``PatchOptions.pdl``). A kernel that is
-launched so waits by construction: the renderer writes the wait, then the signal, as the first
-statements of every kernel (``codegen.triton.render_triton(pdl=True)``), and the hand-written
+launched so waits by construction: the renderer writes the wait, then the signal, before every
+kernel's first load or store (``codegen.triton.render_triton(pdl=True)``), and the hand-written
 attention kernels take a ``PDL`` constexpr. The launch then adds ``launch_options(True)``.
 
-Waiting before anything else is what keeps it safe next to any neighbour: the kernel reads and writes
+Waiting before any load or store is what keeps it safe next to any neighbour: the kernel reads and writes
 nothing before its predecessor is complete, so a predecessor that never signals (a torch or cuBLAS
 kernel) is simply waited for, and a successor launched without the attribute is ordered by the stream
 as always. Signalling right after the wait lets the next kernel's blocks be resident, launched and
@@ -23,7 +23,9 @@ begins, its predecessor has passed its own wait, so everything launched two or m
 complete and its writes are visible. Memory that neither of the two launches before it writes may be
 *read* before the wait (never written). The hand-written decode attention
 (``mirage_serve/decode/attention_kernels.py``) loads its first cache tile that way, the slots of earlier
-steps, while the q / k / v projection it waits for still runs. Both instructions are no-ops in a
+steps, while the q / k / v projection it waits for still runs. A generated kernel of at most 256 blocks
+asks L2 for its first tile of each weight before its wait (PTX ``prefetch.global.L2``: a hint, neither a load
+nor a store, harmless on any line; ``codegen.triton._weights_to_l2``). Both instructions are no-ops in a
 kernel launched without the attribute (``torch.compile``'s launches), so the same binary serves
 either launch.
 """
