@@ -168,9 +168,9 @@ def _weights_to_l2(k: BlockWriter, node: Node, g: KernelGraph, written: frozense
     block's even share of each weight's bytes, which for a tile of many rows is not its first tile
     (benchmarks/results/floor_h100_2026-11-28_s35/README.md)."""
     b: BlockGraph = node.block
-    inputs = {v.name: v for v in g.inputs}
     if math.prod(b.grid) > L2_PREFETCH_BLOCKS:
         return
+    inputs = {v.name for v in g.inputs}
     budget = L2_PREFETCH_CAP
     for inp in b.inputs:
         a = node.args[inp.source]
