@@ -231,3 +231,51 @@ def test_a_dependent_chain_replays_bitwise_as_without_pdl():
             dst.copy_(src)
         graph.replay()
         assert torch.equal(out, chain(plain, x, kv).clone()), f"seed {seed}: replay with PDL differs"
+
+
+def test_kernels_that_ask_l2_for_their_weights_replay_bitwise_as_without_pdl():
+    """A GEMV whose 2 MB weight its 64 blocks ask L2 for before their wait (``_weights_to_l2``), chained twelve
+    times (each launch reads the one before it's output) in a CUDA graph: the same bits as plain launches."""
+    from superopt.ir.text import from_text
+    from superopt.runtime import compile_graph
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch needs sm_90+")
+    g = from_text("""graph gemv
+input %w : bfloat16[1024,1024]
+input %x : bfloat16[8,1024]
+%t1 = customized(%w, %x) : bfloat16[8,1024] {
+  grid 64,1,1 threads 128 forloop 4
+  in %i0 = arg0 imap(0,-1,-1) fmap 1 : bfloat16[16,256]
+  in %i1 = arg1 imap(-1,-1,-1) fmap 1 : bfloat16[8,256]
+  %v0 = transpose(%i0) : bfloat16[256,16]
+  %v1 = matmul(%i1, %v0) : bfloat16[8,16]
+  %v2 = accum_sum(%v1) : bfloat16[8,16]
+  out %v2 omap(1,-1,-1) reduce none
+}
+output %t1
+""")
+    plain = [compile_graph(g, device="cuda", pdl=False) for _ in range(2)]
+    pdl = [compile_graph(g, device="cuda") for _ in range(2)]
+    assert "prefetch.global.L2" in pdl[0].source and "prefetch.global.L2" not in plain[0].source
+
+    def chain(graphs, x, w):
+        for i in range(12):
+            x = graphs[i % 2](w, x)[0]
+        return x
+
+    gen = torch.Generator().manual_seed(11)
+    w = (torch.randn(1024, 1024, generator=gen) / 32).to(torch.bfloat16).cuda()
+    x = torch.randn(8, 1024, generator=gen).to(torch.bfloat16).cuda()
+    chain(pdl, x, w)  # compiles outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = chain(pdl, x, w)
+    for seed in (12, 13, 14):
+        gen.manual_seed(seed)
+        w.copy_((torch.randn(1024, 1024, generator=gen) / 32).to(torch.bfloat16))
+        x.copy_(torch.randn(8, 1024, generator=gen).to(torch.bfloat16))
+        graph.replay()
+        want = chain(plain, x, w).clone()
+        assert torch.isfinite(want).all() and torch.equal(out, want), f"seed {seed}: replay with the L2 asks differs"
