@@ -238,23 +238,11 @@ def test_kernels_that_ask_l2_for_their_weights_replay_bitwise_as_without_pdl():
     times (each launch reads the one before it's output) in a CUDA graph: the same bits as plain launches."""
     from superopt.ir.text import from_text
     from superopt.runtime import compile_graph
+    from tests.superopt.codegen.test_grid_dependency import GEMV
 
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("programmatic dependent launch needs sm_90+")
-    g = from_text("""graph gemv
-input %w : bfloat16[1024,1024]
-input %x : bfloat16[8,1024]
-%t1 = customized(%w, %x) : bfloat16[8,1024] {
-  grid 64,1,1 threads 128 forloop 4
-  in %i0 = arg0 imap(0,-1,-1) fmap 1 : bfloat16[16,256]
-  in %i1 = arg1 imap(-1,-1,-1) fmap 1 : bfloat16[8,256]
-  %v0 = transpose(%i0) : bfloat16[256,16]
-  %v1 = matmul(%i1, %v0) : bfloat16[8,16]
-  %v2 = accum_sum(%v1) : bfloat16[8,16]
-  out %v2 omap(1,-1,-1) reduce none
-}
-output %t1
-""")
+    g = from_text(GEMV.format(rows=1024, cols=1024, grid=64, loop=4, tr=16, tc=256))
     plain = [compile_graph(g, device="cuda", pdl=False) for _ in range(2)]
     pdl = [compile_graph(g, device="cuda") for _ in range(2)]
     assert "prefetch.global.L2" in pdl[0].source and "prefetch.global.L2" not in plain[0].source
