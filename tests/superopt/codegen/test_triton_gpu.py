@@ -202,6 +202,25 @@ def test_kernels_wait_for_their_predecessor_on_sm90():
     assert not off.pdl and PDL_WAIT not in off.source
 
 
+def _replays_as_plain(pdl, plain, chain, buffers, fresh, seeds) -> list:
+    """``chain(graphs, *buffers)`` captured once in a CUDA graph over the ``pdl`` compiled graphs, then replayed
+    after ``fresh(seed)`` is copied into ``buffers``: asserts each replay's bits equal the chain over ``plain``
+    launched on the same inputs, and returns those plain outputs."""
+    chain(pdl, *buffers)  # compiles outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = chain(pdl, *buffers)
+    wants = []
+    for seed in seeds:
+        for dst, src in zip(buffers, fresh(seed)):
+            dst.copy_(src)
+        graph.replay()
+        wants.append(chain(plain, *buffers).clone())
+        assert torch.equal(out, wants[-1]), f"seed {seed}: replay with PDL differs"
+    return wants
+
+
 def test_a_dependent_chain_replays_bitwise_as_without_pdl():
     """Twelve launches where each reads the one before it's output and overwrites what the one
     before that read, captured in a CUDA graph with programmatic dependent launch: a kernel that
@@ -212,25 +231,15 @@ def test_a_dependent_chain_replays_bitwise_as_without_pdl():
         pytest.skip("programmatic dependent launch needs sm_90+")
     fx = build("gqa", "bfloat16")  # attention [2,16,64] -> [2,16,64], two kernels
 
-    def chain(graphs, x, kv):
+    def chain(graphs, x, *kv):
         for i in range(12):
             x = graphs[i % 2](x, *kv)[0]
         return x
 
     plain = [compile_graph(fx.ugraph, device="cuda", pdl=False) for _ in range(2)]
     pdl = [compile_graph(fx.ugraph, device="cuda") for _ in range(2)]
-    x, *kv = _inputs(fx, "bfloat16", 6)
-    chain(pdl, x, kv)  # compiles outside capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = chain(pdl, x, kv)
-    for seed in (7, 8, 9):
-        x2, *kv2 = _inputs(fx, "bfloat16", seed)
-        for dst, src in zip([x, *kv], [x2, *kv2]):
-            dst.copy_(src)
-        graph.replay()
-        assert torch.equal(out, chain(plain, x, kv).clone()), f"seed {seed}: replay with PDL differs"
+    _replays_as_plain(pdl, plain, chain, _inputs(fx, "bfloat16", 6), lambda seed: _inputs(fx, "bfloat16", seed),
+                      (7, 8, 9))
 
 
 def test_kernels_that_ask_l2_for_their_weights_replay_bitwise_as_without_pdl():
@@ -247,23 +256,15 @@ def test_kernels_that_ask_l2_for_their_weights_replay_bitwise_as_without_pdl():
     pdl = [compile_graph(g, device="cuda") for _ in range(2)]
     assert "prefetch.global.L2" in pdl[0].source and "prefetch.global.L2" not in plain[0].source
 
-    def chain(graphs, x, w):
+    def chain(graphs, w, x):
         for i in range(12):
             x = graphs[i % 2](w, x)[0]
         return x
 
-    gen = torch.Generator().manual_seed(11)
-    w = (torch.randn(1024, 1024, generator=gen) / 32).to(torch.bfloat16).cuda()
-    x = torch.randn(8, 1024, generator=gen).to(torch.bfloat16).cuda()
-    chain(pdl, x, w)  # compiles outside capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = chain(pdl, x, w)
-    for seed in (12, 13, 14):
-        gen.manual_seed(seed)
-        w.copy_((torch.randn(1024, 1024, generator=gen) / 32).to(torch.bfloat16))
-        x.copy_(torch.randn(8, 1024, generator=gen).to(torch.bfloat16))
-        graph.replay()
-        want = chain(plain, x, w).clone()
-        assert torch.isfinite(want).all() and torch.equal(out, want), f"seed {seed}: replay with the L2 asks differs"
+    def fresh(seed):  # the weight scaled so twelve products stay finite in bf16
+        gen = torch.Generator().manual_seed(seed)
+        return [(torch.randn(1024, 1024, generator=gen) / 32).to(torch.bfloat16).cuda(),
+                torch.randn(8, 1024, generator=gen).to(torch.bfloat16).cuda()]
+
+    wants = _replays_as_plain(pdl, plain, chain, fresh(11), fresh, (12, 13, 14))
+    assert all(torch.isfinite(want).all() for want in wants)
