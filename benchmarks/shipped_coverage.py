@@ -13,7 +13,8 @@ entries in the user cache (``MIRAGE_SERVE_CACHE_DIR``; an earlier patch copied s
 they would stand in for the shipped ones), so that the next ``warm`` searches them again (after a
 change to the search or its cost model).
 ``--prune`` (all models) deletes the entries no registry model uses at these buckets (programs a
-change to the site layout left behind), so the package ships only what a patch can hit.
+change to the site layout left behind), so the package ships only what a patch can hit. It keeps the output
+projections' (lm_head-*), which this script does not extract.
 """
 from __future__ import annotations
 
@@ -94,7 +95,10 @@ def main(argv=None) -> None:
               + (f"; missing: {', '.join(missing)}" if missing else ""))
     if args.prune:
         used |= paired_in_use(Path(args.shipped), used)
-        unused = sorted(p for p in Path(args.shipped).iterdir() if (p / "meta.json").is_file() and p.name not in used)
+        # the output projections' entries are kept: patch() runs one only where an entry holds it
+        # (PatchOptions.lm_head "cached"), and extracting its program here would build the full vocabulary matrix
+        unused = sorted(p for p in Path(args.shipped).iterdir() if (p / "meta.json").is_file() and p.name not in used
+                        and not p.name.startswith("lm_head-"))
         for p in unused:
             shutil.rmtree(p)
         print(f"pruned {len(unused)} entries no registry model uses")

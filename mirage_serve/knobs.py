@@ -5,9 +5,9 @@ Each knob is a `Knob` in the module-level table `KNOBS`; code reads one with its
 parser and a one-line doc; `describe()` lists them all (the CLI prints it, docs quote it).
 
 Values are read at call time, not import time. The switches that change what ``patch()`` does
-(``PDL``, ``PAIRED_LAUNCH``, ``STACKED_PROJECTIONS``, ``FINAL_NORM``, ``RESEARCH``, ``FUSED_RESIDUAL``, ``ATTENTION``) are only
-the defaults of ``mirage_serve.PatchOptions``' fields, read when the options are made; code and tests pass options,
-never set these variables.
+(``PDL``, ``PAIRED_LAUNCH``, ``STACKED_PROJECTIONS``, ``FINAL_NORM``, ``LM_HEAD``, ``RESEARCH``, ``FUSED_RESIDUAL``,
+``ATTENTION``) are only the defaults of ``mirage_serve.PatchOptions``' fields, read when the options are made; code and
+tests pass options, never set these variables.
 """
 from __future__ import annotations
 
@@ -93,12 +93,28 @@ FINAL_NORM: Knob[bool] = Knob(
     "run the model's final norm (after the last decoder layer) as a site kernel, one launch instead of the norm's "
     "own torch ops; 0 leaves it original (default of PatchOptions.final_norm)")
 
-LM_HEAD: Knob[bool] = Knob(
-    "MIRAGE_SERVE_LM_HEAD", parse_bool, False,
-    "run the model's output projection (lm_head) as a searched site kernel, launched with dependent launch like "
-    "the layers' kernels (H200: 1-4% faster steps at b1, the same at b8); off by default while no shipped cache "
-    "entry holds one, as a cold first patch then searches it, about a minute a batch bucket for Llama-3.1-8B "
-    "(default of PatchOptions.lm_head)")
+LM_HEAD_CHOICES = ("cached", "search", "off")
+
+
+def parse_lm_head(s: str) -> str:
+    """'cached', 'search' or 'off'; a boolean's spellings mean 'search' (1, on...) and 'off' (0, off...), as the
+    switch was a boolean before 'cached' became its default."""
+    v = s.strip().lower()
+    if v in LM_HEAD_CHOICES:
+        return v
+    try:
+        return "search" if parse_bool(v) else "off"
+    except ValueError:
+        raise ValueError(f"expected one of {list(LM_HEAD_CHOICES)} (or 1 / 0), got {s!r}") from None
+
+
+LM_HEAD: Knob[str] = Knob(
+    "MIRAGE_SERVE_LM_HEAD", parse_lm_head, "cached",
+    "the model's output projection (lm_head) as a searched site kernel, launched with dependent launch like the "
+    "layers' kernels, instead of cuBLAS's GEMV (H200: 1-4% faster steps at b1, the same at b8): 'cached' runs it "
+    "at the batch buckets a kernel cache entry (shipped or the user's) holds, and never searches for it; 'search' "
+    "(or 1) searches the buckets no entry holds, about a minute a bucket for Llama-3.1-8B's; 'off' (or 0) keeps "
+    "cuBLAS (default of PatchOptions.lm_head)")
 
 RESEARCH: Knob[bool] = Knob(
     "MIRAGE_SERVE_RESEARCH", parse_bool, False,

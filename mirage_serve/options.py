@@ -30,8 +30,9 @@ class PatchOptions:
     stacked_projections: bool = field(default_factory=knobs.STACKED_PROJECTIONS.get)
     # the model's final norm as a site kernel of its own (mirage_serve.patching.final_norm)
     final_norm: bool = field(default_factory=knobs.FINAL_NORM.get)
-    # the model's output projection as a site kernel of its own (mirage_serve.patching.lm_head)
-    lm_head: bool = field(default_factory=knobs.LM_HEAD.get)
+    # the model's output projection as a site kernel of its own (mirage_serve.patching.lm_head): "cached" (at the
+    # buckets a cache entry holds, never searched), "search" (searched where no entry holds it) or "off"
+    lm_head: str = field(default_factory=knobs.LM_HEAD.get)
     # the layer's residual adds inside the kernels of the projections they add (mirage_serve.patching.residual)
     fused_residual: bool = field(default_factory=knobs.FUSED_RESIDUAL.get)
     # search again the programs the shipped cache holds, on the GPU profile (mirage_serve.optimize.choose)
@@ -41,10 +42,11 @@ class PatchOptions:
     attention: str = field(default_factory=knobs.ATTENTION.get)
 
     def __post_init__(self):
-        for name in ("pdl", "paired_launch", "stacked_projections", "final_norm", "lm_head", "fused_residual",
-                     "research"):
+        for name in ("pdl", "paired_launch", "stacked_projections", "final_norm", "fused_residual", "research"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"PatchOptions.{name} must be a bool, got {getattr(self, name)!r}")
+        if self.lm_head not in knobs.LM_HEAD_CHOICES:
+            raise ValueError(f"PatchOptions.lm_head must be one of {list(knobs.LM_HEAD_CHOICES)}, got {self.lm_head!r}")
         if self.attention not in knobs.ATTENTION_CHOICES:
             raise ValueError(f"PatchOptions.attention must be one of {list(knobs.ATTENTION_CHOICES)}, "
                              f"got {self.attention!r}")

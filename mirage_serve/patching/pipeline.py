@@ -42,6 +42,9 @@ _RESIDUAL_NOTE = ("residual adds: in the kernels of {projs} in {n}/{of} layers (
                   "handed the residual by the layer's forward, PatchOptions.fused_residual)")
 _TRACED_NOTE = ("sites from the traced decoder layer (no adapter for model type {!r}): norm → projections "
                 "and projections alone")
+_LM_HEAD_NOTE = ("lm_head: a site kernel {held} (the kernel cache's entries), cuBLAS above; "
+                 "PatchOptions(lm_head='search') or MIRAGE_SERVE_LM_HEAD=search searches the rest, "
+                 "about a minute a bucket at 8B, and `mirage-serve warm` keeps them")
 _GRAPHS_NOTE = ("decode steps replay CUDA graphs on an owned static KV cache; HF's auto-compile is "
                 "off for this model (it would compile around the graphs)")
 
@@ -262,26 +265,27 @@ def _prepare_sites(model, family, layers_path, layers, residual, call: _Call, ca
     def with_residual(i, site):  # the projection site takes its layer's residual add (patching.residual)
         return residual[i].site_for(site) if isinstance(site, ProjSite) else site
 
-    jobs = [(i, layer, with_residual(i, site), f"{layers_path}.{i}.")  # (layer, module, site, path prefix)
+    # (layer, module, site, path prefix, buckets: None for the call's)
+    jobs = [(i, layer, with_residual(i, site), f"{layers_path}.{i}.", None)
             for i, layer in enumerate(layers) for site in family.sites]
     if final:
-        jobs.append((-1, model, final_norm.site(final), ""))
-    head = lm_head.find_lm_head(model) if call.options.lm_head and shard is None else None
-    if head:
-        jobs.append((-1, model, lm_head.site(head), ""))
+        jobs.append((-1, model, final_norm.site(final), "", None))
+    head = lm_head.find_lm_head(model) if call.options.lm_head != "off" and shard is None else None
     prep = Preparer(call.backend, call.dtype, call.buckets, search_budget, cache,
                     call.options, shard_tag=shard.tag if shard else "")
     plans = []
     try:
+        if head:
+            jobs += _lm_head_job(model, head, prep, call)
         # every unsigned cache entry's verification starts now, all programs at once (Preparer.prefetch)
-        for _, module, site, _ in jobs if shard is None else ():
+        for _, module, site, _, _ in jobs if shard is None else ():
             prep.prefetch(module, site)
-        for i, module, site, prefix in jobs:
+        for i, module, site, prefix, buckets in jobs:
             sr = SiteReport(i, site.name, tuple(prefix + p for p in site.paths()))
             report.sites.append(sr)
             try:
                 if shard is None:
-                    plans.append((module, site, prep.prepare(module, site, sr), sr))
+                    plans.append((module, site, prep.prepare(module, site, sr, buckets), sr))
                 elif (why := shard.unsupported(module, site)) is not None:
                     sr.reason = why
                 else:  # searched on this rank's shards; installed on the real layer
@@ -297,6 +301,20 @@ def _prepare_sites(model, family, layers_path, layers, residual, call: _Call, ca
     if shard is not None:  # tensor parallel: install a site only where every rank prepared it
         plans = shard.agree(plans, report.sites)
     return plans
+
+
+def _lm_head_job(model, path: str, prep: Preparer, call: _Call) -> list[tuple]:
+    """The output projection's job for ``_prepare_sites``: at every bucket with ``PatchOptions.lm_head ==
+    "search"``; with "cached", at the buckets a cache entry holds (none: no job, and a report note saying how to
+    get one), so a first patch never pays its search (about a minute a bucket at 8B, docs/architecture.md)."""
+    site = lm_head.site(path)
+    if call.options.lm_head == "search":
+        return [(-1, model, site, "", None)]
+    buckets = prep.cached_buckets(model, site)
+    if not buckets or max(buckets) < max(call.buckets):
+        held = f"up to {max(buckets)} rows" if buckets else "at no bucket of this call"
+        _note(call.report, _LM_HEAD_NOTE.format(held=held))
+    return [(-1, model, site, "", buckets)] if buckets else []
 
 
 def _install(model, family, layers, residual, plans, call: _Call, stage, attention_search) -> None:

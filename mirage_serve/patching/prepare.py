@@ -217,7 +217,10 @@ class Preparer:
                                  timings=timings)
         return pick
 
-    def prepare(self, layer: torch.nn.Module, site: NormSite | ProjSite, sr: SiteReport) -> SiteRuntime:
+    def prepare(self, layer: torch.nn.Module, site: NormSite | ProjSite, sr: SiteReport,
+                buckets: tuple[int, ...] | None = None) -> SiteRuntime:
+        """The site's runtime at ``buckets`` (default: the call's); rows above the largest run the original."""
+        buckets = buckets or self.buckets
         wrapper = site_module(layer, site)
         why = unsupported_layers(wrapper)
         if why:
@@ -226,7 +229,7 @@ class Preparer:
         device = next(wrapper.parameters()).device
         sig = signature(wrapper)
         key = (site.name, sig)
-        runtime = self._prepare(wrapper, site, sig, dim, device, sr, key in self._plain)
+        runtime = self._prepare(wrapper, site, sig, dim, device, sr, key in self._plain, buckets)
         try:
             self._self_check(wrapper, runtime, sr)
         except SiteError:
@@ -238,13 +241,13 @@ class Preparer:
             # this site, in every layer, runs its extracted program instead.
             self._plain[key] = f"chosen μGraph failed to run ({type(e).__name__}: {e}); running the program"
             sr.source, sr.kernels, sr.launches = "", 0, 0
-            runtime = self._prepare(wrapper, site, sig, dim, device, sr, True)
+            runtime = self._prepare(wrapper, site, sig, dim, device, sr, True, buckets)
             self._self_check(wrapper, runtime, sr)
         if key in self._plain:
             sr.source_note = self._plain[key]
         return runtime
 
-    def _prepare(self, wrapper, site, sig, dim: int, device, sr: SiteReport, plain: bool):
+    def _prepare(self, wrapper, site, sig, dim: int, device, sr: SiteReport, plain: bool, buckets: tuple[int, ...]):
         parts, kernels, launches = [], 0, 0
         seen: list[str] = []
         for name, part, outputs in site_parts(site.name, wrapper, self.stack):
@@ -253,7 +256,7 @@ class Preparer:
             seen.append(name)
             per_bucket: dict[int, BucketKernel] = {}
             splits = stacked_widths(wrapper, outputs)
-            for m in sorted(self.buckets, reverse=True):  # search the largest bucket, re-instantiate the rest
+            for m in sorted(buckets, reverse=True):  # search the largest bucket, re-instantiate the rest
                 per_bucket[m] = replace(self._kernel(part, name, sig, dim, m, device, sr, plain, twin), splits=splits)
             parts.append((name, per_bucket, outputs))
             kernels, launches = kernels + sr.kernels, launches + sr.launches
@@ -371,15 +374,30 @@ class Preparer:
         if (site.name, sig) in self._prefetched or unsupported_layers(wrapper):
             return
         self._prefetched.add((site.name, sig))
+        pdl, target = self._compile_target(next(wrapper.parameters()).device)
+        for _, program, key, entry in self._entries(wrapper, site, sig):
+            if entry is not None and not entry.signed:
+                optimize.prefetch(program, entry, key, pdl, target)
+
+    def cached_buckets(self, layer: torch.nn.Module, site: NormSite | ProjSite) -> tuple[int, ...]:
+        """The call's buckets at which the cache (the user's or the shipped one) holds an entry for every part of
+        ``site``: where it can run without a search (``PatchOptions.lm_head == "cached"``). An entry that then
+        fails its verification is searched again, as any rejected entry is (``optimize.choose``)."""
+        wrapper = site_module(layer, site)
+        if self.cache is None or unsupported_layers(wrapper):
+            return ()
+        missing = {m for m, _, _, entry in self._entries(wrapper, site, signature(wrapper)) if entry is None}
+        return tuple(m for m in sorted(self.buckets) if m not in missing)
+
+    def _entries(self, wrapper, site: NormSite | ProjSite, sig):
+        """(bucket, program, cache key, cache entry or None) of every part of the site at every bucket of the call,
+        the largest bucket first."""
         dim, device = _dim(wrapper.head), next(wrapper.parameters()).device
-        pdl, target = self._compile_target(device)
         for name, part, _ in site_parts(site.name, wrapper, self.stack):
             for m in sorted(self.buckets, reverse=True):
                 program = self._program(part, name, sig, dim, m, device).graph
                 key = self._cache_key(digest(program), name, m, device)
-                entry = self.cache.get(key, count=False)
-                if entry is not None and not entry.signed:
-                    optimize.prefetch(program, entry, key, pdl, target)
+                yield m, program, key, self.cache.get(key, count=False)
 
     def _compile_target(self, device) -> tuple[bool, object]:
         """(dependent launch as the build resolves it, the GPU's Triton target) for compiling a

@@ -10,12 +10,11 @@ from mirage_serve.options import PatchOptions
 
 FIELDS = {"pdl": knobs.PDL, "paired_launch": knobs.PAIRED_LAUNCH, "fused_residual": knobs.FUSED_RESIDUAL,
           "stacked_projections": knobs.STACKED_PROJECTIONS, "final_norm": knobs.FINAL_NORM,
-          "lm_head": knobs.LM_HEAD,
           "research": knobs.RESEARCH}
 
 
 def test_each_switch_is_a_field_whose_default_is_its_knob(monkeypatch):
-    assert {f.name for f in dataclasses.fields(PatchOptions)} == set(FIELDS) | {"attention"}
+    assert {f.name for f in dataclasses.fields(PatchOptions)} == set(FIELDS) | {"attention", "lm_head"}
     for name, knob in FIELDS.items():
         monkeypatch.delenv(knob.name, raising=False)
         assert getattr(PatchOptions(), name) is knob.default
@@ -36,6 +35,17 @@ def test_the_attention_choice_defaults_to_its_knob_and_is_checked(monkeypatch):
     assert PatchOptions(attention="searched").attention == "searched"  # an argument wins
     monkeypatch.setenv(knobs.ATTENTION.name, "fastest")
     with pytest.raises(ValueError, match="MIRAGE_SERVE_ATTENTION.*profiled"):
+        PatchOptions()
+
+
+def test_the_output_projection_choice_defaults_to_its_knob_and_is_checked(monkeypatch):
+    monkeypatch.delenv(knobs.LM_HEAD.name, raising=False)
+    assert PatchOptions().lm_head == "cached" == knobs.LM_HEAD.default
+    monkeypatch.setenv(knobs.LM_HEAD.name, "1")  # the boolean spellings it had before "cached"
+    assert PatchOptions().lm_head == "search"
+    assert PatchOptions(lm_head="off").lm_head == "off"  # an argument wins
+    monkeypatch.setenv(knobs.LM_HEAD.name, "always")
+    with pytest.raises(ValueError, match="MIRAGE_SERVE_LM_HEAD.*cached"):
         PatchOptions()
 
 

@@ -190,9 +190,10 @@ def test_each_program_is_traced_once_for_all_buckets(monkeypatch):
     report = mirage_serve.patch(model, backend="torch", search_budget=0, batch_sizes=(1, 2, 3))
     assert not report.unpatched, str(report)
     # one trace per program part of the first layer's sites, at the largest bucket (the two norm sites,
-    # one program: the second reads the first one's record, cache/programs.py)
+    # one program: the second reads the first one's record, cache/programs.py), and the output projection's,
+    # traced to look its entries up (PatchOptions.lm_head "cached": none here, so it stays original)
     assert sorted(traced) == sorted(f"{n}_m3" for n in ("attn_in", "attn_out", "mlp_in", "mlp_out",
-                                                          "norm")), traced
+                                                          "norm", "lm_head")), traced
     assert report.programs == 5 * 3
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, ref, rtol=1e-4, atol=1e-5)  # 3 rows: bucket 3

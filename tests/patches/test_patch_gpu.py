@@ -170,7 +170,7 @@ def test_tiny_qwen2_generate_with_the_output_projection_a_site(tmp_path):
 
     report = _generate_patched(Qwen2Config(vocab_size=1001, hidden_size=256, intermediate_size=688,
                                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                           tie_word_embeddings=True), tmp_path, PatchOptions(lm_head=True))
+                                           tie_word_embeddings=True), tmp_path, PatchOptions(lm_head="search"))
     assert [s.site for s in report.sites if s.layer < 0] == ["final_norm", "lm_head"], str(report)
     assert not report.unpatched and all(s.patched for s in report.sites if s.layer < 0), str(report)
 
