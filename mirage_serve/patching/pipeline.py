@@ -42,9 +42,8 @@ _RESIDUAL_NOTE = ("residual adds: in the kernels of {projs} in {n}/{of} layers (
                   "handed the residual by the layer's forward, PatchOptions.fused_residual)")
 _TRACED_NOTE = ("sites from the traced decoder layer (no adapter for model type {!r}): norm → projections "
                 "and projections alone")
-_LM_HEAD_NOTE = ("lm_head: a site kernel {held} (the kernel cache's entries), cuBLAS above; "
-                 "PatchOptions(lm_head='search') or MIRAGE_SERVE_LM_HEAD=search searches the rest, "
-                 "about a minute a bucket at 8B, and `mirage-serve warm` keeps them")
+_LM_HEAD_NOTE = ("lm_head: {where}; PatchOptions(lm_head='search') or MIRAGE_SERVE_LM_HEAD=search searches "
+                 "the buckets the kernel cache lacks, about a minute each at 8B, and `mirage-serve warm` keeps them")
 _GRAPHS_NOTE = ("decode steps replay CUDA graphs on an owned static KV cache; HF's auto-compile is "
                 "off for this model (it would compile around the graphs)")
 
@@ -312,8 +311,9 @@ def _lm_head_job(model, path: str, prep: Preparer, call: _Call) -> list[tuple]:
         return [(-1, model, site, "", None)]
     buckets = prep.cached_buckets(model, site)
     if not buckets or max(buckets) < max(call.buckets):
-        held = f"up to {max(buckets)} rows" if buckets else "at no bucket of this call"
-        _note(call.report, _LM_HEAD_NOTE.format(held=held))
+        where = (f"a site kernel up to {max(buckets)} rows, cuBLAS above" if buckets
+                 else "cuBLAS (the kernel cache holds no kernel for it at these buckets)")
+        _note(call.report, _LM_HEAD_NOTE.format(where=where))
     return [(-1, model, site, "", buckets)] if buckets else []
 
 

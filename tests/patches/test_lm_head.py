@@ -98,7 +98,7 @@ def test_by_default_it_runs_only_where_the_cache_holds_it(monkeypatch, tmp_path)
     cached = PatchOptions(lm_head="cached")
     first = mirage_serve.patch(model, backend="torch", cache_dir=tmp_path, batch_sizes=(2,), options=cached)
     assert not [s for s in first.sites if s.site == "lm_head"] and "forward" not in model.lm_head.__dict__
-    assert "lm_head: a site kernel at no bucket" in first.note and "MIRAGE_SERVE_LM_HEAD=search" in first.note
+    assert "lm_head: cuBLAS (the kernel cache holds no kernel" in first.note and "MIRAGE_SERVE_LM_HEAD=search" in first.note
     assert not [c for c in calls if "lm_head" in c[0]]
     mirage_serve.unpatch(model)
 
@@ -111,7 +111,7 @@ def test_by_default_it_runs_only_where_the_cache_holds_it(monkeypatch, tmp_path)
     head, = [s for s in third.sites if s.site == "lm_head"]
     assert head.patched and head.source == "cache", str(third)
     assert not [c for c in calls[searched:] if "lm_head" in c[0]]
-    assert "lm_head: a site kernel up to 2 rows" in third.note
+    assert "lm_head: a site kernel up to 2 rows, cuBLAS above" in third.note
     runs = []
     real = prepare.SiteRuntime.run
     monkeypatch.setattr(prepare.SiteRuntime, "run", lambda self, *a: runs.append(len(a[0])) or real(self, *a))
