@@ -111,7 +111,7 @@ def parse_lm_head(s: str) -> str:
 LM_HEAD: Knob[str] = Knob(
     "MIRAGE_SERVE_LM_HEAD", parse_lm_head, "cached",
     "the model's output projection (lm_head) as a searched site kernel, launched with dependent launch like the "
-    "layers' kernels, instead of cuBLAS's GEMV (H200: 1-4% faster steps at b1, the same at b8): 'cached' runs it "
+    "layers' kernels, instead of cuBLAS's GEMV (H200: 0.5-4% faster steps at b1, the same at b8): 'cached' runs it "
     "at the batch buckets a kernel cache entry (shipped or the user's) holds, and never searches for it; 'search' "
     "(or 1) searches the buckets no entry holds, about a minute a bucket for Llama-3.1-8B's; 'off' (or 0) keeps "
     "cuBLAS (default of PatchOptions.lm_head)")

@@ -13,7 +13,7 @@ Found through HF's own interface for it, ``get_output_embeddings()``, and checke
 a Linear, called once, returning a tensor as wide as the logits the model returns (else the model is left as it
 is). Logits transformed after the projection (Gemma-2's final softcap) pass that check; the transformation stays in
 the model's forward, after the kernel. By default (``PatchOptions.lm_head == "cached"``) it runs only at the batch
-buckets a kernel cache entry holds and is never searched: alternated H200 runs measured 1-4% faster steps at b1 and
+buckets a kernel cache entry holds and is never searched: alternated H200 runs measured 0.5-4% faster steps at b1 and
 the same at b8, but a cold search costs 62.6 s a bucket for Llama-3.1-8B on an H100. docs/architecture.md, "The output
 projection".
 """
