@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: the integrated GPU checks, each step time-boxed, logs under $OUT.
 #   bash benchmarks/gpu_session.sh STEP [STEP ...]      (steps below; $OUT must be set)
-# Steps: tests | tests-pdl | pytest | decode-tests | attn-choice | registry | warm-patch | trust-patch | cold | overhead | alone-rounds | alone | decode-qwen | decode-llama | decode-qwen3 | {nopdl,unpaired,unfused}-{qwen,llama,qwen3} | profile-qwen | profile-llama | profile-qwen3 | profile-floor | profile-attn | sweep-attn | probe-chain | probe-gemv | probe-persistent (PERSISTENT: MODEL:BATCH ...; PERSISTENT_ARGS: the probe's flags) |
+# Steps: tests | tests-pdl | pytest | decode-tests | attn-choice | registry | warm-patch | trust-patch | cold | overhead | alone-rounds | alone | decode-qwen | decode-llama | decode-qwen3 | {nopdl,unpaired,unfused}-{qwen,llama,qwen3} | profile-qwen | profile-llama | profile-qwen3 | profile-floor | profile-attn | sweep-attn | probe-chain | probe-behind (BEHIND_ARGS: its flags) | probe-gemv | probe-persistent (PERSISTENT: MODEL:BATCH ...; PERSISTENT_ARGS: the probe's flags) |
 # blocks | research | unship | warm | bench | diagnose | ab. Every step's limit is cut to what is left before DEADLINE (default 560 s: a device command may run 600 s,
 # and the tars at the end need a few seconds); a step with under 20 s left is skipped.
 # (environment: MIRAGE_SERVE_PDL, MIRAGE_SERVE_PAIRED_LAUNCH, MIRAGE_SERVE_FUSED_RESIDUAL, NEW_TOKENS, LLAMA_BATCH, BASELINES; overhead: OVERHEAD (MODEL:BATCH ...); unship: UNSHIP (MODEL:LABELS ..., shipped entries to delete in this copy, so later steps search them); warm: WARM_MODELS, WARM_BATCH; it leaves $OUT/shipped.tar,
@@ -118,6 +118,7 @@ while [ $# -gt 0 ]; do
     profile-attn) step profile_attn 200 env PYTHONPATH="$PWD" python benchmarks/profile_attention.py ;;  # issue 4: per kernel
     sweep-attn) step sweep_attn 450 env PYTHONPATH="$PWD" python benchmarks/sweep_attention.py ${SWEEP_ARGS:-} ;;  # launch plans
     probe-chain) step probe_chain 240 env PYTHONPATH="$PWD" python benchmarks/probe_launch_chain.py ;;  # issue 29's ceiling
+    probe-behind) step probe_behind 240 env PYTHONPATH="$PWD" python benchmarks/probe_attention_behind.py ${BEHIND_ARGS:-} ;;  # the attention behind a full GPU
     probe-persistent) for mb in ${PERSISTENT:-Qwen2.5-0.5B:1 Qwen3-0.6B:1 Llama-3.2-1B:1 Qwen2.5-0.5B:8}; do  # issue 29:
                         # a step's site kernels one by one vs one persistent launch (docs/persistent.md)
                         step "persistent_${mb%%:*}_b${mb##*:}" 200 env PYTHONPATH="$PWD" \
