@@ -113,8 +113,8 @@ LM_HEAD: Knob[str] = Knob(
     "the model's output projection (lm_head) as a searched site kernel, launched with dependent launch like the "
     "layers' kernels, instead of cuBLAS's GEMV (H200: 0.5-4% faster steps at b1, the same at b8): 'cached' runs it "
     "at the batch buckets a kernel cache entry (shipped or the user's) holds, and never searches for it; 'search' "
-    "(or 1) searches the buckets no entry holds, about a minute a bucket for Llama-3.1-8B's; 'off' (or 0) keeps "
-    "cuBLAS (default of PatchOptions.lm_head)")
+    "(or 1) searches the buckets no entry holds, about a minute a bucket for Llama-3.1-8B's, and is what "
+    "`mirage-serve warm` does when this is unset; 'off' (or 0) keeps cuBLAS (default of PatchOptions.lm_head)")
 
 RESEARCH: Knob[bool] = Knob(
     "MIRAGE_SERVE_RESEARCH", parse_bool, False,

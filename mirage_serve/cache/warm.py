@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from .. import registry
+from .. import knobs, registry
 from .store import KernelCache, default_cache_dir
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16)
@@ -95,9 +95,13 @@ def build_model(config, dtype: str, device=None):
 
 
 def _call_patch(model, *, backend, cache_dir, batch_sizes):
+    from ..options import PatchOptions
     from ..patching.pipeline import patch  # torch and transformers: loaded when a warm runs
 
-    kwargs = {"cache_dir": cache_dir, "batch_sizes": batch_sizes}
+    # warming pays the searches ahead of time, the output projection's too: a patch() takes that one only
+    # from the cache by default (PatchOptions.lm_head "cached"); MIRAGE_SERVE_LM_HEAD, where set, still decides
+    lm_head = knobs.LM_HEAD.get() if knobs.LM_HEAD.is_set() else "search"
+    kwargs = {"cache_dir": cache_dir, "batch_sizes": batch_sizes, "options": PatchOptions(lm_head=lm_head)}
     if backend is not None:
         kwargs["backend"] = backend
     return patch(model, **kwargs)

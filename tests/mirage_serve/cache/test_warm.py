@@ -47,9 +47,9 @@ def _fake_patch(calls):
     """Stands in for patch(): one cache entry per (distinct Linear shape, batch bucket)."""
     import torch
 
-    def patch(model, *, cache_dir, batch_sizes, backend="torch", progress=None):
+    def patch(model, *, cache_dir, batch_sizes, backend="torch", progress=None, options=None):
         calls.append({"cache_dir": cache_dir, "batch_sizes": batch_sizes, "backend": backend,
-                      "layers": len(model.model.layers)})
+                      "layers": len(model.model.layers), "lm_head": options.lm_head})
         cache = KernelCache(cache_dir, shipped_dir=False)
         shapes = sorted({tuple(m.weight.shape) for m in model.modules()
                          if isinstance(m, torch.nn.Linear)})
@@ -68,13 +68,15 @@ def _fake_patch(calls):
 
 
 def test_warm_model_drives_patch_and_counts_entries(tmp_path, monkeypatch):
+    monkeypatch.delenv("MIRAGE_SERVE_LM_HEAD", raising=False)
     calls, seen = [], []
     monkeypatch.setattr(pipeline, "patch", _fake_patch(calls))
     r = warm_model(TINY, batch_sizes=[8, 3, 3, 1], dtype="fp32", cache_dir=tmp_path / "c",
                    progress=lambda msg, done, total: seen.append((msg, done, total)),
                    backend="torch", device="cpu", num_layers=1)
+    # warming searches the output projection too, which a patch() takes only from the cache by default
     assert calls == [{"cache_dir": tmp_path / "c", "batch_sizes": (1, 3, 8), "backend": "torch",
-                      "layers": 1}]
+                      "layers": 1, "lm_head": "search"}]
     # Linear shapes: q [96,96], k/v [48,96], o [96,96], gate/up [136,96], down [96,136], lm_head [73,96].
     assert r.report == {"sites": 15} and (r.entries_before, r.entries_after) == (0, 15)
     assert r.batch_sizes == (1, 3, 8) and "15 new entries" in r.summary()
@@ -83,6 +85,10 @@ def test_warm_model_drives_patch_and_counts_entries(tmp_path, monkeypatch):
     again = warm_model(TINY, batch_sizes=[1, 3, 8], dtype="fp32", cache_dir=tmp_path / "c",
                        backend="torch", device="cpu", num_layers=1)
     assert (again.entries_before, again.entries_after) == (15, 15)
+    monkeypatch.setenv("MIRAGE_SERVE_LM_HEAD", "off")  # set, the knob still decides
+    warm_model(TINY, batch_sizes=[1], dtype="fp32", cache_dir=tmp_path / "c", backend="torch", device="cpu",
+               num_layers=1)
+    assert calls[-1]["lm_head"] == "off"
     with pytest.raises(ValueError):
         warm_model(TINY, batch_sizes=[0], cache_dir=tmp_path / "c")
 
