@@ -35,24 +35,32 @@ def site(path: str) -> ProjSite:
 def find_lm_head(model: nn.Module) -> str | None:
     """The path of the model's output projection, or None (no such Linear, or a forward that cannot run on one
     token). Runs one forward of ``model`` on one token, no gradients."""
+    path = output_linear(model)
+    return path if path is not None and gives_the_logits(model, path) else None
+
+
+def output_linear(model: nn.Module) -> str | None:
+    """The path of the Linear HF names the model's output embeddings, or None; no forward (``gives_the_logits``
+    checks the data flow)."""
     get = getattr(model, "get_output_embeddings", None)
     head = get() if callable(get) else None
     if not isinstance(head, nn.Linear):
         return None
-    path = next((p for p, m in model.named_modules() if m is head and p), None)
-    if path is None:
-        return None
+    return next((p for p, m in model.named_modules() if m is head and p), None)
+
+
+def gives_the_logits(model: nn.Module, path: str) -> bool:
+    """Whether the Linear at ``path`` is called once in a forward of ``model`` on one token and returns a tensor as
+    wide as the logits the model returns (one forward, no gradients; a forward that cannot run here: False)."""
+    head = model.get_submodule(path)
     calls: list[torch.Tensor] = []
     handle = head.register_forward_hook(lambda module, args, out: calls.append(out))
-    device = head.weight.device
     try:
         with torch.no_grad():
-            out = model(input_ids=torch.ones(1, 1, dtype=torch.long, device=device), use_cache=True)
+            out = model(input_ids=torch.ones(1, 1, dtype=torch.long, device=head.weight.device), use_cache=True)
     except Exception:  # a forward that cannot run here leaves the projection as it is
-        return None
+        return False
     finally:
         handle.remove()
     logits = getattr(out, "logits", None)
-    if len(calls) != 1 or not isinstance(logits, torch.Tensor) or calls[0].shape[-1] != logits.shape[-1]:
-        return None
-    return path
+    return len(calls) == 1 and isinstance(logits, torch.Tensor) and calls[0].shape[-1] == logits.shape[-1]

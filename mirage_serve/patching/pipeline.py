@@ -269,7 +269,7 @@ def _prepare_sites(model, family, layers_path, layers, residual, call: _Call, ca
             for i, layer in enumerate(layers) for site in family.sites]
     if final:
         jobs.append((-1, model, final_norm.site(final), "", None))
-    head = lm_head.find_lm_head(model) if call.options.lm_head != "off" and shard is None else None
+    head = lm_head.output_linear(model) if call.options.lm_head != "off" and shard is None else None
     prep = Preparer(call.backend, call.dtype, call.buckets, search_budget, cache,
                     call.options, shard_tag=shard.tag if shard else "")
     plans = []
@@ -305,16 +305,22 @@ def _prepare_sites(model, family, layers_path, layers, residual, call: _Call, ca
 def _lm_head_job(model, path: str, prep: Preparer, call: _Call) -> list[tuple]:
     """The output projection's job for ``_prepare_sites``: at every bucket with ``PatchOptions.lm_head ==
     "search"``; with "cached", at the buckets a cache entry holds (none: no job, and a report note saying how to
-    get one), so a first patch never pays its search (about a minute a bucket at 8B, docs/architecture.md)."""
+    get one), so a first patch never pays its search (about a minute a bucket at 8B, docs/architecture.md). The
+    one-token forward that checks the projection gives the logits (``lm_head.gives_the_logits``) runs only where
+    the site would."""
     site = lm_head.site(path)
-    if call.options.lm_head == "search":
-        return [(-1, model, site, "", None)]
-    buckets = prep.cached_buckets(model, site)
-    if not buckets or max(buckets) < max(call.buckets):
-        where = (f"a site kernel up to {max(buckets)} rows, cuBLAS above" if buckets
-                 else "cuBLAS (the kernel cache holds no kernel for it at these buckets)")
-        _note(call.report, _LM_HEAD_NOTE.format(where=where))
-    return [(-1, model, site, "", buckets)] if buckets else []
+    buckets = None
+    if call.options.lm_head == "cached":
+        buckets = prep.cached_buckets(model, site)
+        if not buckets:
+            _note(call.report, _LM_HEAD_NOTE.format(where="cuBLAS (the kernel cache holds no kernel for it at "
+                                                          "these buckets)"))
+            return []
+    if not lm_head.gives_the_logits(model, path):
+        return []
+    if buckets and max(buckets) < max(call.buckets):
+        _note(call.report, _LM_HEAD_NOTE.format(where=f"a site kernel up to {max(buckets)} rows, cuBLAS above"))
+    return [(-1, model, site, "", buckets)]
 
 
 def _install(model, family, layers, residual, plans, call: _Call, stage, attention_search) -> None:
