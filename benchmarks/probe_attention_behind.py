@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from benchmarks.profile_attention import handwritten
-from mirage_serve import registry
+from benchmarks.sweep_attention import model_rows
 from superopt.runtime.grid_dependency import applies, launch_options
 from superopt.runtime.timing import copy_bandwidth, rotated_sets, time_call
 
@@ -61,13 +61,6 @@ def ballast(blocks: int, mb: float, pdl: bool):
     return call, [x]
 
 
-def model_shape(name: str, batch: int, kv_len: int, position: int) -> dict:
-    cfg = registry.get(name).config
-    heads = cfg["num_attention_heads"]
-    return dict(batch=batch, q_heads=heads, kv_heads=cfg.get("num_key_value_heads") or heads,
-                head_dim=registry.head_dim(cfg), kv_len=kv_len, position=position)
-
-
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="Qwen2.5-0.5B,Llama-3.2-1B,Qwen3-0.6B,Llama-3.1-8B")
@@ -86,7 +79,7 @@ def main(argv=None) -> None:
           "after µs (behind - ballast) |")
     print("|---|---|---|---|---|---|---|---|---|")
     for name in args.models.split(","):
-        kw = model_shape(name, args.batch, args.kv_len, args.position)
+        (_, _, kw, _), = model_rows(name, [args.batch], args.kv_len, args.position)
         attend, axs = handwritten(kw, torch.bfloat16)
         alone = time_call(attend, rotated_sets(axs), graph=True)
         for blocks in (int(b) for b in args.blocks.split(",")):
