@@ -1,4 +1,4 @@
-"""The decode loop of greedy/sampling generate() as CUDA-graph replays of one token, or of several.
+"""The decode loop of greedy/sampling generate() as one CUDA-graph replay per token.
 
 One ``DecodeLoop`` per signature (batch size, static cache, token-choice settings) owns static
 device buffers; a decode step reads and writes only them, so after the first step of the first call
@@ -15,13 +15,6 @@ mask holds the prompt's mask followed by ones for every later column; the column
 element, and it is built inside the captured step from device state (the cache length is a tensor).
 Where HF's 4D mask of the first step equals the one ``step_mask.StepMask`` keeps (one column a step),
 later steps pass that instead, and HF builds none.
-
-Several steps a replay: between two replays of a graph the GPU idles about 5 µs (the first node of the next
-replay starts that long after the last kernel of the one before: H200 traces, every model profiled in
-benchmarks/results/floor_h200_2026-11-28_s39/README.md, section 3), a step's largest gap. So the loop also
-captures ``steps_per_replay`` consecutive steps as one graph and replays that wherever that many steps remain
-before the next poll; the steps are the same kernels on the same buffers, recorded back to back. Not with sliding
-window layers, whose host-side lengths are advanced one replay at a time (window_layers).
 
 Finished rows: HF stops when every row has produced an EOS. Reading that needs a host sync, so the
 loop polls a non-blocking copy every ``check_every`` steps and may run a few steps past the stop;
@@ -47,12 +40,9 @@ from .token_choice import TokenChooser
 log = logging.getLogger("mirage_serve")
 
 
-STEPS_PER_REPLAY = 4  # divides run()'s check_every, so a poll always falls between two replays
-
-
 class DecodeLoop:
     def __init__(self, model, forward, cache, batch: int, cache_len: int, chooser: TokenChooser,
-                 extra_inputs: dict, pool=None, capture: bool = False, steps_per_replay: int = STEPS_PER_REPLAY):
+                 extra_inputs: dict, pool=None, capture: bool = False):
         self.model, self.forward, self.cache = model, forward, cache
         self.chooser, self.extra = chooser, dict(extra_inputs)  # e.g. use_cache, logits_to_keep
         self.capture, self.pool = capture, pool
@@ -67,11 +57,8 @@ class DecodeLoop:
         self.rotary = RotaryTables(model, cache_len)  # cos/sin as one gather a step (rotary_table)
         self.graph = None
         self.sliding = window_layers.sliding_layers(cache)  # steps past a full window run eagerly
-        # the graph of several steps; sliding layers' host lengths move one replay at a time, so not with them
-        self.steps_per_replay = 1 if self.sliding else steps_per_replay
-        self.multi_graph = None
         self.captures = 0
-        self.replays = 0  # steps run by replaying a graph
+        self.replays = 0
         self.capture_error: str | None = None  # set if capture failed and the loop runs eagerly
 
     def _alloc(self, batch: int, cache_len: int, vocab: int, dev: torch.device) -> None:
@@ -117,11 +104,8 @@ class DecodeLoop:
 
     def run(self, n_new: int, check_every: int = 16) -> torch.Tensor:
         """Steps 2..n_new (the first token came from the prefill); returns the new tokens [B, n]."""
-        if check_every % self.steps_per_replay:
-            raise ValueError(f"check_every={check_every} must be a multiple of steps_per_replay="
-                             f"{self.steps_per_replay}: a poll falls between two replays")
-        pending, i = False, 1
-        while i < n_new:
+        pending = False
+        for i in range(1, n_new):
             if i % check_every == 0:
                 if pending:  # copied check_every steps ago: normally done, so this rarely waits
                     if self._alive_event is not None:
@@ -132,13 +116,7 @@ class DecodeLoop:
                 if self._alive_event is not None:
                     self._alive_event.record()
                 pending = True
-            k = self.steps_per_replay  # several steps at once from a multiple of k, while k remain
-            if k > 1 and i % k == 0 and n_new - i >= k:
-                self.steps()
-                i += k
-            else:
-                self.step()
-                i += 1
+            self.step()
         n = int(self.generated)  # the one sync that has to wait for the last step
         return self.tokens[:, :n].clone()
 
@@ -175,26 +153,6 @@ class DecodeLoop:
             self.graph = graph
             self.captures += 1
             window_layers.advance(self.sliding, -1)  # the capture counted a token it did not write
-
-    def steps(self) -> None:
-        """``steps_per_replay`` steps as one replay of their graph, captured on first use, after the one-step
-        graph (whose eager first step ran every first-use check). Eager where nothing is captured; one step a
-        replay from then on where this capture fails (it records without running: the state is still exact)."""
-        k = self.steps_per_replay
-        if self.multi_graph is None and self.graph is not None:
-            try:
-                self.multi_graph, _ = graph_step.capture_graph(lambda: [self._step() for _ in range(k)], self.pool)
-                self.captures += 1
-            except Exception as e:
-                self.steps_per_replay = 1
-                log.warning("mirage_serve: decode loop capture of %d steps failed (%s: %s); one step a replay",
-                            k, type(e).__name__, e)
-        if self.multi_graph is not None:
-            self.multi_graph.replay()
-            self.replays += k
-            return
-        for _ in range(k):
-            self.step()
 
     def _step(self) -> None:
         own = self.step_mask.adopted  # None on the loop's first step, until HF's mask is compared with ours

@@ -76,29 +76,6 @@ def test_sampling_with_a_fixed_seed_matches_hf(family, sampling):
     assert not torch.equal(want[0], want[1])  # the seed matters: the test would see a wrong stream
 
 
-def test_steps_go_several_a_replay_from_a_multiple_of_steps_per_replay(monkeypatch):
-    """11 new tokens: the prefill's, steps 1-3 one at a time, 4-7 as one ``steps()`` (one replay on a GPU), and
-    8-10 one at a time (fewer than 4 left); HF's tokens either way. A poll interval that would fall inside a
-    replay is refused."""
-    from mirage_serve.decode.fast_loop import DecodeLoop
-
-    model = _tiny("llama")
-    ids, mask = _left_padded(2, [5, 3], model.config.vocab_size)
-    kw = dict(input_ids=ids, attention_mask=mask, max_new_tokens=11, do_sample=False, pad_token_id=0,
-              eos_token_id=None)
-    calls = []
-    for name in ("steps", "_step"):
-        real = getattr(DecodeLoop, name)
-        monkeypatch.setattr(DecodeLoop, name, lambda self, _real=real, _name=name: calls.append(_name) or _real(self))
-    (want,), (got,), runner = _hf_then_fast(model, [(kw, None)])
-    assert torch.equal(got, want)
-    (loop,) = runner.loops.values()
-    assert loop.steps_per_replay == 4
-    assert calls == ["_step"] * 3 + ["steps"] + ["_step"] * 4 + ["_step"] * 3, calls
-    with pytest.raises(ValueError, match="multiple of steps_per_replay"):
-        loop.run(8, check_every=6)
-
-
 def test_sampling_op_is_torch_multinomial():
     """argmax(p / Exp(1)) consumes the same random stream as torch.multinomial(p, 1)."""
     logits = torch.randn(5, 73, generator=torch.Generator().manual_seed(0)) * 3

@@ -43,10 +43,9 @@ def test_captured_loop_gives_hf_greedy_tokens_and_replays(lengths):
     again = model.generate(input_ids=ids, attention_mask=mask, **kw)
     assert runner.paths["fast"] == 3 and runner.paths["hf"] == 0
     (loop,) = runner.loops.values()
-    # steps 2..64 per call: the first is run eagerly and captured, all later ones replay, from the fourth on
-    # four a replay (a second graph: fast_loop.STEPS_PER_REPLAY)
-    assert loop.capture_error is None and loop.multi_graph is not None
-    assert loop.captures == 2 and loop.replays == 3 * (STEPS - 1) - 1
+    # steps 2..64 per call: the first is run eagerly and captured, all later ones replay
+    assert loop.capture_error is None
+    assert loop.captures == 1 and loop.replays == 3 * (STEPS - 1) - 1
     assert torch.equal(got, want) and torch.equal(again, want) and torch.equal(got_other, want_other)
     uninstall_decode_graphs(model)
 
@@ -65,9 +64,7 @@ def test_captured_loop_samples_hf_tokens_with_a_fixed_seed():
         torch.manual_seed(11)
         got.append(model.generate(input_ids=ids, attention_mask=mask, **kw))
     (loop,) = runner.loops.values()
-    # the graph of four steps draws from the generator as four one-step replays would
-    assert loop.capture_error is None and loop.captures == 2 and loop.multi_graph is not None
-    assert loop.replays == 2 * 31 - 1
+    assert loop.capture_error is None and loop.captures == 1 and loop.replays > 0
     assert torch.equal(got[0], want) and torch.equal(got[1], want)
     uninstall_decode_graphs(model)
 
@@ -124,9 +121,8 @@ def test_captured_loop_on_a_sliding_window_cache_gives_hf_tokens_and_host_length
     model, want, (got, again), runner, loop = _sliding_window_runs(128, kind, attention)
     assert {w.split(":")[0] for w in attention_kernels(model).values()} == {attention}, attention_kernels(model)
     assert runner.paths["fast"] == 2 and runner.paths["hf"] == 0, runner.paths
-    # one step a replay: sliding layers' host lengths move a replay at a time
     assert loop.capture_error is None and loop.captures == 1 and loop.replays == 2 * (STEPS - 1) - 1
-    assert loop.steps_per_replay == 1 and torch.equal(got, want) and torch.equal(again, want)
+    assert torch.equal(got, want) and torch.equal(again, want)
     layers = loop.sliding
     assert layers and all(layer.cumulative_length_int == int(layer.cumulative_length) for layer in layers)
     assert window_layers.why_not_graphable(loop.cache, 9 + STEPS) is None
