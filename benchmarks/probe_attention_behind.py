@@ -28,7 +28,6 @@ import triton
 import triton.language as tl
 
 from benchmarks.profile_attention import handwritten
-from mirage_serve.decode.attention_launch import LaunchPlan
 from benchmarks.sweep_attention import model_rows
 from superopt.runtime.grid_dependency import applies, launch_options
 from superopt.runtime.timing import copy_bandwidth, rotated_sets, time_call
@@ -70,23 +69,18 @@ def main(argv=None) -> None:
     ap.add_argument("--position", type=int, default=256, help="the new token's slot")
     ap.add_argument("--blocks", default="132,528,2112", help="comma-separated ballast grids")
     ap.add_argument("--ballast-mb", type=float, default=12.0)
-    ap.add_argument("--combine-in-split", action="store_true",
-                    help="the plan whose last program of a head merges the splits (no second launch)")
     args = ap.parse_args(argv)
-    plan = LaunchPlan(combine_in_split=args.combine_in_split)
     dev = torch.device("cuda")
     pdl = applies(dev)
     bw = copy_bandwidth()
     print(f"{torch.cuda.get_device_name()}; copy {bw / 1e12:.2f} TB/s; dependent launch {'on' if pdl else 'OFF'}; "
-          f"batch {args.batch}, cache {args.kv_len}, new token at {args.position}; ballast {args.ballast_mb} MB; "
-          f"{plan}\n")
+          f"batch {args.batch}, cache {args.kv_len}, new token at {args.position}; ballast {args.ballast_mb} MB\n")
     print("| model | kv heads | head dim | alone µs | ballast blocks | ballast MB | ballast µs | behind µs | "
           "after µs (behind - ballast) |")
     print("|---|---|---|---|---|---|---|---|---|")
     for name in args.models.split(","):
         (_, _, kw, _), = model_rows(name, [args.batch], args.kv_len, args.position)
-        attend, axs = handwritten(kw, torch.bfloat16, plan)
-        attend(*axs)  # eagerly once: the combined plan's counters are made outside the timed graphs
+        attend, axs = handwritten(kw, torch.bfloat16)
         alone = time_call(attend, rotated_sets(axs), graph=True)
         for blocks in (int(b) for b in args.blocks.split(",")):
             stream, bxs = ballast(blocks, args.ballast_mb, pdl)

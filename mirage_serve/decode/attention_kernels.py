@@ -15,11 +15,6 @@ cache's index_copy, a mask, repeat_kv copies on older transformers, SDPA, a tran
    q / k / v projection to finish (under dependent launch, while the projection still runs).
 2. ``_combine``: the splits' partial softmaxes merged into the attention output, in the layout
    o_proj reads; its first program also advances the cache's device-side length, if it has one.
-   Or, with ``COMBINE`` set on the first kernel, no second launch: each program counts itself done
-   on a per-(row, kv head) counter and the last one of its head merges the group's partials
-   (``_merge_head``), the last head's last program advancing the length. A dependent launch costs
-   about 1.2 µs beyond its bytes on an H100/H200 (benchmarks/probe_launch_chain.py), which this
-   trades for one program's serial merge at the kernel's end.
 
 The number of splits depends only on the cache's capacity and the launch shape, never on the
 current length, so one CUDA graph serves every step.
@@ -113,9 +108,7 @@ def _attend_split(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr
                   HKV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr,
                   BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                   MASK_KIND: tl.constexpr, QK_NORM: tl.constexpr, PDL: tl.constexpr, ROT: tl.constexpr,
-                  SOFTCAP: tl.constexpr = 0.0, ROPE_WIDE: tl.constexpr = 0, ONE_TILE: tl.constexpr = 0,
-                  out_ptr=None, done_ptr=None, len_ptr=None, out_sb=0, SPLITS: tl.constexpr = 1,
-                  BLOCK_S: tl.constexpr = 1, COMBINE: tl.constexpr = 0, ADVANCE: tl.constexpr = 0):
+                  SOFTCAP: tl.constexpr = 0.0, ROPE_WIDE: tl.constexpr = 0, ONE_TILE: tl.constexpr = 0):
     """MASK_KIND: 0 none (attend to every written slot), 1 boolean (True = attend), 2 additive.
     QK_NORM: 0 none, else q and k RMS-normalised per head before RoPE in that form of ``_head``
     (weights ``qn_ptr``, ``kn_ptr``, ``eps``).
@@ -123,10 +116,7 @@ def _attend_split(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr
     pass through RoPE unchanged. SOFTCAP: > 0: the scaled scores are soft-capped (``_softcap``) before
     the mask, as HF's Gemma-2 does. ROPE_WIDE: RoPE in float32, rounded once (``_rope``).
     PDL: launched with programmatic dependent launch (superopt.runtime.grid_dependency).
-    ONE_TILE: each slice is one tile (``chunk == BLOCK_N``), loaded before the wait (why that is legal: the body).
-    COMBINE: the last of a head's SPLITS programs merges the partials into ``out_ptr`` (``_combine`` not launched);
-    ``done_ptr``: int32 counters, one a (row, kv head) and one for the heads, zero before and after the launch;
-    ADVANCE: the last head's last program adds one to ``len_ptr``."""
+    ONE_TILE: each slice is one tile (``chunk == BLOCK_N``), loaded before the wait (why that is legal: the body)."""
     pid = tl.program_id(0)
     split = tl.program_id(1)
     row = pid // HKV
@@ -217,40 +207,6 @@ def _attend_split(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, pos_ptr
     ml_off = row * ml_sb + heads * ml_sh + split
     tl.store(m_ptr + ml_off, m_i, mask=g_ok)
     tl.store(l_ptr + ml_off, l_i, mask=g_ok)
-    if COMBINE:
-        # One thread counts for the program: the barrier orders every thread's partial stores before its release,
-        # and acq_rel lets the last program see every other's.
-        tl.debug_barrier()
-        if tl.atomic_add(done_ptr + pid, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
-            for j in tl.static_range(GROUP):
-                _merge_head(o_ptr, m_ptr, l_ptr, out_ptr, row, kv * GROUP + j, o_sb, o_sh, o_ss, ml_sb, ml_sh,
-                            out_sb, D, SPLITS, BLOCK_S, BLOCK_D, ".cg")
-            tl.store(done_ptr + pid, 0)  # zero again for the next launch, which waits for this one to finish
-            if ADVANCE:  # the cache's length counter, once every program of every head has read the slot
-                heads_done = done_ptr + tl.num_programs(0)
-                if tl.atomic_add(heads_done, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1:
-                    tl.store(len_ptr, tl.load(len_ptr) + 1)
-                    tl.store(heads_done, 0)
-
-
-@triton.jit
-def _merge_head(o_ptr, m_ptr, l_ptr, out_ptr, row, head, o_sb, o_sh, o_ss, ml_sb, ml_sh, out_sb,
-                D: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
-                CACHE: tl.constexpr):
-    """One query head's SPLITS partial softmaxes merged into its output row, in out's dtype. CACHE: the partials'
-    load cache modifier (".cg" where other programs of the same launch wrote them: read from L2, not L1)."""
-    s = tl.arange(0, BLOCK_S)
-    d = tl.arange(0, BLOCK_D)
-    s_ok = s < SPLITS
-    ml = row * ml_sb + head * ml_sh + s
-    m = tl.load(m_ptr + ml, mask=s_ok, other=float("-inf"), cache_modifier=CACHE)
-    l = tl.load(l_ptr + ml, mask=s_ok, other=0.0, cache_modifier=CACHE)
-    m_all = tl.max(m, 0)
-    w = tl.where(m == float("-inf"), 0.0, tl.exp(m - m_all))
-    o = tl.load(o_ptr + row * o_sb + head * o_sh + s[:, None] * o_ss + d[None, :],
-                mask=s_ok[:, None] & (d[None, :] < D), other=0.0, cache_modifier=CACHE)
-    res = tl.sum(o * w[:, None], 0) / tl.sum(l * w, 0)
-    tl.store(out_ptr + row * out_sb + head * D + d, res.to(out_ptr.dtype.element_ty), mask=d < D)
 
 
 @triton.jit
@@ -262,8 +218,20 @@ def _combine(o_ptr, m_ptr, l_ptr, out_ptr, len_ptr,
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0)
-    _merge_head(o_ptr, m_ptr, l_ptr, out_ptr, pid // HQ, pid % HQ, o_sb, o_sh, o_ss, ml_sb, ml_sh, out_sb,
-                D, SPLITS, BLOCK_S, BLOCK_D, "")
+    row = pid // HQ
+    head = pid % HQ
+    s = tl.arange(0, BLOCK_S)
+    d = tl.arange(0, BLOCK_D)
+    s_ok = s < SPLITS
+    ml = row * ml_sb + head * ml_sh + s
+    m = tl.load(m_ptr + ml, mask=s_ok, other=float("-inf"))
+    l = tl.load(l_ptr + ml, mask=s_ok, other=0.0)
+    m_all = tl.max(m, 0)
+    w = tl.where(m == float("-inf"), 0.0, tl.exp(m - m_all))
+    o = tl.load(o_ptr + row * o_sb + head * o_sh + s[:, None] * o_ss + d[None, :],
+                mask=s_ok[:, None] & (d[None, :] < D), other=0.0)
+    res = tl.sum(o * w[:, None], 0) / tl.sum(l * w, 0)
+    tl.store(out_ptr + row * out_sb + head * D + d, res.to(out_ptr.dtype.element_ty), mask=d < D)
     if ADVANCE:
         if pid == 0:  # the cache's length counter: every reader of it (kernels 1, 2) has finished
             tl.store(len_ptr, tl.load(len_ptr) + 1)

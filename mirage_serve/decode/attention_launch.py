@@ -29,7 +29,6 @@ class LaunchPlan:
     num_stages: int = 3     # Triton's default on Hopper
     one_tile_splits: int = 16  # up to this many splits, one tile a split where 2 × waves waves hold them (0: never)
     combine_warps: int = 1  # warps of a ``_combine`` program, which reads every split's partial head vector
-    combine_in_split: bool = False  # the last program of a head merges the splits; no ``_combine`` launch
 
 
 DEFAULT_PLAN = LaunchPlan()
@@ -57,23 +56,6 @@ def split_plan(rows: int, kv_heads: int, capacity: int, sms: int, plan: LaunchPl
         per = -(-tiles // min(want, tiles))
     chunk = per * plan.block_n
     return -(-capacity // chunk), chunk
-
-
-_DONE: dict[tuple[str, int], torch.Tensor] = {}
-
-
-def _done_counters(device: torch.device, n: int) -> torch.Tensor | None:
-    """The fused combine's int32 counters (``attention_kernels``, COMBINE): zeroed once here, and left zero by
-    every launch, so a CUDA graph needs no memset node. One set a device and size: the layers of a step use them
-    one after another, as one stream runs them (two streams running attention at once on one device would
-    share them). None while a CUDA graph is being captured and no set exists yet: made there, they would live in
-    the graph's private memory pool (the caller then launches ``_combine``)."""
-    key = (str(device), n)
-    if key not in _DONE:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None
-        _DONE[key] = torch.zeros(n, dtype=torch.int32, device=device)
-    return _DONE[key]
 
 
 def decode_attention(q, k, v, cos, sin, keys, values, pos, mask, scale: float,
@@ -108,11 +90,6 @@ def decode_attention(q, k, v, cos, sin, keys, values, pos, mask, scale: float,
         kind = 1 if mask.dtype == torch.bool else 2
         mask_t, mk_sb, mk_sn = mask, (mask.stride(0) if mask.shape[0] > 1 else 0), mask.stride(1)
     block_d = max(16, triton.next_power_of_2(d))  # tl.dot needs K ≥ 16
-    out = torch.empty(b, hq * d, dtype=q.dtype, device=dev)
-    done = _done_counters(dev, b * hkv + 1) if plan.combine_in_split else None
-    fused = done is not None
-    if not fused:
-        done = m_part  # unread
     q_w, k_w, eps, form = qk_norm if qk_norm is not None else (q, k, 0.0, 0)  # weights unread at form 0
     _attend_split[(b * hkv, splits)](
         q, k, v, cos, sin, keys, values, pos, mask_t, o_part, m_part, l_part, q_w, k_w,
@@ -124,11 +101,9 @@ def decode_attention(q, k, v, cos, sin, keys, values, pos, mask, scale: float,
         BLOCK_N=plan.block_n, MASK_KIND=kind, QK_NORM=form, PDL=pdl, ROT=rotary_dim or d,
         SOFTCAP=float(softcap or 0.0), ROPE_WIDE=int(cos.dtype == torch.float32 and q.dtype != torch.float32),
         ONE_TILE=int(chunk == plan.block_n),
-        out_ptr=out, done_ptr=done, len_ptr=pos if advance is None else advance, out_sb=out.stride(0),
-        SPLITS=splits, BLOCK_S=triton.next_power_of_2(splits), COMBINE=int(fused), ADVANCE=int(advance is not None),
         num_warps=plan.num_warps, num_stages=plan.num_stages, **options)
-    if fused:
-        return out
+
+    out = torch.empty(b, hq * d, dtype=q.dtype, device=dev)
     _combine[(b * hq,)](
         o_part, m_part, l_part, out, pos if advance is None else advance,
         o_part.stride(0), o_part.stride(1), o_part.stride(2), m_part.stride(0), m_part.stride(1),

@@ -6,8 +6,7 @@ runs the parts side by side, one process a core). Two kinds of case:
 
 * ``kernel/<case>/<dtype>``: ``decode_attention`` against a float64 reference on random inputs —
   relative error of the output, of the written cache slot, whether every other slot is untouched
-  and whether the length counter advanced by one (``.../float32/combined``: the plan whose last
-  program of a head merges the splits, its counters zero again afterwards);
+  and whether the length counter advanced by one;
 * ``family/<name>``: a tiny random model of each family, fp32, a left-padded batch of 3 decoded
   for 16 steps on a static cache with the fast path installed, against the same model without it
   — tokens identical, logits close, how many steps took the fast path, the first-use verdicts;
@@ -36,9 +35,6 @@ from tests.mirage_serve.decode.attention_cases import (FAMILIES, GRANITE, KERNEL
 def main(part: int = 0, parts: int = 1) -> None:
     cases = [(f"kernel/{name}/{dtype}", kernel_case, (*case, dtype))
              for name, case in KERNEL_CASES.items() for dtype in ("float32", "float16")]
-    # the plan without a second launch (LaunchPlan.combine_in_split), in one dtype
-    cases += [(f"kernel/{name}/float32/combined", lambda *a: kernel_case(*a, combine_in_split=True),
-               (*case, "float32")) for name, case in KERNEL_CASES.items()]
     families = [(n, c, "install") for n, c in FAMILIES.items()]
     families += [("llama_patched", FAMILIES["llama"], "patch"), ("llama_mutant", FAMILIES["llama"], "mutant"),
                  ("llama_patched_residual", FAMILIES["llama"], "patch_residual"),

@@ -45,18 +45,14 @@ def test_attention_kernels_compile_for_sm90(dtype, hkv, group, d, mask, qk_norm)
     types = {n: t for n in ("q_ptr", "k_ptr", "v_ptr", "cos_ptr", "sin_ptr", "kc_ptr", "vc_ptr", "qn_ptr", "kn_ptr")}
     types.update({"cos_ptr": "*fp32", "sin_ptr": "*fp32"} if wide else {})
     types.update({"pos_ptr": "*i64", "mask_ptr": {0: "*i64", 1: "*i1", 2: t}[mask],
-                  "o_ptr": "*fp32", "m_ptr": "*fp32", "l_ptr": "*fp32", "scale": "fp32", "eps": "fp32",
-                  "out_ptr": t, "done_ptr": "*i32", "len_ptr": "*i64"})
+                  "o_ptr": "*fp32", "m_ptr": "*fp32", "l_ptr": "*fp32", "scale": "fp32", "eps": "fp32"})
     pdl = mask != 0  # both ways: with programmatic dependent launch (as on sm_90+) and without
-    combine = mask == 1  # both ways: the splits merged by each head's last program (LaunchPlan.combine_in_split)
     k = _compile(_attend_split, types, dict(HKV=hkv, GROUP=group, D=d, BLOCK_G=max(16, _pow2(group)),
                                             BLOCK_D=block_d, BLOCK_N=BLOCK_N, MASK_KIND=mask, QK_NORM=qk_norm,
                                             PDL=pdl, ROT=ROT.get((hkv, group, d), d),
                                             SOFTCAP=SOFTCAP.get((hkv, group, d), 0.0), ROPE_WIDE=int(wide),
-                                            ONE_TILE=int(mask != 2),  # (slices of one tile, and longer)
-                                            SPLITS=5, BLOCK_S=8, COMBINE=int(combine), ADVANCE=1), 4)
+                                            ONE_TILE=int(mask != 2)), 4)  # (slices of one tile, and longer)
     assert k.asm["cubin"] and "mma.sync" in k.asm["ptx"]  # q·Kᵀ and p·V on tensor cores
-    assert ("atom.global.gpu.acq_rel" in k.asm["ptx"]) == combine, "the done counters' ordering"
     c = _compile(_combine, {"o_ptr": "*fp32", "m_ptr": "*fp32", "l_ptr": "*fp32", "out_ptr": t, "len_ptr": "*i64"},
                  dict(HQ=hkv * group, D=d, SPLITS=5, BLOCK_S=8, BLOCK_D=block_d, ADVANCE=True, PDL=pdl),
                  4 if pdl else 1)  # (LaunchPlan.combine_warps: the default 1, and more)

@@ -49,17 +49,6 @@ def test_kernels_match_float64(interp, case, dtype):
     assert r["advanced"], "the cache's length counter did not advance by one"
 
 
-@pytest.mark.parametrize("case", KERNEL_CASES)
-def test_kernels_combining_in_the_split_match_float64(interp, case):
-    """LaunchPlan.combine_in_split: the last program of each head merges the splits, no second launch."""
-    r = interp[f"kernel/{case}/float32/combined"]
-    assert not isinstance(r, str), r
-    for what in ("out", "key_slot", "value_slot"):
-        assert math.isfinite(r[what]) and r[what] <= TOL["float32"], f"{case} {what}: {r[what]:.3e}"
-    assert r["others_untouched"] and r["advanced"], r
-    assert r["counters_zero"], "the done counters were not left at zero for the next launch"
-
-
 def _decoded_like_hf(interp, name: str) -> dict:
     """The interpreter run's result of family case ``name``, checked: HF's greedy tokens and logits, every
     layer's first-use check passed, 15 decode steps per layer on the fast path (the first is the checked step)."""
