@@ -14,7 +14,9 @@ case whose result is an argmax of the raw logits) two kernels do the same:
    is ``torch.argmax``'s answer (ties: the first occurrence; NaN counts as the largest, and the first
    NaN wins), then ``_advance``'s bookkeeping, op for op, and the next step's inputs that do not
    depend on the token: each row's position one further, and the step mask's next column
-   (``step_mask.StepMask.advance``). Those were three torch launches of their own a step.
+   (``step_mask.StepMask.advance``). Those were three torch launches of their own a step. Where the loop
+   passes the next step's embedding itself (``step_inputs``), also each row's embedding row of its token,
+   which was the embedding's own gather launch.
 
 Sampling and warpers keep the torch ops (``token_choice.TokenChooser``).
 """
@@ -67,7 +69,9 @@ def _partial_argmax(logits_ptr, l_sb, V, eos_ptr, t_ptr, min_new_ptr, val_ptr, i
 @triton.jit
 def _choose_and_book(val_ptr, idx_ptr, nan_ptr, rows, parts, unfinished_ptr, pad_ptr, tokens_ptr, tok_sb,
                      eos_ptr, ids_ptr, ids_sb, t_ptr, generated_ptr, pos_ptr, pos_sb, mask_ptr, mask_sb, mask_len,
-                     slot_ptr, BLOCK_B: tl.constexpr, BLOCK_S: tl.constexpr, NONE: tl.constexpr):
+                     slot_ptr, emb_ptr, emb_sr, hidden, embeds_ptr, embeds_sb,
+                     BLOCK_B: tl.constexpr, BLOCK_S: tl.constexpr, NONE: tl.constexpr,
+                     EMBED: tl.constexpr, BLOCK_H: tl.constexpr):
     r = tl.arange(0, BLOCK_B)
     s = tl.arange(0, BLOCK_S)
     r_ok = r < rows
@@ -88,6 +92,12 @@ def _choose_and_book(val_ptr, idx_ptr, nan_ptr, rows, parts, unfinished_ptr, pad
     hit = tl.load(eos_ptr + tok, mask=r_ok, other=0) != 0
     tl.store(unfinished_ptr + r, unf & ~hit, mask=r_ok)
     tl.store(ids_ptr + r * ids_sb, tok, mask=r_ok)
+    if EMBED:  # the next step's input embedding: the token's row of the embedding (step_inputs.embedding_weight)
+        for h0 in range(0, hidden, BLOCK_H):
+            h = h0 + tl.arange(0, BLOCK_H)
+            rh_ok = r_ok[:, None] & (h < hidden)[None, :]
+            row = tl.load(emb_ptr + tok[:, None] * emb_sr + h[None, :], mask=rh_ok)
+            tl.store(embeds_ptr + r[:, None] * embeds_sb + h[None, :], row, mask=rh_ok)
     tl.store(t_ptr, t + 1)
     # the next step's position and step-mask column, as StepMask.advance sets it (past the cache: the last one)
     tl.store(pos_ptr + r * pos_sb, tl.load(pos_ptr + r * pos_sb, mask=r_ok, other=0) + 1, mask=r_ok)
@@ -114,6 +124,8 @@ class GreedyAdvance:
         if logits.stride(-1) != 1:
             logits = logits.contiguous()
         mask = loop.step_mask.mask  # [rows, 1, 1, L]: a row's columns at unit stride
+        weight, embeds = getattr(loop, "embed_weight", None), getattr(loop, "embeds", None)
+        embed = weight is not None and embeds is not None
         _partial_argmax[(self.rows, self.parts)](
             logits, logits.stride(0), self.vocab, loop.eos_mask, loop.t, loop.min_new, self.val, self.idx, self.nan,
             CHUNK=CHUNK, BLOCK=BLOCK, NONE=NONE)
@@ -121,7 +133,10 @@ class GreedyAdvance:
             self.val, self.idx, self.nan, self.rows, self.parts, loop.unfinished, loop.pad, loop.tokens,
             loop.tokens.stride(0), loop.eos_mask, loop.ids, loop.ids.stride(0), loop.t, loop.generated,
             loop.pos, loop.pos.stride(0), mask, mask.stride(0), mask.shape[-1], loop.step_mask.slot,
-            BLOCK_B=triton.next_power_of_2(self.rows), BLOCK_S=triton.next_power_of_2(self.parts), NONE=NONE)
+            weight if embed else self.val, weight.stride(0) if embed else 0, weight.shape[1] if embed else 0,
+            embeds if embed else self.val, embeds.stride(0) if embed else 0,
+            BLOCK_B=triton.next_power_of_2(self.rows), BLOCK_S=triton.next_power_of_2(self.parts), NONE=NONE,
+            EMBED=embed, BLOCK_H=max(64, 4096 // triton.next_power_of_2(self.rows)))
         # The mask was written in place, as index_fill_ writes it: say so as torch would. The searched attention
         # converts a step's mask once and reuses it while its version is unchanged (attention_searched.additive_mask);
         # unannounced, the capture after the first step would find the conversion current and record none.
