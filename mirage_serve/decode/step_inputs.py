@@ -22,12 +22,15 @@ import torch
 
 
 def embedding_weight(model: torch.nn.Module) -> torch.Tensor | None:
-    """The weight of the model's input embedding where its forward is exactly a row gather: a plain
-    ``nn.Embedding`` (not a subclass: Gemma-3's scales its rows) without ``max_norm`` (which renormalises rows
-    in place); else None."""
+    """The weight of the model's input embedding where its forward is exactly a row gather of a plain tensor: a
+    plain ``nn.Embedding`` (not a subclass: Gemma-3's scales its rows) without ``max_norm`` (which renormalises rows
+    in place), whose weight is no tensor subclass (a tensor-parallel shard's DTensor has no storage a kernel can
+    read); else None."""
     get = getattr(model, "get_input_embeddings", None)
     emb = get() if callable(get) else None
     if type(emb) is not torch.nn.Embedding or emb.max_norm is not None:
+        return None
+    if type(emb.weight) not in (torch.nn.Parameter, torch.Tensor):
         return None
     return emb.weight
 

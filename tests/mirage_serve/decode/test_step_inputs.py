@@ -62,3 +62,10 @@ def test_embedding_rows_only_where_the_embedding_is_a_plain_gather():
     assert embedding_weight(Model(Scaled(11, 4))) is None
     assert embedding_weight(Model(torch.nn.Embedding(11, 4, max_norm=1.0))) is None
     assert embedding_weight(torch.nn.Linear(2, 2)) is None  # no get_input_embeddings
+
+    class Sub(torch.Tensor):  # as a tensor-parallel shard's DTensor: no storage of its own to hand a kernel
+        pass
+
+    sharded = torch.nn.Embedding(11, 4)
+    sharded.weight = torch.nn.Parameter(torch.randn(11, 4).as_subclass(Sub))
+    assert embedding_weight(Model(sharded)) is None
