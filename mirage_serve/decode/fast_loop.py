@@ -63,6 +63,7 @@ class DecodeLoop:
                 self.embeds = self.embed_weight.new_zeros(batch, 1, self.embed_weight.shape[1])
         self._direct: dict | None = None  # the inputs every step passes, where step_inputs.direct_inputs allows
         self._direct_checked = False
+        self.rotary_rows = None  # (table, rows) the greedy kernels write at the new positions (RotaryTables.fold_into)
         self.rotary = RotaryTables(model, cache_len)  # cos/sin as one gather a step (rotary_table)
         self.graph = None
         self.sliding = window_layers.sliding_layers(cache)  # steps past a full window run eagerly
@@ -194,6 +195,9 @@ class DecodeLoop:
                 want = torch.nn.functional.embedding(self.ids, self.embed_weight)
             embeds = self.embeds if torch.equal(want, self.embeds) else None
         self._direct = step_inputs.direct_inputs(self._prepare(own), self.ids, passed, embeds)
+        if self._direct is not None and self.greedy is not None:  # the steps pass self.pos as the position ids
+            with torch.inference_mode(False):  # a buffer every later call reads, in inference mode or not
+                self.rotary_rows = self.rotary.fold_into(self.pos)
 
     def _advance(self, logits: torch.Tensor) -> None:
         """Token choice and HF's bookkeeping of ``_sample``, in place on the device buffers, then the next step's

@@ -16,7 +16,8 @@ case whose result is an argmax of the raw logits) two kernels do the same:
    depend on the token: each row's position one further, and the step mask's next column
    (``step_mask.StepMask.advance``). Those were three torch launches of their own a step. Where the loop
    passes the next step's embedding itself (``step_inputs``), also each row's embedding row of its token,
-   which was the embedding's own gather launch.
+   which was the embedding's own gather launch, and the rotary table's rows at the new positions, which were the
+   rotary module's gather (``rotary_table.RotaryTables.fold_into``).
 
 Sampling and warpers keep the torch ops (``token_choice.TokenChooser``).
 """
@@ -69,9 +70,9 @@ def _partial_argmax(logits_ptr, l_sb, V, eos_ptr, t_ptr, min_new_ptr, val_ptr, i
 @triton.jit
 def _choose_and_book(val_ptr, idx_ptr, nan_ptr, rows, parts, unfinished_ptr, pad_ptr, tokens_ptr, tok_sb,
                      eos_ptr, ids_ptr, ids_sb, t_ptr, generated_ptr, pos_ptr, pos_sb, mask_ptr, mask_sb, mask_len,
-                     slot_ptr, emb_ptr, emb_sr, hidden, embeds_ptr, embeds_sb,
+                     slot_ptr, emb_ptr, emb_sr, hidden, embeds_ptr, embeds_sb, rot_ptr, rot_cap, rot_n, rows_ptr,
                      BLOCK_B: tl.constexpr, BLOCK_S: tl.constexpr, NONE: tl.constexpr,
-                     EMBED: tl.constexpr, BLOCK_H: tl.constexpr):
+                     EMBED: tl.constexpr, BLOCK_H: tl.constexpr, ROT: tl.constexpr, BLOCK_R: tl.constexpr):
     r = tl.arange(0, BLOCK_B)
     s = tl.arange(0, BLOCK_S)
     r_ok = r < rows
@@ -100,7 +101,14 @@ def _choose_and_book(val_ptr, idx_ptr, nan_ptr, rows, parts, unfinished_ptr, pad
             tl.store(embeds_ptr + r[:, None] * embeds_sb + h[None, :], row, mask=rh_ok)
     tl.store(t_ptr, t + 1)
     # the next step's position and step-mask column, as StepMask.advance sets it (past the cache: the last one)
-    tl.store(pos_ptr + r * pos_sb, tl.load(pos_ptr + r * pos_sb, mask=r_ok, other=0) + 1, mask=r_ok)
+    new_pos = tl.load(pos_ptr + r * pos_sb, mask=r_ok, other=0) + 1
+    tl.store(pos_ptr + r * pos_sb, new_pos, mask=r_ok)
+    if ROT:  # the rotary table's (cos, sin) rows at the new positions (rotary_table.RotaryTables.fold_into)
+        c = tl.arange(0, BLOCK_R)
+        at = tl.minimum(new_pos, rot_cap - 1)  # past the cache's last slot: a row no step reads
+        rc_ok = r_ok[:, None] & (c < rot_n)[None, :]
+        rot = tl.load(rot_ptr + at[:, None] * rot_n + c[None, :], mask=rc_ok)
+        tl.store(rows_ptr + r[:, None] * rot_n + c[None, :], rot, mask=rc_ok)
     slot = tl.load(slot_ptr)
     tl.store(mask_ptr + r * mask_sb + tl.minimum(slot, mask_len - 1), tl.full([BLOCK_B], 1, tl.int1), mask=r_ok)
     tl.store(slot_ptr, slot + 1)
@@ -126,6 +134,7 @@ class GreedyAdvance:
         mask = loop.step_mask.mask  # [rows, 1, 1, L]: a row's columns at unit stride
         weight, embeds = getattr(loop, "embed_weight", None), getattr(loop, "embeds", None)
         embed = weight is not None and embeds is not None
+        table, rows = getattr(loop, "rotary_rows", None) or (None, None)  # [capacity, 2, d], [rows, 1, 2, d]
         _partial_argmax[(self.rows, self.parts)](
             logits, logits.stride(0), self.vocab, loop.eos_mask, loop.t, loop.min_new, self.val, self.idx, self.nan,
             CHUNK=CHUNK, BLOCK=BLOCK, NONE=NONE)
@@ -135,8 +144,11 @@ class GreedyAdvance:
             loop.pos, loop.pos.stride(0), mask, mask.stride(0), mask.shape[-1], loop.step_mask.slot,
             weight if embed else self.val, weight.stride(0) if embed else 0, weight.shape[1] if embed else 0,
             embeds if embed else self.val, embeds.stride(0) if embed else 0,
+            self.val if table is None else table, 0 if table is None else table.shape[0],
+            0 if table is None else table[0].numel(), self.val if rows is None else rows,
             BLOCK_B=triton.next_power_of_2(self.rows), BLOCK_S=triton.next_power_of_2(self.parts), NONE=NONE,
-            EMBED=embed, BLOCK_H=max(64, 4096 // triton.next_power_of_2(self.rows)))
+            EMBED=embed, BLOCK_H=max(64, 4096 // triton.next_power_of_2(self.rows)),
+            ROT=table is not None, BLOCK_R=triton.next_power_of_2(table[0].numel()) if table is not None else 16)
         # The mask was written in place, as index_fill_ writes it: say so as torch would. The searched attention
         # converts a step's mask once and reuses it while its version is unchanged (attention_searched.additive_mask);
         # unannounced, the capture after the first step would find the conversion current and record none.
