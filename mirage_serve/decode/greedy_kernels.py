@@ -84,11 +84,18 @@ def _choose_and_book(val_ptr, idx_ptr, nan_ptr, rows, parts, unfinished_ptr, pad
     m = tl.max(v, 1)
     best = tl.min(tl.where(v == m[:, None], i, NONE), 1)
     tok = tl.where(first_nan != NONE, first_nan, best).to(tl.int64)
-    # HF's bookkeeping, in _advance's order
+    # The state this program updates in place is read before any of it is written, with a barrier between: Triton
+    # loads an element in every thread that holds a copy of it but stores it from one, so a warp that ran ahead
+    # could store a new position (or t, or slot) that a slower warp then loads as the old one.
     unf = tl.load(unfinished_ptr + r, mask=r_ok, other=0) != 0
-    tl.store(generated_ptr, tl.load(generated_ptr) + tl.max(unf.to(tl.int64), 0))
-    tok = tl.where(unf, tok, tl.load(pad_ptr))
+    generated = tl.load(generated_ptr)
     t = tl.load(t_ptr)
+    pos = tl.load(pos_ptr + r * pos_sb, mask=r_ok, other=0)
+    slot = tl.load(slot_ptr)
+    tl.debug_barrier()
+    # HF's bookkeeping, in _advance's order
+    tl.store(generated_ptr, generated + tl.max(unf.to(tl.int64), 0))
+    tok = tl.where(unf, tok, tl.load(pad_ptr))
     tl.store(tokens_ptr + r * tok_sb + t, tok, mask=r_ok)
     hit = tl.load(eos_ptr + tok, mask=r_ok, other=0) != 0
     tl.store(unfinished_ptr + r, unf & ~hit, mask=r_ok)
@@ -101,7 +108,7 @@ def _choose_and_book(val_ptr, idx_ptr, nan_ptr, rows, parts, unfinished_ptr, pad
             tl.store(embeds_ptr + r[:, None] * embeds_sb + h[None, :], row, mask=rh_ok)
     tl.store(t_ptr, t + 1)
     # the next step's position and step-mask column, as StepMask.advance sets it (past the cache: the last one)
-    new_pos = tl.load(pos_ptr + r * pos_sb, mask=r_ok, other=0) + 1
+    new_pos = pos + 1
     tl.store(pos_ptr + r * pos_sb, new_pos, mask=r_ok)
     if ROT:  # the rotary table's (cos, sin) rows at the new positions (rotary_table.RotaryTables.fold_into)
         c = tl.arange(0, BLOCK_R)
@@ -109,7 +116,6 @@ def _choose_and_book(val_ptr, idx_ptr, nan_ptr, rows, parts, unfinished_ptr, pad
         rc_ok = r_ok[:, None] & (c < rot_n)[None, :]
         rot = tl.load(rot_ptr + at[:, None] * rot_n + c[None, :], mask=rc_ok)
         tl.store(rows_ptr + r[:, None] * rot_n + c[None, :], rot, mask=rc_ok)
-    slot = tl.load(slot_ptr)
     tl.store(mask_ptr + r * mask_sb + tl.minimum(slot, mask_len - 1), tl.full([BLOCK_B], 1, tl.int1), mask=r_ok)
     tl.store(slot_ptr, slot + 1)
 
