@@ -31,7 +31,7 @@ import torch
 from superopt.runtime.interpreter import interpreting
 
 from ..hf_names import CACHE_KWARG
-from . import attention_fast, graph_step, window_layers
+from . import attention_fast, graph_step, step_inputs, window_layers
 from .greedy_kernels import GreedyAdvance
 from .rotary_table import RotaryTables
 from .step_mask import StepMask
@@ -54,6 +54,16 @@ class DecodeLoop:
         # two launches instead of ~12 (greedy_kernels); the torch ops otherwise
         on_triton = dev.type == "cuda" or interpreting()
         self.greedy = GreedyAdvance(batch, vocab, dev) if chooser.plain_greedy and on_triton else None
+        # the steps' inputs as the loop's own buffers once checked (step_inputs): HF's preparation copies the ids
+        # every step; with the greedy kernels, they also write the next step's embedding rows (a plain gather)
+        self.embed_weight = step_inputs.embedding_weight(model) if self.greedy is not None else None
+        self.embeds = None
+        if self.embed_weight is not None:
+            with torch.inference_mode(False):
+                self.embeds = self.embed_weight.new_zeros(batch, 1, self.embed_weight.shape[1])
+        self._direct: dict | None = None  # the inputs every step passes, where step_inputs.direct_inputs allows
+        self._direct_checked = False
+        self.rotary_rows = None  # (table, rows) the greedy kernels write at the new positions (RotaryTables.fold_into)
         self.rotary = RotaryTables(model, cache_len)  # cos/sin as one gather a step (rotary_table)
         self.graph = None
         self.sliding = window_layers.sliding_layers(cache)  # steps past a full window run eagerly
@@ -156,14 +166,38 @@ class DecodeLoop:
 
     def _step(self) -> None:
         own = self.step_mask.adopted  # None on the loop's first step, until HF's mask is compared with ours
-        inputs = self.model.prepare_inputs_for_generation(
-            self.ids, next_sequence_length=1, attention_mask=self.step_mask.mask if own else self.mask,
-            **{CACHE_KWARG: self.cache}, position_ids=self.pos, **self.extra)
+        inputs = self._direct if self._direct is not None else self._prepare(own)
         if own is None:  # HF built its mask this step: is it ours?
             self.step_mask.adopt(inputs.get("attention_mask"))
         with self.rotary.active():
             out = self.forward(**inputs, return_dict=True)
         self._advance(out.logits[:, -1])
+        if not self._direct_checked and self.step_mask.adopted is not None:  # after the first step: eager
+            self._check_direct()
+
+    def _prepare(self, own) -> dict:
+        """HF's preparation of a step's inputs from the loop's buffers (the step mask once adopted)."""
+        return self.model.prepare_inputs_for_generation(
+            self.ids, next_sequence_length=1, attention_mask=self.step_mask.mask if own else self.mask,
+            **{CACHE_KWARG: self.cache}, position_ids=self.pos, **self.extra)
+
+    def _check_direct(self) -> None:
+        """Once, after the first step (its greedy kernels wrote the embedding rows of ``ids``): the inputs of the
+        later steps, made by HF's preparation once and passed as they are where they hold only the loop's
+        buffers (``step_inputs.direct_inputs``), with the embedding rows where they are the embedding's own."""
+        self._direct_checked = True
+        own = self.step_mask.adopted
+        passed = [self.pos, self.step_mask.mask if own else self.mask]
+        passed += [v for v in self.extra.values() if isinstance(v, torch.Tensor)]
+        embeds = None
+        if self.embeds is not None:
+            with torch.no_grad():
+                want = torch.nn.functional.embedding(self.ids, self.embed_weight)
+            embeds = self.embeds if torch.equal(want, self.embeds) else None
+        self._direct = step_inputs.direct_inputs(self._prepare(own), self.ids, passed, embeds)
+        if self._direct is not None and self.greedy is not None:  # the steps pass self.pos as the position ids
+            with torch.inference_mode(False):  # a buffer every later call reads, in inference mode or not
+                self.rotary_rows = self.rotary.fold_into(self.pos)
 
     def _advance(self, logits: torch.Tensor) -> None:
         """Token choice and HF's bookkeeping of ``_sample``, in place on the device buffers, then the next step's

@@ -14,7 +14,10 @@ case whose result is an argmax of the raw logits) two kernels do the same:
    is ``torch.argmax``'s answer (ties: the first occurrence; NaN counts as the largest, and the first
    NaN wins), then ``_advance``'s bookkeeping, op for op, and the next step's inputs that do not
    depend on the token: each row's position one further, and the step mask's next column
-   (``step_mask.StepMask.advance``). Those were three torch launches of their own a step.
+   (``step_mask.StepMask.advance``). Those were three torch launches of their own a step. Where the loop
+   passes the next step's embedding itself (``step_inputs``), also each row's embedding row of its token,
+   which was the embedding's own gather launch, and the rotary table's rows at the new positions, which were the
+   rotary module's gather (``rotary_table.RotaryTables.fold_into``).
 
 Sampling and warpers keep the torch ops (``token_choice.TokenChooser``).
 """
@@ -67,7 +70,9 @@ def _partial_argmax(logits_ptr, l_sb, V, eos_ptr, t_ptr, min_new_ptr, val_ptr, i
 @triton.jit
 def _choose_and_book(val_ptr, idx_ptr, nan_ptr, rows, parts, unfinished_ptr, pad_ptr, tokens_ptr, tok_sb,
                      eos_ptr, ids_ptr, ids_sb, t_ptr, generated_ptr, pos_ptr, pos_sb, mask_ptr, mask_sb, mask_len,
-                     slot_ptr, BLOCK_B: tl.constexpr, BLOCK_S: tl.constexpr, NONE: tl.constexpr):
+                     slot_ptr, emb_ptr, emb_sr, hidden, embeds_ptr, embeds_sb, rot_ptr, rot_cap, rot_n, rows_ptr,
+                     BLOCK_B: tl.constexpr, BLOCK_S: tl.constexpr, NONE: tl.constexpr,
+                     EMBED: tl.constexpr, BLOCK_H: tl.constexpr, ROT: tl.constexpr, BLOCK_R: tl.constexpr):
     r = tl.arange(0, BLOCK_B)
     s = tl.arange(0, BLOCK_S)
     r_ok = r < rows
@@ -79,19 +84,38 @@ def _choose_and_book(val_ptr, idx_ptr, nan_ptr, rows, parts, unfinished_ptr, pad
     m = tl.max(v, 1)
     best = tl.min(tl.where(v == m[:, None], i, NONE), 1)
     tok = tl.where(first_nan != NONE, first_nan, best).to(tl.int64)
-    # HF's bookkeeping, in _advance's order
+    # The state this program updates in place is read before any of it is written, with a barrier between: Triton
+    # loads an element in every thread that holds a copy of it but stores it from one, so a warp that ran ahead
+    # could store a new position (or t, or slot) that a slower warp then loads as the old one.
     unf = tl.load(unfinished_ptr + r, mask=r_ok, other=0) != 0
-    tl.store(generated_ptr, tl.load(generated_ptr) + tl.max(unf.to(tl.int64), 0))
-    tok = tl.where(unf, tok, tl.load(pad_ptr))
+    generated = tl.load(generated_ptr)
     t = tl.load(t_ptr)
+    pos = tl.load(pos_ptr + r * pos_sb, mask=r_ok, other=0)
+    slot = tl.load(slot_ptr)
+    tl.debug_barrier()
+    # HF's bookkeeping, in _advance's order
+    tl.store(generated_ptr, generated + tl.max(unf.to(tl.int64), 0))
+    tok = tl.where(unf, tok, tl.load(pad_ptr))
     tl.store(tokens_ptr + r * tok_sb + t, tok, mask=r_ok)
     hit = tl.load(eos_ptr + tok, mask=r_ok, other=0) != 0
     tl.store(unfinished_ptr + r, unf & ~hit, mask=r_ok)
     tl.store(ids_ptr + r * ids_sb, tok, mask=r_ok)
+    if EMBED:  # the next step's input embedding: the token's row of the embedding (step_inputs.embedding_weight)
+        for h0 in range(0, hidden, BLOCK_H):
+            h = h0 + tl.arange(0, BLOCK_H)
+            rh_ok = r_ok[:, None] & (h < hidden)[None, :]
+            row = tl.load(emb_ptr + tok[:, None] * emb_sr + h[None, :], mask=rh_ok)
+            tl.store(embeds_ptr + r[:, None] * embeds_sb + h[None, :], row, mask=rh_ok)
     tl.store(t_ptr, t + 1)
     # the next step's position and step-mask column, as StepMask.advance sets it (past the cache: the last one)
-    tl.store(pos_ptr + r * pos_sb, tl.load(pos_ptr + r * pos_sb, mask=r_ok, other=0) + 1, mask=r_ok)
-    slot = tl.load(slot_ptr)
+    new_pos = pos + 1
+    tl.store(pos_ptr + r * pos_sb, new_pos, mask=r_ok)
+    if ROT:  # the rotary table's (cos, sin) rows at the new positions (rotary_table.RotaryTables.fold_into)
+        c = tl.arange(0, BLOCK_R)
+        at = tl.minimum(new_pos, rot_cap - 1)  # past the cache's last slot: a row no step reads
+        rc_ok = r_ok[:, None] & (c < rot_n)[None, :]
+        rot = tl.load(rot_ptr + at[:, None] * rot_n + c[None, :], mask=rc_ok)
+        tl.store(rows_ptr + r[:, None] * rot_n + c[None, :], rot, mask=rc_ok)
     tl.store(mask_ptr + r * mask_sb + tl.minimum(slot, mask_len - 1), tl.full([BLOCK_B], 1, tl.int1), mask=r_ok)
     tl.store(slot_ptr, slot + 1)
 
@@ -114,6 +138,9 @@ class GreedyAdvance:
         if logits.stride(-1) != 1:
             logits = logits.contiguous()
         mask = loop.step_mask.mask  # [rows, 1, 1, L]: a row's columns at unit stride
+        weight, embeds = getattr(loop, "embed_weight", None), getattr(loop, "embeds", None)
+        embed = weight is not None and embeds is not None
+        table, rows = getattr(loop, "rotary_rows", None) or (None, None)  # [capacity, 2, d], [rows, 1, 2, d]
         _partial_argmax[(self.rows, self.parts)](
             logits, logits.stride(0), self.vocab, loop.eos_mask, loop.t, loop.min_new, self.val, self.idx, self.nan,
             CHUNK=CHUNK, BLOCK=BLOCK, NONE=NONE)
@@ -121,7 +148,13 @@ class GreedyAdvance:
             self.val, self.idx, self.nan, self.rows, self.parts, loop.unfinished, loop.pad, loop.tokens,
             loop.tokens.stride(0), loop.eos_mask, loop.ids, loop.ids.stride(0), loop.t, loop.generated,
             loop.pos, loop.pos.stride(0), mask, mask.stride(0), mask.shape[-1], loop.step_mask.slot,
-            BLOCK_B=triton.next_power_of_2(self.rows), BLOCK_S=triton.next_power_of_2(self.parts), NONE=NONE)
+            weight if embed else self.val, weight.stride(0) if embed else 0, weight.shape[1] if embed else 0,
+            embeds if embed else self.val, embeds.stride(0) if embed else 0,
+            self.val if table is None else table, 0 if table is None else table.shape[0],
+            0 if table is None else table[0].numel(), self.val if rows is None else rows,
+            BLOCK_B=triton.next_power_of_2(self.rows), BLOCK_S=triton.next_power_of_2(self.parts), NONE=NONE,
+            EMBED=embed, BLOCK_H=max(64, 4096 // triton.next_power_of_2(self.rows)),
+            ROT=table is not None, BLOCK_R=triton.next_power_of_2(table[0].numel()) if table is not None else 16)
         # The mask was written in place, as index_fill_ writes it: say so as torch would. The searched attention
         # converts a step's mask once and reuses it while its version is unchanged (attention_searched.additive_mask);
         # unannounced, the capture after the first step would find the conversion current and record none.

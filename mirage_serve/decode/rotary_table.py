@@ -52,6 +52,23 @@ class RotaryTables:
         self.modules = rotary_modules(model)
         self.capacity = capacity
         self.tables: dict[tuple, torch.Tensor | None] = {}
+        # the next step's rows, written by the decode loop's greedy kernels (fold_into): (key, positions, rows)
+        self.folded: tuple[tuple, torch.Tensor, torch.Tensor] | None = None
+
+    def fold_into(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Where one table answers every call (one rotary module, one key), a buffer of its rows at
+        ``positions`` (the decode loop's [b, 1] position buffer), filled now, that calls at exactly that buffer
+        are answered with instead of the gather; whoever advances ``positions`` writes the rows of the new
+        positions into it (the greedy kernels, ``greedy_kernels._choose_and_book``). Returns (table, rows), or
+        None where more than one table is in use or the one in use did not match its module."""
+        if len(self.tables) != 1:
+            return None
+        (key, table), = self.tables.items()
+        if table is None:
+            return None
+        rows = table[positions.clamp(max=self.capacity - 1)]  # [b, 1, 2, d]
+        self.folded = (key, positions, rows)
+        return table, rows
 
     @contextlib.contextmanager
     def active(self):
@@ -88,7 +105,10 @@ class RotaryTables:
             table = self.tables[key]
             if table is None:
                 return original(*args, **kwargs)
-            both = table[position_ids]  # [b, 1, 2, d]: one gather
+            if self.folded is not None and self.folded[0] == key and self.folded[1] is position_ids:
+                both = self.folded[2]  # written when the positions moved on (fold_into): no launch
+            else:
+                both = table[position_ids]  # [b, 1, 2, d]: one gather
             return both[..., 0, :], both[..., 1, :]
         return forward
 

@@ -20,6 +20,8 @@ from mirage_serve.decode.token_choice import TokenChooser
 
 
 LENGTH = 40  # the cache's slots: the step mask's columns
+HIDDEN = 600  # the embedding rows' width: more than one BLOCK_H at 8 rows, and not a multiple of it
+CAPACITY, HEAD_DIM = 500, 24  # the rotary table's positions (below some rows' next position) and head width
 
 
 def _step_mask(rows: int, slot: int, g: torch.Generator, device: str) -> StepMask:
@@ -82,6 +84,12 @@ def compare(device: str = "cpu") -> dict[str, dict[str, bool]]:
                     want = _state(rows, vocab, g, t, min_new, slot, device)
                     logits = _logits(rows, vocab, dtype, g, kind, want.eos_mask.cpu()).to(device)
                     got = _copy(want)
+                    embed = t == 2  # half the cases also write the next step's embedding rows (step_inputs)
+                    if embed:  # and the rotary table's rows at the new positions (RotaryTables.fold_into)
+                        got.embed_weight = torch.randn(vocab, HIDDEN, generator=g).to(device, torch.bfloat16)
+                        got.embeds = torch.full((rows, 1, HIDDEN), float("nan"), device=device, dtype=torch.bfloat16)
+                        table = torch.randn(CAPACITY, 2, HEAD_DIM, generator=g).to(device)
+                        got.rotary_rows = (table, torch.full((rows, 1, 2, HEAD_DIM), float("nan"), device=device))
                     DecodeLoop._advance(want, logits)
                     version = got.step_mask.mask._version
                     GreedyAdvance(rows, vocab, device)(logits, got)
@@ -92,6 +100,10 @@ def compare(device: str = "cpu") -> dict[str, dict[str, bool]]:
                     # written in place and announced, as torch's index_fill_ is (attention_searched.additive_mask
                     # converts a mask again only when its version moved)
                     same["mask_version"] = got.step_mask.mask._version > version
+                    if embed:  # the rows of the tokens written to ids, padded rows' included
+                        same["embeds"] = bool(torch.equal(got.embeds, got.embed_weight[want.ids]))
+                        table, rot_rows = got.rotary_rows  # past the table's last row: its last row
+                        same["rotary_rows"] = bool(torch.equal(rot_rows, table[want.pos.clamp(max=CAPACITY - 1)]))
                     results[f"{rows}x{vocab}/{str(dtype)[6:]}/{kind}/t{t}"] = same
     return results
 
@@ -111,7 +123,12 @@ def loop_matches_hf() -> dict:
     want, got, runner = _hf_then_fast(model, calls)
     out = dict(same=[bool(torch.equal(a, b)) for a, b in zip(got, want)], fast=runner.paths["fast"],
                greedy_kernels=all(loop.greedy is not None for loop in runner.loops.values()),
-               adopted=[loop.step_mask.adopted for loop in runner.loops.values()])
+               adopted=[loop.step_mask.adopted for loop in runner.loops.values()],
+               # the later steps passed the embedding rows the kernels wrote, not HF's preparation (step_inputs)
+               embeds_passed=[loop._direct is not None and loop._direct.get("inputs_embeds") is loop.embeds
+                              and loop._direct.get("input_ids") is None for loop in runner.loops.values()],
+               rotary_folded=[loop.rotary_rows is not None and loop.rotary.folded is not None
+                              for loop in runner.loops.values()])
     uninstall_decode_graphs(model)
     return out
 

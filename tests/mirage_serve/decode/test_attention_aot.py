@@ -74,7 +74,11 @@ def test_greedy_kernels_compile_for_sm90():
                                    "val_ptr": "*fp32", "idx_ptr": "*i32", "nan_ptr": "*i32"},
                  dict(CHUNK=CHUNK, BLOCK=BLOCK, NONE=NONE), 4)
     longs = ("pad_ptr", "tokens_ptr", "ids_ptr", "t_ptr", "generated_ptr", "pos_ptr", "slot_ptr")
-    c = _compile(_choose_and_book, {"val_ptr": "*fp32", "idx_ptr": "*i32", "nan_ptr": "*i32", "unfinished_ptr": "*i1",
-                                    "eos_ptr": "*i1", "mask_ptr": "*i1", **{n: "*i64" for n in longs}},
-                 dict(BLOCK_B=8, BLOCK_S=64, NONE=NONE), 4)
-    assert p.asm["cubin"] and c.asm["cubin"]
+    kinds = {"val_ptr": "*fp32", "idx_ptr": "*i32", "nan_ptr": "*i32", "unfinished_ptr": "*i1", "eos_ptr": "*i1",
+             "mask_ptr": "*i1", **{n: "*i64" for n in longs}}
+    # with and without the next step's embedding and rotary rows (step_inputs, rotary_table.fold_into)
+    c = _compile(_choose_and_book, dict(kinds, emb_ptr="*fp32", embeds_ptr="*fp32", rot_ptr="*fp32", rows_ptr="*fp32"),
+                 dict(BLOCK_B=8, BLOCK_S=64, NONE=NONE, EMBED=False, BLOCK_H=512, ROT=False, BLOCK_R=16), 4)
+    e = _compile(_choose_and_book, dict(kinds, emb_ptr="*bf16", embeds_ptr="*bf16", rot_ptr="*fp32", rows_ptr="*fp32"),
+                 dict(BLOCK_B=8, BLOCK_S=64, NONE=NONE, EMBED=True, BLOCK_H=512, ROT=True, BLOCK_R=256), 4)
+    assert p.asm["cubin"] and c.asm["cubin"] and e.asm["cubin"]

@@ -59,6 +59,10 @@ def test_greedy_tokens_match_hf_for_24_steps(family, lengths):
     assert got.shape == (len(lengths), max(lengths) + 24) and torch.equal(got, want)
     # HF's mask of the first step was ours in every element, so the later steps passed ours (step_mask)
     assert [loop.step_mask.adopted for loop in runner.loops.values()] == [True]
+    # and HF's preparation held only the loop's buffers, so the later steps passed the ids buffer itself
+    # (step_inputs; no embedding rows: the greedy kernels that write them run on a GPU or in Triton's interpreter)
+    (loop,) = runner.loops.values()
+    assert loop._direct is not None and loop._direct["input_ids"] is loop.ids and loop.embeds is None
     uninstall_decode_graphs(model)
 
 

@@ -46,6 +46,9 @@ def test_captured_loop_gives_hf_greedy_tokens_and_replays(lengths):
     # steps 2..64 per call: the first is run eagerly and captured, all later ones replay
     assert loop.capture_error is None
     assert loop.captures == 1 and loop.replays == 3 * (STEPS - 1) - 1
+    # the replayed steps read the embedding rows the greedy kernels wrote, not HF's preparation (step_inputs)
+    assert loop._direct["inputs_embeds"] is loop.embeds and loop._direct["input_ids"] is None
+    assert loop.rotary_rows is not None  # and the rotary rows they wrote
     assert torch.equal(got, want) and torch.equal(again, want) and torch.equal(got_other, want_other)
     uninstall_decode_graphs(model)
 

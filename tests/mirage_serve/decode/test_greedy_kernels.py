@@ -29,6 +29,8 @@ def test_the_loop_that_runs_them_returns_hf_tokens(interpreted):
     assert loop["greedy_kernels"] and loop["fast"] == 2, loop  # the kernels ran, in the loop, for both calls
     assert loop["same"] == [True, True], loop
     assert set(loop["adopted"]) == {True}, loop  # the steps read the mask the kernel's columns made
+    assert set(loop["embeds_passed"]) == {True}, loop  # and the embedding rows the kernel wrote
+    assert set(loop["rotary_folded"]) == {True}, loop  # and the rotary rows
 
 
 @pytest.mark.gpu

@@ -95,3 +95,29 @@ def test_the_decode_loop_takes_cos_and_sin_from_its_table():
     assert loop.rotary.modules == [model.model.rotary_emb]
     assert list(loop.rotary.tables.values())[0].shape == (loop.mask.shape[1], 2, 16)
     uninstall_decode_graphs(model)
+
+
+def test_folded_rows_answer_calls_at_their_position_buffer_only():
+    """fold_into: with one table in use, a buffer of its rows at the loop's positions answers calls made with exactly
+    that position buffer (whoever moves the positions writes the new rows: the greedy kernels); any other call
+    gathers; with two tables (Gemma-3's local and global) nothing is folded."""
+    module, _ = _rotaries()["llama"]
+    tables = RotaryTables(module, capacity=100)
+    x, pos = torch.randn(2, 1, 64), torch.tensor([[7], [99]])
+    assert tables.fold_into(pos) is None  # no table yet
+    with tables.active():
+        module(x, pos)
+        table, rows = tables.fold_into(pos)
+        assert torch.equal(rows, table[pos])
+        rows.fill_(3.0)  # as if a kernel had written them: answered as they are
+        cos, sin = module(x, pos)
+        assert (cos == 3.0).all() and (sin == 3.0).all()
+        other = torch.tensor([[7], [99]])  # equal positions, another buffer: gathered from the table
+        cos, sin = module(x, other)
+        assert torch.equal(cos, table[other][..., 0, :]) and torch.equal(sin, table[other][..., 1, :])
+    gemma, extra = _rotaries()["gemma3_local"]
+    both = RotaryTables(gemma, capacity=100)
+    with both.active():
+        gemma(x, pos, "sliding_attention")
+        gemma(x, pos, "full_attention")
+    assert both.fold_into(pos) is None
