@@ -18,6 +18,10 @@ What is timed, each in a CUDA graph over inputs rotated beyond L2 (``superopt.ru
 
 The table's "after" is behind N minus ballast N: what the attention adds to a step behind such a kernel. "after" well
 above "alone" at 8 kv heads and not at 2, and growing with N, supports the hypothesis.
+
+Session 40's answer, on an H200 (benchmarks/results/floor_h200_2026-11-28_s40/README.md, section 2): it does not.
+Behind 528 or 2112 blocks, "after" is about 5 µs at 2 kv heads as at 8 (alone: 3.1-4.3 µs); only the one-block-a-SM
+ballast leaves the 2-kv-head shape at its alone cost.
 """
 from __future__ import annotations
 
