@@ -28,9 +28,8 @@ from __future__ import annotations
 import argparse
 
 import torch
-import triton
-import triton.language as tl
 
+from benchmarks.probe_launch_chain import _stream
 from benchmarks.profile_attention import handwritten
 from benchmarks.sweep_attention import model_rows
 from superopt.runtime.grid_dependency import applies, launch_options
@@ -39,29 +38,17 @@ from superopt.runtime.timing import copy_bandwidth, rotated_sets, time_call
 BLOCK = 512  # elements a ballast program loads at a time (1 KB of bf16)
 
 
-@triton.jit
-def _ballast(x_ptr, out_ptr, per_program, PDL: tl.constexpr, BLOCK: tl.constexpr):
-    """Sums its program's ``per_program`` elements of ``x`` (no math worth timing: a stream), after the wait."""
-    if PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
-    pid = tl.program_id(0)
-    lane = tl.arange(0, BLOCK)
-    acc = tl.zeros([BLOCK], tl.float32)
-    for i in range(0, per_program, BLOCK):
-        acc += tl.load(x_ptr + pid * per_program + i + lane).to(tl.float32)
-    tl.store(out_ptr + pid * BLOCK + lane, acc)
-
-
 def ballast(blocks: int, mb: float, pdl: bool):
-    """(call, inputs) of a stream of about ``mb`` MB of bf16 in ``blocks`` programs, each a whole number of BLOCKs."""
+    """(call, inputs) of a stream of about ``mb`` MB of bf16 in ``blocks`` programs, each a whole number of BLOCKs:
+    probe_launch_chain's stream kernel, which waits for its predecessor and signals its successor as the generated
+    kernels do."""
     per = max(BLOCK, int(mb * 2**20 / 2 / blocks) // BLOCK * BLOCK)
     x = torch.randn(blocks * per, device="cuda", dtype=torch.bfloat16)
-    out = torch.empty(blocks * BLOCK, device="cuda", dtype=torch.float32)
+    out = torch.empty(blocks, device="cuda", dtype=torch.float32)
     options = launch_options(pdl)
 
     def call(x):
-        _ballast[(blocks,)](x, out, per, PDL=pdl, BLOCK=BLOCK, num_warps=4, **options)
+        _stream[(blocks,)](x, out, x.numel(), PER_PROG=per, BLOCK=BLOCK, PDL=pdl, num_warps=4, **options)
     return call, [x]
 
 
