@@ -141,6 +141,7 @@ class GreedyAdvance:
         weight, embeds = getattr(loop, "embed_weight", None), getattr(loop, "embeds", None)
         embed = weight is not None and embeds is not None
         table, rows = getattr(loop, "rotary_rows", None) or (None, None)  # [capacity, 2, d], [rows, 1, 2, d]
+        rot_n = table[0].numel() if table is not None else 0  # a position's (cos, sin) row
         _partial_argmax[(self.rows, self.parts)](
             logits, logits.stride(0), self.vocab, loop.eos_mask, loop.t, loop.min_new, self.val, self.idx, self.nan,
             CHUNK=CHUNK, BLOCK=BLOCK, NONE=NONE)
@@ -150,11 +151,11 @@ class GreedyAdvance:
             loop.pos, loop.pos.stride(0), mask, mask.stride(0), mask.shape[-1], loop.step_mask.slot,
             weight if embed else self.val, weight.stride(0) if embed else 0, weight.shape[1] if embed else 0,
             embeds if embed else self.val, embeds.stride(0) if embed else 0,
-            self.val if table is None else table, 0 if table is None else table.shape[0],
-            0 if table is None else table[0].numel(), self.val if rows is None else rows,
+            self.val if table is None else table, 0 if table is None else table.shape[0], rot_n,
+            self.val if rows is None else rows,
             BLOCK_B=triton.next_power_of_2(self.rows), BLOCK_S=triton.next_power_of_2(self.parts), NONE=NONE,
             EMBED=embed, BLOCK_H=max(64, 4096 // triton.next_power_of_2(self.rows)),
-            ROT=table is not None, BLOCK_R=triton.next_power_of_2(table[0].numel()) if table is not None else 16)
+            ROT=table is not None, BLOCK_R=max(16, triton.next_power_of_2(rot_n)))
         # The mask was written in place, as index_fill_ writes it: say so as torch would. The searched attention
         # converts a step's mask once and reuses it while its version is unchanged (attention_searched.additive_mask);
         # unannounced, the capture after the first step would find the conversion current and record none.
