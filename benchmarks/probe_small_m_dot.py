@@ -13,6 +13,13 @@ and with the weight tile widened to float32 before its transpose. Prints µs per
 CUDA-event-timed CUDA-graph replays over input sets rotated beyond L2), % of the copy bandwidth
 measured in the same run, and cuBLAS (``F.linear``, no RMSNorm) as the baseline.
     python benchmarks/probe_small_m_dot.py [--rows 8] [--k 4096] [--n 6144] [--only "x·Wᵀ;(W·xᵀ)ᵀ"]
+        [--bn 16,32,64] [--split 1,4]
+
+``--bn`` sets the weight tile's rows (the grid is N ÷ bn blocks, times ``--split``); ``--split`` S > 1
+cuts K into S slices, one block each, whose float32 sums are added into a zeroed float32 output with
+relaxed atomics (the zeroing is a memset in the timed graph, as a split-K design would need one; the
+cast back to the output dtype is not timed). ``fma`` variants sum broadcast products instead of
+``tl.dot`` (no tensor cores; the products summed elementwise and reduced after the loop).
 """
 from __future__ import annotations
 
@@ -27,7 +34,8 @@ from superopt.runtime.timing import copy_bandwidth, rotated_sets, time_call
 
 @triton.jit
 def _gemv(x_ptr, w_ptr, y_ptr, M, N: tl.constexpr, K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-          BK: tl.constexpr, SWAP: tl.constexpr, NK: tl.constexpr, RMS: tl.constexpr, ROUNDTRIP: tl.constexpr):
+          BK: tl.constexpr, SWAP: tl.constexpr, NK: tl.constexpr, RMS: tl.constexpr, ROUNDTRIP: tl.constexpr,
+          SPLIT: tl.constexpr, FMA: tl.constexpr):
     """y = x · Wᵀ (``NK``: W [N, K]) or x · W (W [K, N]); ``SWAP``: as (W·xᵀ)ᵀ. ``RMS``: also the sum
     of squares of x's rows, 1: summed elementwise into a [BM, BK] accumulator and reduced after the loop
     (what the renderer emits), 2: reduced every iteration, 3: as 1 from a second load of x. ``ROUNDTRIP``:
@@ -37,9 +45,11 @@ def _gemv(x_ptr, w_ptr, y_ptr, M, N: tl.constexpr, K: tl.constexpr, BM: tl.const
     rn = pid * BN + tl.arange(0, BN)
     rk = tl.arange(0, BK)
     acc = tl.zeros([BN, BM] if SWAP else [BM, BN], tl.float32)
+    prods = tl.zeros([BM, BN, BK] if FMA else [1, 1, 1], tl.float32)
     sq_el = tl.zeros([BM, BK], tl.float32)
     sq = tl.zeros([BM, 1], tl.float32)
-    for i in range(K // BK):
+    per = K // BK // SPLIT
+    for i in range(tl.program_id(1) * per, tl.program_id(1) * per + per):
         xp = x_ptr + rm[:, None] * K + (i * BK + rk)[None, :]
         x = tl.load(xp, mask=rm[:, None] < M, other=0.0)
         if NK:
@@ -50,7 +60,9 @@ def _gemv(x_ptr, w_ptr, y_ptr, M, N: tl.constexpr, K: tl.constexpr, BM: tl.const
                 w = tl.trans(w)
         else:
             w = tl.load(w_ptr + (i * BK + rk)[:, None] * N + rn[None, :])
-        if SWAP:
+        if FMA:  # w is [BK, BN] here (transposed above or loaded so)
+            prods += x.to(tl.float32)[:, None, :] * tl.trans(w).to(tl.float32)[None, :, :]
+        elif SWAP:
             acc += tl.dot(tl.trans(w), tl.trans(x))
         else:
             acc += tl.dot(x, w)
@@ -63,22 +75,27 @@ def _gemv(x_ptr, w_ptr, y_ptr, M, N: tl.constexpr, K: tl.constexpr, BM: tl.const
         elif RMS == 3:
             xf = tl.load(xp, mask=rm[:, None] < M, other=0.0).to(tl.float32)
             sq_el += xf * xf
+    if FMA:
+        acc = tl.sum(prods, axis=2)
     out = tl.trans(acc) if SWAP else acc
     if RMS == 1 or RMS == 3:
         sq = tl.sum(sq_el, axis=1, keep_dims=True)
     if RMS:
         out = out * tl.rsqrt(sq / K + 1e-6)
-    tl.store(y_ptr + rm[:, None] * N + rn[None, :], out.to(y_ptr.dtype.element_ty),
-             mask=(rm[:, None] < M) & (rn[None, :] < N))
+    mask = (rm[:, None] < M) & (rn[None, :] < N)
+    if SPLIT > 1:
+        tl.atomic_add(y_ptr + rm[:, None] * N + rn[None, :], out, mask=mask, sem="relaxed")
+    else:
+        tl.store(y_ptr + rm[:, None] * N + rn[None, :], out.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-VARIANTS = {  # name: (SWAP, NK, RMS, ROUNDTRIP)
-    "x·Wᵀ": (0, 1, 0, 0), "(W·xᵀ)ᵀ": (1, 1, 0, 0), "x·W [K,N]": (0, 0, 0, 0),
+VARIANTS = {  # name: (SWAP, NK, RMS, ROUNDTRIP[, FMA])
+    "x·Wᵀ": (0, 1, 0, 0), "x·Wᵀ f32 trans": (0, 1, 0, 1), "fma": (0, 1, 0, 0, 1), "(W·xᵀ)ᵀ": (1, 1, 0, 0), "x·W [K,N]": (0, 0, 0, 0),
     "x·Wᵀ rms el": (0, 1, 1, 0), "x·Wᵀ rms row": (0, 1, 2, 0), "x·Wᵀ rms el reload": (0, 1, 3, 0),
     "x·Wᵀ rms el f32 trans": (0, 1, 1, 1), "(W·xᵀ)ᵀ rms el": (1, 1, 1, 0), "(W·xᵀ)ᵀ rms row": (1, 1, 2, 0),
     "x·W [K,N] rms el": (0, 0, 1, 0), "x·W [K,N] rms row": (0, 0, 2, 0), "(W·xᵀ)ᵀ [K,N] rms row": (1, 0, 2, 0),
 }
-LAUNCHES = [(bn, bk, w, s) for bn in (64,) for bk in (128, 256) for w in (2, 4, 8) for s in (3, 4)]
+BLOCK_SHAPES = [(bk, w, s) for bk in (128, 256, 512) for w in (4, 8) for s in (2, 3, 4)]
 
 
 def main() -> None:
@@ -88,44 +105,57 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=6144)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--only", default="", help="semicolon-separated variant names (default: all)")
+    ap.add_argument("--bn", default="64", help="comma-separated weight-tile rows (default 64)")
+    ap.add_argument("--split", default="1", help="comma-separated K splits (default 1)")
     a = ap.parse_args()
     dt = getattr(torch, a.dtype)
     M, K, N = a.rows, a.k, a.n
     w_nk = torch.randn(N, K, device="cuda", dtype=dt) * 0.02
     inputs = [torch.randn(M, K, device="cuda", dtype=dt), w_nk, w_nk.t().contiguous(),
-              torch.empty(M, N, device="cuda", dtype=dt)]
+              torch.empty(M, N, device="cuda", dtype=dt), torch.empty(M, N, device="cuda", dtype=torch.float32)]
     sets = rotated_sets(inputs)
     copy = copy_bandwidth() / 1e9
     nbytes = N * K * 2 + M * (K + N) * 2
     x64 = inputs[0].double()
     plain = x64 @ w_nk.double().t()
     normed = (x64 * torch.rsqrt(x64.pow(2).mean(1, keepdim=True) + 1e-6)) @ w_nk.double().t()
-    base = time_call(lambda x, w, wkn, y: torch.nn.functional.linear(x, w), sets)
+    base = time_call(lambda x, w, wkn, y, y32: torch.nn.functional.linear(x, w), sets)
     print(f"rows {M}, K {K}, N {N}, {a.dtype}; copy {copy:.0f} GB/s; {len(sets)} input sets")
-    print("| kernel | best µs | launch (bn bk warps stages) | µs at bk256 w2s3 / w4s3 / w4s4 | cuBLAS ÷ best "
+    print("| kernel | best µs | launch (bn split bk warps stages) | µs at bk256 w4s2 / w4s3 / w4s4 | cuBLAS ÷ best "
           "| % copy BW | rel err |\n|---|---|---|---|---|---|---|")
     print(f"| cuBLAS F.linear (no rms) | {base:.1f} | | | 1.00× | {100 * nbytes / base / 1e3 / copy:.0f}% | |")
     only = [v for v in a.only.split(";") if v] or list(VARIANTS)
-    for name in only:
-        swap, nk, rms, roundtrip = VARIANTS[name]
+    shapes = [(bn, split) for bn in map(int, a.bn.split(",")) for split in map(int, a.split.split(","))]
+    for name, (bn, split) in [(n, sh) for n in only for sh in shapes]:
+        swap, nk, rms, roundtrip, fma = (VARIANTS[name] + (0,))[:5]
         ref = normed if rms else plain
         times, err = {}, None
-        for bn, bk, warps, stages in LAUNCHES:
-            def call(x, w, wkn, y, bn=bn, bk=bk, warps=warps, stages=stages):
-                _gemv[(triton.cdiv(N, bn),)](x, w if nk else wkn, y, M, N, K, max(16, triton.next_power_of_2(M)),
-                                            bn, bk, swap, nk, rms, roundtrip, num_warps=warps, num_stages=stages)
+        bm = triton.next_power_of_2(M) if fma else max(16, triton.next_power_of_2(M))  # tl.dot needs 16
+        for bk, warps, stages in BLOCK_SHAPES:
+            if K % (bk * split) or (fma and bm * bn * bk > 64 * 32 * warps):
+                continue  # K not cut evenly; an fma tile of more than 64 products a thread
+            def call(x, w, wkn, y, y32, bk=bk, warps=warps, stages=stages):
+                if split > 1:
+                    y32.zero_()
+                _gemv[(triton.cdiv(N, bn), split)](
+                    x, w if nk else wkn, y32 if split > 1 else y, M, N, K, bm,
+                    bn, bk, swap, nk, rms, roundtrip, split, fma, num_warps=warps, num_stages=stages)
             try:
                 call(*sets[0])
                 torch.cuda.synchronize()
-                e = ((sets[0][3].double() - ref).norm() / ref.norm()).item()
+                got = sets[0][4 if split > 1 else 3].double()
+                e = ((got - ref).norm() / ref.norm()).item()
                 err = e if err is None else max(err, e)
-                times[(bn, bk, warps, stages)] = time_call(call, sets)
+                times[(bk, warps, stages)] = time_call(call, sets)
             except Exception:  # out of resources: not a candidate
                 continue
-        (bn, bk, warps, stages), best = min(times.items(), key=lambda kv: kv[1])
-        at = " / ".join(f"{times[(64, 256, w, s)]:.1f}" if (64, 256, w, s) in times else "—"
-                        for w, s in ((2, 3), (4, 3), (4, 4)))
-        print(f"| {name} | {best:.1f} | {bn} {bk} {warps} {stages} | {at} | {base / best:.2f}× | "
+        if not times:
+            print(f"| {name} | — | {bn} {split} | no block shape ran | | | |", flush=True)
+            continue
+        (bk, warps, stages), best = min(times.items(), key=lambda kv: kv[1])
+        at = " / ".join(f"{times[(256, w, s)]:.1f}" if (256, w, s) in times else "—"
+                        for w, s in ((4, 2), (4, 3), (4, 4)))
+        print(f"| {name} | {best:.1f} | {bn} {split} {bk} {warps} {stages} | {at} | {base / best:.2f}× | "
               f"{100 * nbytes / best / 1e3 / copy:.0f}% | {err:.1e} |", flush=True)
 
 
