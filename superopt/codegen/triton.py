@@ -365,20 +365,22 @@ def _emit_block(k: BlockWriter, node: Node, g: KernelGraph, stores: list[str], a
 
 
 def _emit_chained(k: BlockWriter, chain: Chain, g: KernelGraph, n_args: int, n_outs: int, first: int) -> None:
-    """After the producer's stores: each block counts itself in its group (counter ``first`` + the
-    group's index over the matched axes); the last one runs the consumer's blocks of that group —
-    block indices on matched axes are the producer's, free axes are looped — then resets the
-    counter. The barrier and the acquire-release count order every block's stores before the last
+    """After the producer's stores (and its cross-block sums finished): each block counts itself in
+    its group (counter ``first`` + the group's index over the matched axes); the last one runs the
+    consumer's blocks of that group — block indices on matched axes are the producer's ÷ the ratio,
+    free axes are looped — then resets the counter. The barrier and the acquire-release count order every block's stores before the last
     block's loads, which read at L2 (``.cg``), as ``finish_sums`` does."""
     tail = g.nodes[chain.consumer]
     k.emit("tl.debug_barrier()", 1)
-    cnt = k.count_in(sorted(a for _, a in chain.matched), first, chain.parts)
+    axes = sorted(a for _, a in chain.matched)
+    cnt = k.count_in(axes, first, chain.parts, [chain.ratio(a) for a in axes])
     ptr = {s: f"o{o}_ptr" for s, o in chain.from_producer}
     ptr.update((s, f"a{n_args + m}_ptr") for m, s in enumerate(chain.extra_args))
     t = BlockWriter(tail.block, _narrow(tail, g), prefix="t", args=[ptr[s] for s in range(len(tail.args))],
                 base=1, fresh=frozenset(s for s, _ in chain.from_producer))
     for b_axis, a_axis in chain.matched:
-        t.emit(f"{t.pid}{b_axis} = pid{a_axis}", 1)
+        r = chain.ratio(a_axis)
+        t.emit(f"{t.pid}{b_axis} = pid{a_axis}" + (f" // {r}" if r > 1 else ""), 1)
     for b_axis in chain.free:
         t.emit(f"for {t.pid}{b_axis} in range({tail.block.grid[b_axis]}):", 1)
         t.base += 1

@@ -239,14 +239,16 @@ class BlockWriter:
             self.emit(f"tl.store({optrs}, sum{j}.to(o{j}_ptr.dtype.element_ty){m})", 2)
         self.emit(f"tl.store({cnt}, 0)", 2)
 
-    def count_in(self, axes: list[int], first: int, parts: int) -> str:
+    def count_in(self, axes: list[int], first: int, parts: int, ratios: list[int] | None = None) -> str:
         """Count this block in with an acquire-release atomic on counter ``first`` + its index over
-        grid ``axes`` (one counter per combination of them), and open ``if`` it is the last of the
-        ``parts`` blocks sharing that counter; returns the counter's pointer (to reset it)."""
+        grid ``axes`` (one counter per combination of them; ``ratios[i]`` consecutive blocks of axis
+        ``axes[i]`` share one), and open ``if`` it is the last of the ``parts`` blocks sharing that
+        counter; returns the counter's pointer (to reset it)."""
         group, stride = [], 1
-        for a in axes:
-            group.append(f"{self.pid}{a} * {stride}" if stride > 1 else f"{self.pid}{a}")
-            stride *= self.b.grid[a]
+        for a, r in zip(axes, ratios or [1] * len(axes)):
+            idx = f"({self.pid}{a} // {r})" if r > 1 else f"{self.pid}{a}"
+            group.append(f"{idx} * {stride}" if stride > 1 else idx)
+            stride *= self.b.grid[a] // r
         cnt = "c_ptr" + (f" + {first}" if first else "") + "".join(f" + {t}" for t in group)
         self.emit(f"if tl.atomic_add({cnt}, 1, sem=\"acq_rel\", scope=\"gpu\") == {parts - 1}:", 1)
         return cnt

@@ -13,11 +13,17 @@ the verifier see two kernels, exactly what runs.
 Legal when (producer A = node ``idx``, consumer B):
 - A's outputs are read by B alone (no other node, not graph outputs), and B's other arguments exist
   before A runs (graph inputs or values of earlier nodes);
-- neither sums across blocks (their launches already finish with a semaphore of their own);
+- B does not sum across blocks (its launch would need a semaphore of its own after the group's);
 - every grid axis of B that cuts a dim of a tensor A wrote is *matched* to the axis of A that cuts
-  the same dim into as many parts (block b of B reads exactly what the A blocks with that index
-  wrote), or *free* where A does not cut that dim (the last block of a group runs all of them);
-  an axis of A that cuts a dim B reads whole is *gathered*: its blocks form the group.
+  the same dim into as many parts or a multiple of them (block b of B reads exactly what the A
+  blocks b·r … b·r + r − 1 on that axis wrote, r the ratio), or *free* where A does not cut that dim
+  (the last block of a group runs all of them); an axis of A that cuts a dim B reads whole is
+  *gathered*: its blocks form the group, with the r blocks of each matched one.
+
+A that sums an output across blocks (split-K) chains too: its blocks finish their sums first (the
+last block of each summed tile stores it, ``codegen.triton``) and only then count themselves into
+the chain's group; the summed axes are gathered, so the group's last block runs the consumer after
+every sum it reads is stored. Split-K and its epilogue (a residual add, a norm) are then one launch.
 """
 from __future__ import annotations
 
@@ -31,12 +37,17 @@ from .tiling import reduced_axes
 class Chain:
     producer: int                       # node index of A
     consumer: int                       # node index of B
-    matched: tuple[tuple[int, int], ...]  # (B axis, A axis): B's block index on it is A's
+    matched: tuple[tuple[int, int], ...]  # (B axis, A axis): B's block index on it is A's ÷ the ratio
     free: tuple[int, ...]               # B axes (extent > 1) the group's last block loops over
-    parts: int                          # A blocks in a group (the product of its gathered axes)
-    groups: int                         # groups (the product of A's matched axes): one counter each
+    parts: int                          # A blocks in a group (its gathered axes' extents × the ratios)
+    groups: int                         # groups (the product of B's matched axes): one counter each
     from_producer: tuple[tuple[int, int], ...]  # (B arg index, A output index) for B's args A writes
     extra_args: tuple[int, ...]         # B arg indices A does not write, in order
+    ratios: tuple[int, ...] = ()        # per matched pair, A blocks a B block reads along it (() : all 1)
+
+    def ratio(self, a_axis: int) -> int:
+        """A blocks on ``a_axis`` per group index along it (1 where the axes match one to one)."""
+        return dict(zip((a for _, a in self.matched), self.ratios)).get(a_axis, 1)
 
 
 def chain_of(g: KernelGraph, idx: int) -> Chain | None:
@@ -53,7 +64,7 @@ def chain_of(g: KernelGraph, idx: int) -> Chain | None:
     if b.op != "customized" or j < idx:
         return None
     A, B = a.block, b.block
-    if any(reduced_axes(o, A.grid) for o in A.outputs) or any(reduced_axes(o, B.grid) for o in B.outputs):
+    if any(reduced_axes(o, B.grid) for o in B.outputs):
         return None
     defined_before = {v.name for v in g.inputs} | {v.name for n in g.nodes[:idx] for v in n.outs}
     from_producer = tuple((s, produced[x]) for s, x in enumerate(b.args) if x in produced)
@@ -74,7 +85,7 @@ def chain_of(g: KernelGraph, idx: int) -> Chain | None:
             cutter = next((ax for ax in range(3) if A.grid[ax] > 1 and omap[k][ax] == dim), None)
             if cutter is None:
                 free.add(axis)
-            elif A.grid[cutter] != B.grid[axis] or matched.get(axis, cutter) != cutter:
+            elif A.grid[cutter] % B.grid[axis] or matched.get(axis, cutter) != cutter:
                 return None
             else:
                 matched[axis] = cutter
@@ -82,13 +93,16 @@ def chain_of(g: KernelGraph, idx: int) -> Chain | None:
         return None
     free |= {ax for ax in range(3) if B.grid[ax] > 1 and ax not in matched}
     gathered = [ax for ax in range(3) if A.grid[ax] > 1 and ax not in matched.values()]
-    groups = 1
-    for ax in matched.values():
-        groups *= A.grid[ax]
-    parts = 1
+    pairs = tuple(sorted(matched.items()))
+    ratios = tuple(A.grid[a] // B.grid[b_axis] for b_axis, a in pairs)
+    groups, parts = 1, 1
+    for (b_axis, _), r in zip(pairs, ratios):
+        groups *= B.grid[b_axis]
+        parts *= r
     for ax in gathered:
         parts *= A.grid[ax]
-    return Chain(idx, j, tuple(sorted(matched.items())), tuple(sorted(free)), parts, groups, from_producer, extra)
+    return Chain(idx, j, pairs, tuple(sorted(free)), parts, groups, from_producer, extra,
+                 ratios if any(r > 1 for r in ratios) else ())
 
 
 def chains(g: KernelGraph) -> dict[int, Chain]:

@@ -40,8 +40,12 @@ TEXT_CASES = {"gemv_nk": dict(k=96), "gemv_nk_odd": dict(k=90), "gemv_nk_cols": 
 # file). qwen05b_attn_in_1_m1, found by the search on the GPU: RMSNorm + k/v GEMVs split over K (112
 # blocks adding into three outputs, one tile count: the last block stores all three), then a
 # one-block kernel. row_and_column_sums: a 2×3 grid summing one output over x and the other over y
-# (two sets of counters, 2 + 3 tiles), with masked, padded tiles.
-FOUND_CASES = {"found_kv_split_k": "qwen05b_attn_in_1_m1", "two_way_sums": "row_and_column_sums"}
+# (two sets of counters, 2 + 3 tiles), with masked, padded tiles. split_k_then_residual: an 8-row
+# GEMV split over K (grid 8×4, 16-column tiles summed over y), then a residual add whose blocks each
+# take 64 columns (four of the GEMV's tiles) of half the rows: the shape of a decode down projection
+# the search splits at m8.
+FOUND_CASES = {"found_kv_split_k": "qwen05b_attn_in_1_m1", "two_way_sums": "row_and_column_sums",
+               "split_k_then_residual": "split_k_then_residual"}
 
 # Fixtures re-tiled to blocks of 64+ output columns and fewer than 64 rows (case id -> fixture name,
 # kwargs, grid, forloop): the renderer accumulates those dots transposed, (W·xᵀ)ᵀ (wgmma-eligible).
@@ -55,8 +59,11 @@ WIDE_CASES = {
 }
 
 # Cases whose split kernel can run its combine in its last blocks (ir.chain): the renderer's chained
-# launch variant is run for these (and test_triton_render checks that no other case chains)
-CHAIN_CASES = ("gqa", "qknorm", "decode_attention", "decode_attention_odd")
+# launch variant is run for these (and test_triton_render checks that no other case chains). The two
+# split-K cases finish their cross-block sums before counting into the chain's groups;
+# split_k_then_residual's consumer blocks each read four producer blocks' tiles (a ratio of 4).
+CHAIN_CASES = ("gqa", "qknorm", "decode_attention", "decode_attention_odd", "found_kv_split_k",
+               "split_k_then_residual")
 
 CASES = [(name, name, {}) for name in FIXTURES] + ODD + [(c, c, {}) for c in TEXT_CASES] + \
     [(c, c, {}) for c in FOUND_CASES] + [(c, c, {}) for c in WIDE_CASES]

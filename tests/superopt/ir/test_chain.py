@@ -33,24 +33,37 @@ def test_paper_gqa_matches_heads_and_query_tiles():
     assert (c.groups, c.parts) == (4 * 2, a.grid[1])
 
 
-def test_a_consumer_that_cuts_a_dim_into_other_parts_than_the_producer_does_not_chain():
+def test_a_consumer_block_chains_where_it_reads_whole_producer_blocks():
     g = FIXTURES["gqa"](batch=2, q_len=16, head_dim=16, kv_len=256).ugraph   # the split kernel cuts 4 heads
     combine = max(i for i, n in enumerate(g.nodes) if n.op == "customized")
-    assert chain_of(g, combine - 1) is not None
-    regrouped = retile(g, combine, (2, 1, 1), 1)  # the combine takes two heads a block
-    assert chain_of(regrouped, combine - 1) is None
+    split = g.nodes[combine - 1].block
+    assert chain_of(g, combine - 1).ratios == ()
+    paired = retile(g, combine, (2, 1, 1), 1)  # the combine takes two heads a block: two split blocks' worth
+    c = chain_of(paired, combine - 1)
+    assert c.matched == ((0, 0),) and c.ratios == (2,) and c.ratio(0) == 2
+    assert (c.groups, c.parts) == (2, 2 * split.grid[1])
+    coarse = retile(g, combine - 1, (2, split.grid[1], 1), split.forloop)  # the split takes two heads, the combine one
+    assert chain_of(coarse, combine - 1) is None
     one_block = retile(g, combine, (1, 1, 1), 1)  # one combine block for all: every split block is in its group
     c = chain_of(one_block, combine - 1)
     assert (c.groups, c.parts, c.matched, c.free) == (1, g.nodes[combine - 1].block.num_blocks, (), ())
 
 
-def test_a_producer_whose_outputs_are_read_elsewhere_or_summed_across_blocks_does_not_chain():
+def test_a_producer_whose_outputs_are_read_elsewhere_does_not_chain():
     g = FIXTURES["decode_attention"](dtype="float32").ugraph
     split = next(i for i, n in enumerate(g.nodes) if n.op == "customized")
     exposed = dataclasses.replace(g, outputs=g.outputs + (g.nodes[split].outs[2].name,), _types=None)
     assert chain_of(g, split) is not None and chain_of(exposed, split) is None
-    summed = from_text((UGRAPHS / "qwen05b_attn_in_1_m1.txt").read_text())  # split-K, then one block
-    assert chains(summed) == {}
+
+
+def test_a_split_k_producer_chains_with_its_summed_axes_gathered():
+    summed = from_text((UGRAPHS / "qwen05b_attn_in_1_m1.txt").read_text())  # split-K over 112 blocks, then one block
+    (c,) = chains(summed).values()
+    assert (c.matched, c.free, c.groups, c.parts) == ((), (), 1, 112)
+    residual = from_text((UGRAPHS / "split_k_then_residual.txt").read_text())  # grid 8×4 summed over y; then 2×2
+    (c,) = chains(residual).values()
+    assert c.matched == ((0, 0),) and c.ratios == (4,) and c.free == (1,)
+    assert (c.groups, c.parts) == (2, 4 * 4)
 
 
 def test_graphs_of_one_kernel_have_no_chain():
