@@ -19,6 +19,7 @@ def main() -> None:
     ap.add_argument("model", help="registry name, e.g. Gemma-3-1B")
     ap.add_argument("program", help="site program: attn_in, attn_in_1, attn_out, mlp_in, mlp_out, norm, ...")
     ap.add_argument("--batch", type=int, default=8, help="rows (the decode bucket), default 8")
+    ap.add_argument("--tried", action="store_true", help="also every launch timed for each candidate, with its µs")
     args = ap.parse_args()
 
     import torch
@@ -48,6 +49,8 @@ def main() -> None:
         if r.error is None:
             launch = " ".join(sorted({config_label(c) for c in r.launch.values()})) or "default"
             print(f"candidate {r.index}: {r.median_us:.1f} µs at {launch}, cost model {graph_cost(r.ugraph):.1f} µs{tag}")
+            if args.tried:
+                print("    tried: " + ", ".join(f"{config_label(c)} {us:.1f}" for c, us in r.tried))
         else:
             print(f"candidate {r.index}: FAILED {r.error[:300]}{tag}")
         print("\n".join(describe(r.ugraph)[:3]))
