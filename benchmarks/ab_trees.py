@@ -8,7 +8,8 @@ Why: one bench process's reading of a 0.5-1B model at batch 1 can be 10-15% off 
 benchmarks/results/floor_h100_2026-11-28_s35/README.md). A change worth a few percent needs that protocol.
 
 Each round runs every model once with A, then once with B. Each run is a fresh process that imports the project from
-its tree's directory (``PYTHONPATH``, so a tree needs no install), with no baselines. The output prints each run's
+its tree's directory (``PYTHONPATH``, so a tree needs no install; its patches/, models/ and kernels_cache/ too,
+whichever tree is installed), with no baselines. The output prints each run's
 ms/step, B / A as the ratio of the medians, and the spread of each side (max − min over median). A ratio whose
 distance from 1 is smaller than the larger spread is reported as inside the noise.
 """
@@ -26,9 +27,30 @@ from pathlib import Path
 from mirage_serve.bench import spread_pct
 
 
-def bench_command(model: str, batch: str, repeats: int, json_path: Path) -> list[str]:
-    """``mirage-serve bench`` as a module run, so the tree on ``PYTHONPATH`` is the one imported."""
-    return [sys.executable, "-m", "mirage_serve.cli", "bench", model, "--batch", batch, "--baselines", ",",
+# patches/, models/ and kernels_cache/ sit beside mirage_serve/ and install as its subpackages (pyproject's
+# package-dir): with the project installed in editable mode, ``import mirage_serve.kernels_cache`` from any tree on
+# PYTHONPATH found the *installed* tree's folder, so A ran B's shipped kernels, patches and registry (session 41 caught
+# it: an A/B of shipped entries compared B with itself). This finder, first on sys.meta_path, maps them to the tree's.
+_TREE_BOOT = """import importlib.util, runpy, sys
+from pathlib import Path
+tree = Path(sys.argv.pop(1))
+class TreeFolders:
+    def find_spec(self, name, path=None, target=None):
+        head, _, sub = name.partition(".")
+        init = tree / sub / "__init__.py"
+        if head == "mirage_serve" and sub in ("patches", "models", "kernels_cache") and init.is_file():
+            return importlib.util.spec_from_file_location(name, init, submodule_search_locations=[str(init.parent)])
+        return None
+sys.meta_path.insert(0, TreeFolders())
+sys.argv[0] = "mirage-serve"
+runpy.run_module("mirage_serve.cli", run_name="__main__", alter_sys=True)
+"""
+
+
+def bench_command(model: str, batch: str, repeats: int, json_path: Path, tree: Path) -> list[str]:
+    """``mirage-serve bench`` run from ``tree`` alone: its mirage_serve/ (``PYTHONPATH``) and its patches/, models/
+    and kernels_cache/ as mirage_serve's subpackages (``_TREE_BOOT``), whatever tree is installed."""
+    return [sys.executable, "-c", _TREE_BOOT, str(tree), "bench", model, "--batch", batch, "--baselines", ",",
             "--repeats", str(repeats), "--json", str(json_path)]
 
 
@@ -104,7 +126,7 @@ def main(argv=None) -> None:
                     tree = getattr(args, f"{side}_dir").resolve()
                     path = Path(tmp) / f"{model}_{side}_{r}.json"
                     try:
-                        done = subprocess.run(bench_command(model, args.batch, args.repeats, path), cwd=tree,
+                        done = subprocess.run(bench_command(model, args.batch, args.repeats, path, tree), cwd=tree,
                                               env=_env(getattr(args, f"{side}_env"), tree), capture_output=True,
                                               text=True, timeout=args.timeout)
                     except subprocess.TimeoutExpired:

@@ -45,6 +45,24 @@ def test_runs_alternate_each_tree_from_its_own_directory(tmp_path, capsys):
     assert len(rows) == 4 and all("0.800" in r and "faster" in r for r in rows)
 
 
+def test_each_tree_runs_its_own_shipped_kernels_whatever_tree_is_installed(tmp_path, capsys):
+    # the fake CLI takes its factor from its tree's kernels_cache/, imported as mirage_serve.kernels_cache: with the
+    # project installed in editable mode that name would otherwise be the installed tree's folder
+    cli = _FAKE_CLI.replace("* TREE_FACTOR", "* float(importlib.resources.files('mirage_serve.kernels_cache')"
+                            ".joinpath('factor.txt').read_text())")
+    trees = []
+    for name, factor in (("a", "1.0"), ("b", "0.5")):
+        tree = _tree(tmp_path / name, 1.0)
+        (tree / "mirage_serve" / "cli.py").write_text("import importlib.resources\n" + cli)
+        (tree / "kernels_cache").mkdir()
+        (tree / "kernels_cache" / "__init__.py").write_text("")
+        (tree / "kernels_cache" / "factor.txt").write_text(factor)
+        trees.append(tree)
+    ab.main(["m", "--a-dir", str(trees[0]), "--b-dir", str(trees[1]), "--rounds", "1"])
+    out = capsys.readouterr().out
+    assert "round 1 m b1 A: 1.000" in out and "round 1 m b1 B: 0.500" in out, out
+
+
 def test_one_tree_two_environments(tmp_path, capsys):
     tree = _tree(tmp_path / "t", 1.0)
     ab.main(["m", "--a-dir", str(tree), "--b-dir", str(tree), "--b-env", "FAKE_MS=1.25", "--rounds", "1"])
