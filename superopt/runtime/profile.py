@@ -29,12 +29,10 @@ from .timing import context_alive, rotated_sets, time_call
 # launch), timed only for graphs with such a pair: on an H100 it lost to two launches (with
 # programmatic dependent launch) at every attention tiling that was competitive, by up to 1.8×
 # where the last block loops over a GQA group (benchmarks/results/blocks_h100_2026-11-25_s17.md),
-# so it is swept over the few fastest candidates only, not probed on every one. A split-K GEMV
-# chained into its residual add (decode at 8 rows) streams its weights from one block an SM, which
-# wants four stages: w4s4 won unchained for Llama-3.2-1B's down projection (H200, session 41).
+# so it is swept over the few fastest candidates only, not probed on every one.
 DEFAULT_CONFIGS = (Launch(2, 3), Launch(2, 4), Launch(4, 3), Launch(4, 4), Launch(8, 3),
                    Launch(2, 3, prefetch=True), Launch(4, 3, prefetch=True),
-                   Launch(2, 3, chain=True), Launch(4, 3, chain=True), Launch(4, 4, chain=True))
+                   Launch(2, 3, chain=True), Launch(4, 3, chain=True))
 
 
 class ContextLost(RuntimeError):
