@@ -19,8 +19,8 @@ measured in the same run, and cuBLAS (``F.linear``, no RMSNorm) as the baseline.
 cuts K into S slices, one block each, whose float32 sums are added into a float32 output with relaxed
 atomics (zeroed for the check, not between timed calls: what a self-resetting workspace would cost, less
 its counter and the cast back). ``--sets`` input sets (distinct weights) a timed graph replay: many make
-each call's time what it is in a chain of dependent launches, not a replay's own start-up. ``fma`` variants sum broadcast products instead of
-``tl.dot`` (no tensor cores; the products summed elementwise and reduced after the loop).
+each call's time what it is in a chain of dependent launches, not a replay's own start-up. ``fma`` sums
+broadcast products instead of ``tl.dot`` (no tensor cores; summed elementwise, reduced after the loop).
 """
 from __future__ import annotations
 
@@ -91,7 +91,8 @@ def _gemv(x_ptr, w_ptr, y_ptr, M, N: tl.constexpr, K: tl.constexpr, BM: tl.const
 
 
 VARIANTS = {  # name: (SWAP, NK, RMS, ROUNDTRIP[, FMA])
-    "x·Wᵀ": (0, 1, 0, 0), "x·Wᵀ f32 trans": (0, 1, 0, 1), "fma": (0, 1, 0, 0, 1), "(W·xᵀ)ᵀ": (1, 1, 0, 0), "x·W [K,N]": (0, 0, 0, 0),
+    "x·Wᵀ": (0, 1, 0, 0), "x·Wᵀ f32 trans": (0, 1, 0, 1), "fma": (0, 1, 0, 0, 1), "(W·xᵀ)ᵀ": (1, 1, 0, 0),
+    "x·W [K,N]": (0, 0, 0, 0),
     "x·Wᵀ rms el": (0, 1, 1, 0), "x·Wᵀ rms row": (0, 1, 2, 0), "x·Wᵀ rms el reload": (0, 1, 3, 0),
     "x·Wᵀ rms el f32 trans": (0, 1, 1, 1), "(W·xᵀ)ᵀ rms el": (1, 1, 1, 0), "(W·xᵀ)ᵀ rms row": (1, 1, 2, 0),
     "x·W [K,N] rms el": (0, 0, 1, 0), "x·W [K,N] rms row": (0, 0, 2, 0), "(W·xᵀ)ᵀ [K,N] rms row": (1, 0, 2, 0),

@@ -368,8 +368,9 @@ def _emit_chained(k: BlockWriter, chain: Chain, g: KernelGraph, n_args: int, n_o
     """After the producer's stores (and its cross-block sums finished): each block counts itself in
     its group (counter ``first`` + the group's index over the matched axes); the last one runs the
     consumer's blocks of that group — block indices on matched axes are the producer's ÷ the ratio,
-    free axes are looped — then resets the counter. The barrier and the acquire-release count order every block's stores before the last
-    block's loads, which read at L2 (``.cg``), as ``finish_sums`` does."""
+    free axes are looped — then resets the counter. The barrier and the acquire-release count order
+    every block's stores before the last block's loads, which read at L2 (``.cg``), as ``finish_sums``
+    does."""
     tail = g.nodes[chain.consumer]
     k.emit("tl.debug_barrier()", 1)
     axes = sorted(a for _, a in chain.matched)
