@@ -153,7 +153,7 @@ def sites(model, ids, at: list[int], rows: int) -> None:
 def e2e(model, ids, steps: int) -> None:
     entries = shipped()
 
-    def choose(program, *, budget, arch, cache=None, key=None, seed=None, pick=None, research=False):
+    def choose(program, *, budget, arch, cache=None, key=None, seed=None, pick=None, **_options):
         entry = entries.get((digest(program), key.bucket if key else "b1"))
         graph = from_text((entry / "ugraph.txt").read_text()) if entry else program
         # verified when the GPU's patch() hits the entry; here only its numerics are in question

@@ -44,6 +44,11 @@ def arch_of(device: torch.device) -> str:
     return "cpu"
 
 
+def gpu_name(device: torch.device) -> str:
+    """The GPU model's name (``NVIDIA H200``), what a cache entry's launch was timed on; "" off the GPU."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else ""
+
+
 @dataclass(frozen=True)
 class Executor:
     """``run(*tensors)`` takes the μGraph's inputs in ``graph.inputs`` order, returns its outputs."""

@@ -5,9 +5,9 @@ Each knob is a `Knob` in the module-level table `KNOBS`; code reads one with its
 parser and a one-line doc; `describe()` lists them all (the CLI prints it, docs quote it).
 
 Values are read at call time, not import time. The switches that change what ``patch()`` does
-(``PDL``, ``PAIRED_LAUNCH``, ``STACKED_PROJECTIONS``, ``FINAL_NORM``, ``LM_HEAD``, ``RESEARCH``, ``FUSED_RESIDUAL``,
-``ATTENTION``) are only the defaults of ``mirage_serve.PatchOptions``' fields, read when the options are made; code and
-tests pass options, never set these variables.
+(``PDL``, ``PAIRED_LAUNCH``, ``STACKED_PROJECTIONS``, ``FINAL_NORM``, ``LM_HEAD``, ``RESEARCH``, ``RETIME_LAUNCHES``,
+``FUSED_RESIDUAL``, ``ATTENTION``) are only the defaults of ``mirage_serve.PatchOptions``' fields, read when the options
+are made; code and tests pass options, never set these variables.
 """
 from __future__ import annotations
 
@@ -122,6 +122,12 @@ RESEARCH: Knob[bool] = Knob(
     "μGraph competes with the new candidates, stays unless one is at least 5% faster, and the winner goes to the user "
     "cache (for refreshing kernels_cache/; default of PatchOptions.research)")
 
+RETIME_LAUNCHES: Knob[bool] = Knob(
+    "MIRAGE_SERVE_RETIME_LAUNCHES", parse_bool, False,
+    "time again, on this GPU, the launches of a shipped or imported entry whose launch another GPU model timed (its "
+    "μGraph kept; seconds an entry, once: the result goes to the user cache); without it such an entry runs its row "
+    "for this GPU if it has one, else its default launch (default of PatchOptions.retime_launches)")
+
 FUSED_RESIDUAL: Knob[bool] = Knob(
     "MIRAGE_SERVE_FUSED_RESIDUAL", parse_bool, True,
     "add the decoder layer's residual inside the kernels of the projections whose outputs it adds (found from the "
@@ -149,7 +155,7 @@ PROGRESS: Knob[bool] = Knob(
     "profile of its candidates, the choice of a decode-attention shape) and when it ends; 0 silences them")
 
 KNOBS: tuple[Knob, ...] = (CACHE_DIR, CACHE_READ_ONLY, CACHE_KEY, PDL, PAIRED_LAUNCH, STACKED_PROJECTIONS, FINAL_NORM,
-                           LM_HEAD, RESEARCH, FUSED_RESIDUAL, ATTENTION, PROGRESS)
+                           LM_HEAD, RESEARCH, RETIME_LAUNCHES, FUSED_RESIDUAL, ATTENTION, PROGRESS)
 
 
 def torchrun_ranks() -> tuple[int, int, int] | None:

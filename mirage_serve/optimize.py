@@ -20,6 +20,7 @@ from superopt.verify.upcast import upcast
 from . import progress, verify_parallel
 from .cache import CacheEntry, CacheWarning
 from .cache.builds import render_digest
+from .cache.gpu_rows import for_gpu, timed_elsewhere
 
 
 # The torch backend gains no speed from a better μGraph; a short search still exercises the path.
@@ -75,7 +76,7 @@ def default_budget(budget, backend: str):
 
 
 def choose(program: KernelGraph, *, budget, arch: str, cache=None, key=None, seed=None, pick=None,
-           research: bool = False, keep_structures: bool = False) -> Choice:
+           research: bool = False, keep_structures: bool = False, gpu: str = "", retime: bool = False) -> Choice:
     """The μGraph to run for ``program``. ``budget=0`` skips the search (tests, quick starts).
 
     ``cache`` is a ``mirage_serve.cache.KernelCache`` and ``key`` its ``CacheKey`` for this program,
@@ -89,15 +90,34 @@ def choose(program: KernelGraph, *, budget, arch: str, cache=None, key=None, see
     since the shipped entry was made can then only replace it with something measured faster.
     ``keep_structures``: a searched or re-instantiated entry also keeps its result's designs
     (``meta["structures"]``, ``superopt.search.structures``), for a later process's ``seed``.
+    ``gpu``: the name of the GPU ``pick`` times on; an entry records it (``timed_on``), and a hit this user did
+    not sign runs the launch its row for this GPU holds, if any (``cache.gpu_rows``). ``retime`` (with
+    ``pick``): such a hit whose launch was timed on another GPU has its launches timed again here
+    (``PatchOptions.retime_launches``), its μGraph kept.
     """
+    timing = _Timing(pick, gpu, retime and pick is not None)
     if cache is None or key is None:
-        return _choose(program, budget, arch, None, None, seed, pick, False, keep_structures)
+        return _choose(program, budget, arch, None, None, seed, timing, False, keep_structures)
     # Concurrent patchers of one model: one searches each program, the others wait, then hit.
     with cache.lock(key):
-        return _choose(program, budget, arch, cache, key, seed, pick, research and pick is not None, keep_structures)
+        return _choose(program, budget, arch, cache, key, seed, timing, research and pick is not None,
+                       keep_structures)
 
 
-def _hit(program: KernelGraph, entry, cache, key, pick, t0: float) -> "Choice | None":
+@dataclass(frozen=True)
+class _Timing:
+    """How ``choose`` times launches: the profiler (None off the GPU), the GPU's name, and whether a hit timed
+    on another GPU is timed again."""
+    pick: object
+    gpu: str = ""
+    retime: bool = False
+
+    def stamp(self, meta: dict) -> dict:
+        """``meta`` of a launch the profiler just chose, naming the GPU it was timed on."""
+        return {**meta, "timed_on": self.gpu} if self.gpu else meta
+
+
+def _hit(program: KernelGraph, entry, cache, key, timing: _Timing, t0: float) -> "Choice | None":
     """The Choice a cache entry gives; None when it fails verification (rejected, warned: the
     caller then searches as on a miss).
 
@@ -105,27 +125,28 @@ def _hit(program: KernelGraph, entry, cache, key, pick, t0: float) -> "Choice | 
     launch, binaries. Any other (shipped, imported, written by someone else) is data: its μGraph is
     verified against ``program`` now, whatever verdict it claims, after the dtype rule (ops it
     computes narrower than the program are widened by ``superopt.verify.upcast``, else it is
-    rejected); its launch choice is kept only while the code generator renders the same source
-    for it (``render_sha256``), else it is
-    profiled again where ``pick`` is given (the GPU), or left to the renderer's default. What
-    passes is stored signed, so the next patch believes it without verifying."""
+    rejected); its launch is this GPU's row where it has one (``cache.gpu_rows``), kept only while
+    the code generator renders the same source for it (``render_sha256``), else profiled again
+    where a profiler is given (the GPU), or left to the renderer's default. What passes is stored
+    signed, so the next patch believes it without verifying."""
     note = f"cache entry {key.dirname()}"
     try:
         graph = from_text(entry.ugraph_text)
     except ValueError as e:
         return _reject(cache, key, entry, f"its μGraph does not parse ({e})")
-    launch, profile = _stored_launch(entry.meta.get("launch")), entry.meta.get("profile", "")
-    if entry.signed:
+    if entry.signed:   # its launch is the one its binaries were built for, whatever GPU it names
+        launch, profile = _stored_launch(entry.meta.get("launch")), entry.meta.get("profile", "")
         ver = (Verification(True, f"verified when cached: {entry.meta.get('verdict', '')}", 0.0)
                if entry.meta.get("verified") is True else None)
         return Choice(graph, "cache", note, time.perf_counter() - t0, None, launch, profile, ver, entry)
     with progress.slow(f"{key.label}: verifying a cached μGraph this user did not sign ({entry.origin})"):
-        return _verified_hit(program, graph, entry, cache, key, pick, t0, note, launch, profile)
+        return _verified_hit(program, graph, entry, cache, key, timing, t0, note)
 
 
-def _verified_hit(program, graph, entry, cache, key, pick, t0: float, note: str, launch, profile) -> "Choice | None":
+def _verified_hit(program, graph, entry, cache, key, timing: _Timing, t0: float, note: str) -> "Choice | None":
     """``_hit`` for an entry this user did not sign: the dtype rule, the launch check, the verification."""
-    meta = {k: v for k, v in entry.meta.items() if k not in ("verified", "verdict")}
+    meta = for_gpu({k: v for k, v in entry.meta.items() if k not in ("verified", "verdict")}, timing.gpu)
+    launch, profile = _stored_launch(meta.get("launch")), meta.get("profile", "")
     ver = None
     current = _launch_stands(key, meta, graph, launch)
     try:
@@ -142,22 +163,27 @@ def _verified_hit(program, graph, entry, cache, key, pick, t0: float, note: str,
         note += f"; {len(widened)} op(s) widened to the program's precision"
         if current and launch is not None and key.backend == "triton":
             meta["render_sha256"] = render_digest(graph, launch)
-    if not current:
-        # profiled on code the generator no longer renders: reuse the μGraph, time its launches again
-        # (a μGraph with no generated kernel, the program itself, has no launch to time)
+    # a μGraph with no generated kernel (the program itself) has no launch to time
+    timed = timing.pick is not None and bool(graph.customized_nodes())
+    elsewhere = current and timing.retime and timed and timed_elsewhere(meta, timing.gpu)
+    if not current or elsewhere:
+        # profiled on code the generator no longer renders, or on another GPU: the μGraph stays, its launches
+        # are timed again
+        why = (f"timed on {meta.get('timed_on') or 'a GPU it does not name'}" if elsewhere
+               else "generated code changed")
         launch, profile = None, ""
-        for stale in ("launch", "render_sha256", "median_us", "profile", "timings"):
+        for stale in ("launch", "render_sha256", "median_us", "profile", "timings", "timed_on"):
             meta.pop(stale, None)
-        timed = pick is not None and bool(graph.customized_nodes())
-        note += "; launch profiled again (generated code changed)" if timed else "; stale launch dropped"
+        note += f"; launch profiled again ({why})" if timed else "; stale launch dropped"
         if timed:
-            chosen = pick(_Only(graph))
+            chosen = timing.pick(_Only(graph))
             if chosen.graph == graph and chosen.launch:
                 launch, profile, ver = chosen.launch, chosen.note, chosen.verification
                 meta.update(launch=stored_launches(launch), median_us=chosen.median_us,
                             profile=profile, render_sha256=render_digest(graph, launch))
                 if chosen.timings:
                     meta["timings"] = [list(t) for t in chosen.timings]
+                meta = timing.stamp(meta)
     ver = ver or verify(program, graph)
     if not ver.ok:
         return _reject(cache, key, entry, f"it failed verification against the program: {ver.verdict}")
@@ -201,10 +227,10 @@ class _WithIncumbent:
         return getattr(self.result, name)
 
 
-def _choose(program: KernelGraph, budget, arch: str, cache, key, seed, pick, research: bool,
+def _choose(program: KernelGraph, budget, arch: str, cache, key, seed, timing: _Timing, research: bool,
             keep_structures: bool = False) -> Choice:
     t0 = time.perf_counter()
-    incumbent = None
+    incumbent, pick = None, timing.pick
 
     def done(graph, source, note, result=None):
         launch, profile, meta, ver = None, "", {"program_digest": digest(program), "source": source}, None
@@ -212,8 +238,8 @@ def _choose(program: KernelGraph, budget, arch: str, cache, key, seed, pick, res
             if pick is not None:
                 chosen = pick(result if incumbent is None else _WithIncumbent(result, incumbent))
                 graph, launch, profile, ver = chosen.graph, chosen.launch, chosen.note, chosen.verification
-                meta.update(launch=stored_launches(launch), median_us=chosen.median_us,
-                            profile=profile)
+                meta = timing.stamp({**meta, "launch": stored_launches(launch), "median_us": chosen.median_us,
+                                     "profile": profile})
                 if chosen.timings:
                     meta["timings"] = [list(t) for t in chosen.timings]
             ver = ver or verify(program, graph)
@@ -233,7 +259,7 @@ def _choose(program: KernelGraph, budget, arch: str, cache, key, seed, pick, res
     cached = None
     if cache is not None and key is not None:
         entry = cache.get(key)
-        cached = _hit(program, entry, cache, key, pick, t0) if entry is not None else None
+        cached = _hit(program, entry, cache, key, timing, t0) if entry is not None else None
         if cached is not None:
             # Research re-searches shipped entries only: a user entry's key holds the digest of the
             # superopt source that made it, so it is this search's own result already. A shipped entry
@@ -378,21 +404,22 @@ def _launch_stands(key, meta: dict, graph: KernelGraph, launch) -> bool:
     return launch is None or key.backend != "triton" or meta.get("render_sha256") == render_digest(graph, launch)
 
 
-def prefetch(program: KernelGraph, entry, key=None, pdl: bool = False, target=None) -> None:
+def prefetch(program: KernelGraph, entry, key=None, pdl: bool = False, target=None, gpu: str = "") -> None:
     """Start verifying a cache entry's μGraph against ``program`` in the background
     (``verify_parallel.prefetch``); ``_hit``'s ``verify`` then collects the result instead of
     running the check. With a ``target`` (the GPU's ``GPUTarget``) and a launch ``_hit`` will keep,
     the kernels are compiled first in the same workers (``pdl``: dependent launch as the build
-    resolves it), so the build after a passed check compiles nothing. Nothing is believed, run or
-    stored here."""
+    resolves it), so the build after a passed check compiles nothing (``gpu``: the GPU's name, whose
+    row of the entry ``_hit`` will run). Nothing is believed, run or stored here."""
     try:
         stored = from_text(entry.ugraph_text)
         graph, _ = upcast(program, stored)   # what _hit will verify
         if precision_violations(program, graph):
             return
-        launch = _stored_launch(entry.meta.get("launch"))
+        meta = for_gpu(entry.meta, gpu)
+        launch = _stored_launch(meta.get("launch"))
         kept = (launch is not None and key is not None and key.backend == "triton"
-                and _launch_stands(key, entry.meta, stored, launch))
+                and _launch_stands(key, meta, stored, launch))
     except Exception:
         return   # _hit rejects it
     job = (to_text(graph), launch, pdl, target) if kept and target is not None else None

@@ -37,12 +37,15 @@ class PatchOptions:
     fused_residual: bool = field(default_factory=knobs.FUSED_RESIDUAL.get)
     # search again the programs the shipped cache holds, on the GPU profile (mirage_serve.optimize.choose)
     research: bool = field(default_factory=knobs.RESEARCH.get)
+    # time again on this GPU the launches of a shipped entry timed on another GPU model (mirage_serve.cache.gpu_rows)
+    retime_launches: bool = field(default_factory=knobs.RETIME_LAUNCHES.get)
     # decode attention: "profiled" (the searched μGraph, or the hand-written reference where the GPU profile
     # times it faster), "searched" or "hand-written" (mirage_serve.decode.attention_searched)
     attention: str = field(default_factory=knobs.ATTENTION.get)
 
     def __post_init__(self):
-        for name in ("pdl", "paired_launch", "stacked_projections", "final_norm", "fused_residual", "research"):
+        for name in ("pdl", "paired_launch", "stacked_projections", "final_norm", "fused_residual", "research",
+                     "retime_launches"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"PatchOptions.{name} must be a bool, got {getattr(self, name)!r}")
         if self.lm_head not in knobs.LM_HEAD_CHOICES:

@@ -26,7 +26,7 @@ from dataclasses import replace
 from pathlib import Path, PurePosixPath
 from typing import Iterator
 
-from . import records
+from . import gpu_rows, records
 from .entry import FILE_NAME, META, BadEntry, CacheEntry, read_entry, write_entry
 from .files import ENTRY_NAME, PROGRAMS_DIR, CacheWarning, install_entry
 from .key import CacheKey
@@ -203,3 +203,37 @@ def export_shipped(cache, dest: Path) -> int:
 
 def _has_verdict(entry: CacheEntry) -> bool:
     return entry.meta.get("verified") is True
+
+
+def ship_into(src: Path, dest: Path) -> list[tuple[str, str]]:
+    """Bring the shipped-form entries of `src` (what ``export_shipped`` wrote on some GPU) into `dest`
+    (``kernels_cache/``): a new entry is added; one whose μGraph `dest` already holds adds its launch as the
+    row of the GPU that timed it (``gpu_rows.with_row``), so the other GPUs' choices stay; one with another
+    μGraph replaces `dest`'s (the rows held launches of the old μGraph). Returns (entry, what was done), an
+    entry that names no GPU left as it was."""
+    done = []
+    for path in sorted(p for p in src.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        key, entry = read_entry(path)
+        have = dest / path.name
+        if not have.exists():
+            action, new = "added", entry
+        else:
+            _, old = read_entry(have, key)
+            if old.ugraph_text != entry.ugraph_text:
+                action, new = "replaced: another μGraph", entry
+            elif not entry.meta.get("timed_on"):
+                done.append((path.name, "kept: the new entry names no GPU it was timed on"))
+                continue
+            else:
+                action = f"launch row for {entry.meta['timed_on']}"
+                new = replace(old, meta=gpu_rows.with_row(old.meta, entry.meta))
+        # a folder under version control, written by one maintainer's tool: no reader to race
+        staging = Path(tempfile.mkdtemp(dir=dest, prefix=".ship."))
+        try:
+            write_entry(staging, key, text_only(new))
+            shutil.rmtree(have, ignore_errors=True)
+            os.rename(staging, have)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        done.append((path.name, action))
+    return done

@@ -199,7 +199,7 @@ class AttentionSearch:
                                f"a stored structure, else the search)"):
                 seed = self._seeds.get(shape.family()) or self._stored_seed(shape, device, arch)
                 choice = optimize.choose(program, budget=self.budget, arch=arch, cache=self.cache, key=key,
-                                         seed=seed, keep_structures=True,
+                                         seed=seed, keep_structures=True, gpu=backends.gpu_name(device),
                                          pick=self._pick(program, shape, device) if device.type == "cuda" else None)
         except Exception as e:  # the hand-written kernels still run
             return f"choosing its μGraph raised {type(e).__name__}: {e}".splitlines()[0]

@@ -374,10 +374,11 @@ class Preparer:
         if (site.name, sig) in self._prefetched or unsupported_layers(wrapper):
             return
         self._prefetched.add((site.name, sig))
-        pdl, target = self._compile_target(next(wrapper.parameters()).device)
+        device = next(wrapper.parameters()).device
+        pdl, target = self._compile_target(device)
         for _, program, key, entry in self._entries(wrapper, site, sig):
             if entry is not None and not entry.signed:
-                optimize.prefetch(program, entry, key, pdl, target)
+                optimize.prefetch(program, entry, key, pdl, target, backends.gpu_name(device))
 
     def cached_buckets(self, layer: torch.nn.Module, site: NormSite | ProjSite) -> tuple[int, ...]:
         """The call's buckets at which the cache (the user's or the shipped one) holds an entry for every part of
@@ -477,7 +478,8 @@ class Preparer:
             budget = replace(budget or SearchBudget(), cost_params=fitted)
         choice = optimize.choose(program, budget=budget, arch=search_arch, cache=self.cache, key=key,
                                  seed=seed, pick=self._pick(program, device) if profiled else None,
-                                 research=self.options.research)
+                                 research=self.options.research, gpu=backends.gpu_name(device),
+                                 retime=self.options.retime_launches)
         ver = optimize.verification_of(program, choice, self.cache, key)
         self.counts.searches += choice.source == "search"
         self.counts.reinstantiated += choice.source == "reinstantiated"

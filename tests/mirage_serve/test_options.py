@@ -10,7 +10,7 @@ from mirage_serve.options import PatchOptions
 
 FIELDS = {"pdl": knobs.PDL, "paired_launch": knobs.PAIRED_LAUNCH, "fused_residual": knobs.FUSED_RESIDUAL,
           "stacked_projections": knobs.STACKED_PROJECTIONS, "final_norm": knobs.FINAL_NORM,
-          "research": knobs.RESEARCH}
+          "research": knobs.RESEARCH, "retime_launches": knobs.RETIME_LAUNCHES}
 
 
 def test_each_switch_is_a_field_whose_default_is_its_knob(monkeypatch):
