@@ -63,9 +63,11 @@ class Executor:
 
 
 def build(graph: KernelGraph, backend: str, device: torch.device, launch: dict | None = None,
-          binaries: dict | None = None, *, pdl: bool = True) -> Executor:
+          binaries: dict | None = None, *, pdl: bool = True, deterministic: bool = False) -> Executor:
     """``launch``: Triton kernel name -> ``Launch``, as profiled (default: the renderer's). ``pdl``:
     Triton kernels use programmatic dependent launch where the GPU has it (``PatchOptions.pdl``).
+    ``deterministic``: Triton kernels that sum across blocks do so in a fixed order (``PatchOptions.deterministic``;
+    the torch backend always does).
     ``binaries``: a signed cache entry's build (``mirage_serve.cache.builds``), so that a warm entry
     compiles nothing; the source that runs is always rendered from ``graph``."""
     t0 = time.perf_counter()
@@ -80,7 +82,8 @@ def build(graph: KernelGraph, backend: str, device: torch.device, launch: dict |
         raise BackendError(f"cannot build backend {backend!r}; resolve() gives torch or triton")
     from superopt.runtime import compile_graph  # triton: imported when a GPU build is asked for
 
-    compiled = compile_graph(graph, backend="triton", device=device, launch=launch, binaries=binaries, pdl=pdl)
+    compiled = compile_graph(graph, backend="triton", device=device, launch=launch, binaries=binaries, pdl=pdl,
+                             ordered_sums=deterministic)
     # Compiled graphs write their results into buffers that the next call overwrites, and one
     # graph serves the same site of every layer. No copy: a decoder layer consumes a site's outputs
     # (projections into RoPE / the KV cache / the residual add) before the next layer calls the

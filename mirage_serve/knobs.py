@@ -6,7 +6,7 @@ parser and a one-line doc; `describe()` lists them all (the CLI prints it, docs 
 
 Values are read at call time, not import time. The switches that change what ``patch()`` does
 (``PDL``, ``PAIRED_LAUNCH``, ``STACKED_PROJECTIONS``, ``FINAL_NORM``, ``LM_HEAD``, ``RESEARCH``, ``RETIME_LAUNCHES``,
-``FUSED_RESIDUAL``, ``ATTENTION``) are only the defaults of ``mirage_serve.PatchOptions``' fields, read when the options
+``DETERMINISTIC``, ``FUSED_RESIDUAL``, ``ATTENTION``) are only the defaults of ``mirage_serve.PatchOptions``' fields, read when the options
 are made; code and tests pass options, never set these variables.
 """
 from __future__ import annotations
@@ -122,6 +122,12 @@ RESEARCH: Knob[bool] = Knob(
     "μGraph competes with the new candidates, stays unless one is at least 5% faster, and the winner goes to the user "
     "cache (for refreshing kernels_cache/; default of PatchOptions.research)")
 
+DETERMINISTIC: Knob[bool] = Knob(
+    "MIRAGE_SERVE_DETERMINISTIC", parse_bool, False,
+    "1: generated kernels that sum partial results across thread blocks (split-K projections, split attention) add "
+    "them in a fixed order, so a decode step gives the same bits on every run; by default they use float atomic adds, "
+    "whose order varies (default of PatchOptions.deterministic)")
+
 RETIME_LAUNCHES: Knob[bool] = Knob(
     "MIRAGE_SERVE_RETIME_LAUNCHES", parse_bool, False,
     "time again, on this GPU, the launches of a shipped or imported entry whose launch another GPU model timed (its "
@@ -155,7 +161,8 @@ PROGRESS: Knob[bool] = Knob(
     "profile of its candidates, the choice of a decode-attention shape) and when it ends; 0 silences them")
 
 KNOBS: tuple[Knob, ...] = (CACHE_DIR, CACHE_READ_ONLY, CACHE_KEY, PDL, PAIRED_LAUNCH, STACKED_PROJECTIONS, FINAL_NORM,
-                           LM_HEAD, RESEARCH, RETIME_LAUNCHES, FUSED_RESIDUAL, ATTENTION, PROGRESS)
+                           LM_HEAD, RESEARCH, RETIME_LAUNCHES, DETERMINISTIC, FUSED_RESIDUAL, ATTENTION,
+                           PROGRESS)
 
 
 def torchrun_ranks() -> tuple[int, int, int] | None:

@@ -39,13 +39,15 @@ class PatchOptions:
     research: bool = field(default_factory=knobs.RESEARCH.get)
     # time again on this GPU the launches of a shipped entry timed on another GPU model (mirage_serve.cache.gpu_rows)
     retime_launches: bool = field(default_factory=knobs.RETIME_LAUNCHES.get)
+    # cross-block sums of the generated kernels in a fixed order: the same bits on every run (superopt.codegen.launch)
+    deterministic: bool = field(default_factory=knobs.DETERMINISTIC.get)
     # decode attention: "profiled" (the searched μGraph, or the hand-written reference where the GPU profile
     # times it faster), "searched" or "hand-written" (mirage_serve.decode.attention_searched)
     attention: str = field(default_factory=knobs.ATTENTION.get)
 
     def __post_init__(self):
         for name in ("pdl", "paired_launch", "stacked_projections", "final_norm", "fused_residual", "research",
-                     "retime_launches"):
+                     "retime_launches", "deterministic"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"PatchOptions.{name} must be a bool, got {getattr(self, name)!r}")
         if self.lm_head not in knobs.LM_HEAD_CHOICES:

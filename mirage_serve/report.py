@@ -16,6 +16,7 @@ class SiteReport:
     kernels: int = 0               # customized (fused) kernels in the chosen μGraph
     launches: int = 0              # kernel launches per call (library ops + customized)
     source: str = ""               # "cache", "search", "reinstantiated" or "fallback"
+    block_sums: int = 0            # kernels that sum partial results across thread blocks (split-K, split attention)
     source_note: str = ""          # why that source (e.g. "superopt.search is not installed")
     verdict: str = ""
     check_error: float | None = None   # numeric self-check: max rel. Frobenius error vs float64
@@ -50,6 +51,7 @@ class PatchReport:
     cache_hits: int = 0
     programs: int = 0              # distinct (program, bucket) pairs
     cuda_graphs: bool = False      # generate() replays decode steps from CUDA graphs
+    deterministic: bool = False    # PatchOptions.deterministic: cross-block sums in a fixed order
     seconds: float = 0.0
     # patch()'s stages in order -> seconds: "sites" (the adapter, or the traced partition), "residual
     # plan", "prepare" (every site: extract, choose, verify, build, self-check), "install", "attention", "graphs"
@@ -91,8 +93,24 @@ class PatchReport:
         lines += [f"μGraph source {n}" for n in notes]
         profiled = {k: p for s in self.sites for k, p in s.profile.items()}
         lines += [f"profiled {k}: {p}" for k, p in sorted(profiled.items())]
+        if self.block_sums_note():
+            lines.append(self.block_sums_note())
         lines.append(self.counts())
         return "\n".join(lines)
+
+    def block_sums_note(self) -> str:
+        """One line where some site's kernels sum partial results across thread blocks: whether those sums are in a
+        fixed order (``PatchOptions.deterministic``) or float atomic adds, whose order varies from run to run."""
+        summed = [s for s in self.patched if s.block_sums]
+        if not summed:
+            return ""
+        sites = ", ".join(sorted({s.site for s in summed}))
+        if self.deterministic:
+            return (f"cross-block sums: {len(summed)} sites ({sites}) add their blocks' partial sums in a fixed order "
+                    f"(PatchOptions.deterministic): every run gives the same bits")
+        return (f"cross-block sums: {len(summed)} sites ({sites}) add their blocks' partial sums with float atomics, "
+                f"whose order varies: the last bits, and at a near-tie a greedy token, can differ between runs "
+                f"(PatchOptions.deterministic=True or MIRAGE_SERVE_DETERMINISTIC=1 orders them)")
 
     def rows_note(self) -> str:
         """One line: which forward calls the patched sites leave to the original modules. A site's

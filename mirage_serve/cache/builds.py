@@ -39,7 +39,7 @@ import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from superopt.codegen.launch import Launch, chained, prefetched
+from superopt.codegen.launch import Launch, rendering
 from superopt.codegen.triton import render_triton
 from superopt.ir import KernelGraph
 
@@ -54,7 +54,7 @@ def render_digest(graph: KernelGraph, launch: dict | None) -> str:
     stored list), without programmatic dependent launch: the digest names the code generator's
     output for the μGraph and its launch choice, whatever the device adds."""
     launch = {k: Launch.of(v) for k, v in (launch or {}).items()}
-    module = render_triton(graph, prefetched(launch), chain=chained(launch))
+    module = render_triton(graph, **rendering(launch))
     return hashlib.sha256(module.source.encode()).hexdigest()
 
 

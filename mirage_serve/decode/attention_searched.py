@@ -167,10 +167,11 @@ def unsearchable(x: torch.Tensor, cos: torch.Tensor, mask, head_dim: int) -> str
 
 class AttentionSearch:
     """The searched decode attention of one ``patch()``: one built μGraph and one decision per shape,
-    shared by every attention module of that shape. ``mode`` is ``PatchOptions.attention``."""
+    shared by every attention module of that shape. ``mode`` is ``PatchOptions.attention``; ``deterministic``:
+    its cross-block sums in a fixed order (``PatchOptions.deterministic``)."""
 
-    def __init__(self, cache, budget, pdl: bool, mode: str = "profiled"):
-        self.cache, self.pdl, self.mode = cache, pdl, mode
+    def __init__(self, cache, budget, pdl: bool, mode: str = "profiled", deterministic: bool = False):
+        self.cache, self.pdl, self.mode, self.deterministic = cache, pdl, mode, deterministic
         self.budget = _attention_budget(budget)
         self._graphs: dict[Shape, SearchedGraph | str] = {}
         self._seeds: dict[Shape, object] = {}   # Shape.family() -> SearchResult, re-instantiated at new shapes
@@ -207,7 +208,7 @@ class AttentionSearch:
             self._seeds.setdefault(shape.family(), choice.result)
         try:
             compiled = compile_graph(choice.graph, device=device, launch=choice.launch, pdl=self.pdl,
-                                     in_place=("k_cache", "v_cache"), counter="pos")
+                                     in_place=("k_cache", "v_cache"), counter="pos", ordered_sums=self.deterministic)
         except Exception as e:
             return f"its {choice.source} μGraph did not build: {type(e).__name__}: {e}".splitlines()[0]
         built = SearchedGraph(shape, choice, compiled)

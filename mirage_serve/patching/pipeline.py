@@ -191,6 +191,7 @@ def _resolve(model, backend, options, cuda_graphs, decode_attention, batch_sizes
     buckets = _buckets(batch_sizes)
     model_type = getattr(getattr(model, "config", None), "model_type", None) or type(model).__name__
     report = PatchReport(str(model_type), backend, str(device), str(dtype).replace("torch.", ""), buckets)
+    report.deterministic = options.deterministic or backend == "torch"  # the interpreter sums blocks in order
     if backend == "torch":
         report.note = _CPU_NOTE
     return _Call(device, dtype, backend, buckets, options, cuda_graphs, decode_attention, shard, report)
@@ -246,7 +247,7 @@ def _attention_search(call: _Call, cache, search_budget):
         return None
     from ..decode.attention_searched import AttentionSearch
     return AttentionSearch(cache, optimize.default_budget(search_budget, call.backend), call.options.pdl,
-                           call.options.attention)
+                           call.options.attention, call.options.deterministic)
 
 
 def _prepare_sites(model, family, layers_path, layers, residual, call: _Call, cache, search_budget) -> list:

@@ -15,6 +15,7 @@ import torch
 
 from superopt.codegen.launch import chained
 from superopt.ir import digest
+from superopt.ir.tiling import reduced_axes
 from superopt.lax.extract import ExtractError, Extracted, extract
 from superopt.lax.rows import RowsError, with_rows
 
@@ -173,8 +174,8 @@ class Preparer:
         self._checked: dict[tuple, tuple] = {}  # (bucket, executor ids) a self-check ran -> the executors
 
     def _backend_build(self, *args, **kwargs) -> backends.Executor:
-        """``backends.build`` with this call's options (dependent launch or not)."""
-        return backends.build(*args, pdl=self.options.pdl, **kwargs)
+        """``backends.build`` with this call's options (dependent launch or not, ordered cross-block sums or not)."""
+        return backends.build(*args, pdl=self.options.pdl, deterministic=self.options.deterministic, **kwargs)
 
     def close(self) -> None:
         """Stop the profiler's build workers (patch() calls this when it is done, success or not)."""
@@ -323,6 +324,8 @@ class Preparer:
         if not sr.source:  # the largest bucket's (searched) μGraph speaks for the site
             sr.source, sr.source_note, sr.verdict = choice.source, choice.note, ver.verdict
         sr.kernels = max(sr.kernels, len(choice.graph.customized_nodes()))
+        sr.block_sums = max(sr.block_sums, sum(any(reduced_axes(o, n.block.grid) for o in n.block.outputs)
+                                               for n in choice.graph.customized_nodes()))
         # a kernel that runs its consumer (a chained launch, superopt.ir.chain) is one launch for two
         sr.launches = max(sr.launches, choice.graph.num_kernels - len(chained(choice.launch)))
         if not ver.ok:

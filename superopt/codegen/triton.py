@@ -8,7 +8,9 @@ then one masked store per output, an atomic add where blocks must be summed (``r
 Blocks summed into one output tile finish the sum themselves (``BlockWriter.finish_sums``): each adds its
 part into a float32 workspace and counts itself in; the last one of its tile reads the sum back,
 resets the workspace and the counter to zero, and stores the sum in the output's dtype — one
-launch, where a zeroing before and a cast after would be two more. As a launch variant a
+launch, where a zeroing before and a cast after would be two more; or, as the launch variant ``ordered``, each
+stores its part in a slot of its own and the last one adds the slots in order, the same bits on every launch
+where atomic adds follow the blocks' timing. As a launch variant a
 kernel can also run its consumer's blocks in its last block of each group (``ir.chain``,
 ``_emit_chained``): a split kernel and its combine in one launch. The lines of each block graph
 are written by a ``triton_block.BlockWriter``; this module lays out kernels, launchers and specs.
@@ -35,6 +37,7 @@ from ..ir import (DTYPE_BYTES, BlockGraph, Category, KernelGraph, Node, Variance
 from ..ir.chain import Chain, chains
 from .common import identifier
 from .counted import counting_kernel
+from .launch import Launch, Launches
 from .store_through import StoreThrough, stores_through
 from .triton_block import BlockWriter, deferred_sums, tile_mask
 
@@ -61,6 +64,12 @@ class KernelSpec:
     tail: int = -1             # the consumer node this kernel also runs (``ir.chain``), or -1: then
                                # ``args`` / ``outs`` continue with the consumer's
     counts: bool = False       # also adds one to the caller's int64 call counter ``n`` (``codegen.counted``)
+    parts: tuple[int, ...] = ()  # per workspace, the partial sums it holds side by side: its blocks' count where
+                                 # the sums are ordered (``Launch.ordered``), else () (one, added to atomically)
+
+    def workspace_elements(self, i: int, out_elements: int) -> int:
+        """Float32 elements of the ``i``-th workspace, whose output has ``out_elements``."""
+        return out_elements * (self.parts[i] if self.parts else 1)
 
     def params(self) -> list[str]:
         """The launcher's tensor parameters, in order (one instance's; ``paired`` takes them twice)."""
@@ -112,7 +121,7 @@ L2_PREFETCH_BLOCKS = 256
 def render_triton(ugraph: KernelGraph, prefetch: frozenset[str] = frozenset(), paired: bool = False,
                   chain: frozenset[str] = frozenset(), pdl: bool = False,
                   in_place: frozenset[str] = frozenset(), counted: str | None = None,
-                  blocks: bool = False) -> TritonModule:
+                  blocks: bool = False, ordered: frozenset[str] = frozenset()) -> TritonModule:
     """Render every customized op of ``ugraph``; library ops are left to the runtime.
 
     Kernels named in ``prefetch`` load the next iteration's tiles before this iteration's work
@@ -133,7 +142,8 @@ def render_triton(ugraph: KernelGraph, prefetch: frozenset[str] = frozenset(), p
     finds it legal (``TritonModule.counting``; else the caller counts after the graph). Never with ``paired``.
     ``blocks``: every kernel as a device function of its block index, ``{name}_block(pid0, pid1, pid2, *params)``,
     with no launcher: the bodies a persistent kernel calls (``codegen.persistent``). Never with ``paired``,
-    ``chain``, ``pdl``, ``in_place`` or ``counted``."""
+    ``chain``, ``pdl``, ``in_place`` or ``counted``. ``ordered``: kernels whose cross-block sums are added in a
+    fixed order (``BlockWriter.finish_sums``): bitwise the same on every launch, where atomic adds are not."""
     if blocks and (paired or chain or pdl or in_place or counted is not None):
         raise ValueError("render_triton(blocks=True) renders plain block bodies: no paired, chain, pdl, in_place or "
                          "counted variant")
@@ -148,7 +158,7 @@ def render_triton(ugraph: KernelGraph, prefetch: frozenset[str] = frozenset(), p
     def render(idx: int, counts: bool = False) -> tuple[KernelSpec, str]:
         name = f"{base}_k{idx}"
         return _render_kernel(name, idx, ugraph.nodes[idx], ugraph, name in prefetch, paired, runs.get(idx), pdl,
-                              [s for s in stored if s.kernel == idx], counts, blocks)
+                              [s for s in stored if s.kernel == idx], counts, blocks, name in ordered)
     rendered = {idx: render(idx) for idx, n in enumerate(ugraph.nodes) if n.op == "customized" and idx not in consumed}
     counting = None if paired or counted is None else \
         counting_kernel(ugraph, counted, {idx: spec.args for idx, (spec, _) in rendered.items()}, frozenset(consumed))
@@ -157,6 +167,16 @@ def render_triton(ugraph: KernelGraph, prefetch: frozenset[str] = frozenset(), p
     kernels = [spec for spec, _ in rendered.values()]
     parts += [text for _, text in rendered.values()]
     return TritonModule(base, "\n".join(parts), kernels, ugraph, pdl, stored, counting)
+
+
+def with_ordered_sums(module: TritonModule, launch: Launches | None) -> dict[str, Launch]:
+    """``launch`` with every kernel of ``module`` that sums across blocks marked ``ordered`` (``Launch.ordered``),
+    the others as they were."""
+    out = {k: Launch.of(v) for k, v in (launch or {}).items()}
+    for s in module.kernels:
+        if s.workspaces:
+            out[s.name] = dataclasses.replace(out.get(s.name, Launch(s.num_warps, s.num_stages)), ordered=True)
+    return out
 
 
 def _weights_to_l2(k: BlockWriter, node: Node, g: KernelGraph, written: frozenset[str]) -> None:
@@ -194,8 +214,8 @@ def _narrow(node: Node, g: KernelGraph) -> str | None:
 
 def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph, prefetch: bool = False,
                    paired: bool = False, chain: Chain | None = None, pdl: bool = False,
-                   through: list[StoreThrough] | None = None, counts: bool = False, block_fn: bool = False
-                   ) -> tuple[KernelSpec, str]:
+                   through: list[StoreThrough] | None = None, counts: bool = False, block_fn: bool = False,
+                   ordered: bool = False) -> tuple[KernelSpec, str]:
     """One customized op as a @triton.jit kernel and its launcher.
 
     ``prefetch``: the loop's tiles are loaded one iteration ahead (iteration 0's before the loop,
@@ -209,7 +229,9 @@ def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph, prefetch: b
     an output is tiled (``store_through``): the kernel writes those inputs (outputs after its own for the
     copies), and takes the slot's index and the copied rows as arguments after its own. ``counts``: when its work is
     done, block (0, 0, 0) adds one to the int64 counter it takes last (``codegen.counted``). ``block_fn``: a device
-    function ``{kname}_block`` taking the block index (pid0, pid1, pid2) before the pointers, and no launcher."""
+    function ``{kname}_block`` taking the block index (pid0, pid1, pid2) before the pointers, and no launcher.
+    ``ordered``: each block stores its part of a cross-block sum in a slot of its own, and the last block of a tile
+    adds the slots in order (``BlockWriter.finish_sums``)."""
     b: BlockGraph = node.block
     k = BlockWriter(b, _narrow(node, g))
     early = pdl and not paired and not block_fn  # weights asked of L2 before the wait (``_weights_to_l2``)
@@ -232,10 +254,13 @@ def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph, prefetch: b
         tail = g.nodes[chain.consumer]
         args += tuple(tail.args[s] for s in chain.extra_args)
         outs += tuple(v.name for v in tail.outs)
+    ordered = ordered and any(atomic)
+    summed_parts = [math.prod(b.grid[a] for a in r) for r in reduced]
     spec = KernelSpec(kname, f"launch_{kname}", idx, tuple(b.grid), args, outs,
                       tuple(j for j, a in enumerate(atomic) if a), max(1, b.block_threads // 32),
                       default_stages(b) or 1, paired, sum(tiles) + (chain.groups if chain else 0),
-                      chain.consumer if chain else -1, counts)
+                      chain.consumer if chain else -1, counts,
+                      tuple(summed_parts[j] for j, a in enumerate(atomic) if a) if ordered else ())
     params = [f"{p_}_ptr" for p_ in spec.params()]
     grid = tuple(b.grid)
     pids = [a for a in range(3) if b.grid[a] > 1]
@@ -260,12 +285,16 @@ def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph, prefetch: b
         k.emit(PDL_WAIT, 1)
         k.emit(PDL_SIGNAL, 1)
     stores = [f"w{j}_ptr" if atomic[j] else f"o{j}_ptr" for j in range(len(b.outputs))]
+    if ordered:  # each block its own slot of the workspace: the slot of its index over the summed axes
+        for j, r in enumerate(reduced):
+            if r:
+                stores[j] = f"(w{j}_ptr + ({k.part_index(r)}) * {math.prod(node.outs[j].type.shape)})"
     shapes = [v.type.shape for v in node.outs]
     for j, s in own.items():  # the row's tile at the slot: offset by the index along the scatter's dim
         shapes[j] = g.type_of(s.cache).shape
         k.emit(f"slot{j} = tl.load(a{args.index(s.index)}_ptr)", 1)
         stores[j] = f"(o{j}_ptr + slot{j} * {math.prod(shapes[j][s.dim + 1:])})"
-    _emit_block(k, node, g, stores, atomic, prefetch, shapes)
+    _emit_block(k, node, g, stores, [a and not ordered for a in atomic], prefetch, shapes)
     for m, s in enumerate(copies, start=len(node.outs)):  # each block copies the tile it stored of its twin
         o, shape = b.outputs[s.out], g.type_of(s.cache).shape
         src, mask = k.tile_ptrs(f"a{args.index(s.copied)}_ptr", o, g.type_of(s.copied).shape)
@@ -275,7 +304,8 @@ def _render_kernel(kname: str, idx: int, node: Node, g: KernelGraph, prefetch: b
     if sets:
         k.emit("tl.debug_barrier()", 1)
     for r, first in zip(sets, itertools.accumulate([0] + tiles)):
-        k.finish_sums([(j, o, node.outs[j].type.shape) for j, o in enumerate(b.outputs) if reduced[j] == r], r, first)
+        k.finish_sums([(j, o, node.outs[j].type.shape) for j, o in enumerate(b.outputs) if reduced[j] == r], r, first,
+                      ordered)
     if chain is not None:
         _emit_chained(k, chain, g, len(node.args), len(node.outs), sum(tiles))
     if counts:  # nothing in this kernel reads the counter (``counted``): no other block waits for this store

@@ -213,7 +213,7 @@ class BlockWriter:
         self.emit(f"{fn}({', '.join(args)})", 1)
 
     def finish_sums(self, summed: list[tuple[int, object, tuple[int, ...]]], reduced: tuple[int, ...],
-                    first: int) -> None:
+                    first: int, ordered: bool = False) -> None:
         """After the blocks of one tile of the outputs ``summed`` (all summed over grid axes
         ``reduced``) added their parts into workspaces ``w{j}``: the last of them to count itself in
         (counters from ``first`` on, one per tile) stores the sums into ``o{j}`` and leaves the
@@ -226,11 +226,26 @@ class BlockWriter:
         the reads are relaxed atomics: the count alone orders them (CUTLASS's split-K semaphore
         is the same pattern). Triton's default, acq_rel on every one, makes each vector add a
         returning atomic that waits for the thread's earlier memory operations: a round trip to
-        L2 per 16 bytes of partial sums, in series."""
+        L2 per 16 bytes of partial sums, in series.
+
+        ``ordered``: each block stored its part in a slot of its own (``part_index`` over ``reduced``, one output's
+        elements apart) instead of adding it; the last block loads the slots at L2 (``.cg``) and adds them in slot
+        order, so a launch's sums do not depend on which block came first. Every slot is written again on every
+        launch before it is read: nothing to reset but the counter."""
         b = self.b
-        cnt = self.count_in([a for a in range(3) if a not in reduced and b.grid[a] > 1], first,
-                            math.prod(b.grid[a] for a in reduced))
-        for j, o, shape in summed:
+        parts = math.prod(b.grid[a] for a in reduced)
+        cnt = self.count_in([a for a in range(3) if a not in reduced and b.grid[a] > 1], first, parts)
+        for j, o, shape in summed if ordered else ():
+            numel = math.prod(shape)
+            ptrs, mask = self.tile_ptrs(f"w{j}_ptr", o, shape)
+            m = f", mask={mask}" if mask else ""
+            self.emit(f"sum{j} = tl.load({ptrs}{m}, cache_modifier=\".cg\")", 2)
+            self.emit(f"for part{j} in tl.static_range(1, {parts}):", 2)
+            ptrs, _ = self.tile_ptrs(f"(w{j}_ptr + part{j} * {numel})", o, shape)
+            self.emit(f"sum{j} += tl.load({ptrs}{m}, cache_modifier=\".cg\")", 3)
+            optrs, _ = self.tile_ptrs(f"o{j}_ptr", o, shape)
+            self.emit(f"tl.store({optrs}, sum{j}.to(o{j}_ptr.dtype.element_ty){m})", 2)
+        for j, o, shape in summed if not ordered else ():
             ptrs, mask = self.tile_ptrs(f"w{j}_ptr", o, shape)
             m = f", mask={mask}" if mask else ""
             self.emit(f"sum{j} = tl.atomic_add({ptrs}, 0.0{m}, sem=\"relaxed\")", 2)
@@ -238,6 +253,14 @@ class BlockWriter:
             optrs, _ = self.tile_ptrs(f"o{j}_ptr", o, shape)
             self.emit(f"tl.store({optrs}, sum{j}.to(o{j}_ptr.dtype.element_ty){m})", 2)
         self.emit(f"tl.store({cnt}, 0)", 2)
+
+    def part_index(self, axes: tuple[int, ...]) -> str:
+        """This block's index over grid ``axes`` (the first varying fastest): its slot of an ordered sum."""
+        terms, stride = [], 1
+        for a in axes:
+            terms.append(f"{self.pid}{a} * {stride}" if stride > 1 else f"{self.pid}{a}")
+            stride *= self.b.grid[a]
+        return " + ".join(terms)
 
     def count_in(self, axes: list[int], first: int, parts: int, ratios: list[int] | None = None) -> str:
         """Count this block in with an acquire-release atomic on counter ``first`` + its index over

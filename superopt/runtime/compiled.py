@@ -37,8 +37,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..codegen.launch import Launch, chained, prefetched
-from ..codegen.triton import KernelSpec, render_triton
+from ..codegen.launch import Launch, ordered_sums, prefetched, rendering
+from ..codegen.triton import KernelSpec, render_triton, with_ordered_sums
 from ..ir import KernelGraph, check
 from ..ir.graph import VIEW_OPS
 from . import binaries as _binaries
@@ -82,7 +82,7 @@ class CompiledGraph:
     def __init__(self, ugraph: KernelGraph, device: str | torch.device = "cuda",
                  launch: dict[str, Launch] | None = None, cache_dir=None,
                  binaries: dict[str, bytes] | None = None, pdl: bool = True, in_place: Sequence[str] = (),
-                 counter: str | None = None):
+                 counter: str | None = None, ordered_sums: bool = False):
         self.graph = check(ugraph)
         self.in_place = _in_place_scatters(self.graph, in_place)  # node index -> the input it writes
         self.device = torch.device(device)
@@ -92,8 +92,12 @@ class CompiledGraph:
         # here from the μGraph, never taken from a cache; ``binaries`` (a signed cache entry's) only
         # seed Triton's cache, which uses them where their hash matches this source.
         self.pdl = applies(self.device, pdl)
-        self.module = render_triton(ugraph, prefetched(launch), chain=chained(launch), pdl=self.pdl,
-                                    in_place=frozenset(self.in_place.values()), counted=counter)
+        variants = dict(pdl=self.pdl, in_place=frozenset(self.in_place.values()), counted=counter)
+        self.module = render_triton(ugraph, **rendering(launch), **variants)
+        if ordered_sums and any(s.workspaces and not s.parts for s in self.module.kernels):
+            # every cross-block sum in a fixed order: the same inputs, the same bits, on every launch
+            launch = with_ordered_sums(self.module, launch)
+            self.module = render_triton(ugraph, **rendering(launch), **variants)
         # the call counter: advanced by this node's kernel (``codegen.counted``), or by an add after the graph
         self.counter, self.counting = counter, self.module.counting
         # scatters a kernel stores (store_through): their rows get no buffer, the scatters no launch
@@ -141,13 +145,15 @@ class CompiledGraph:
         """Node ``idx``'s float32 workspaces of cross-block sums, as views of one zeroed buffer, and
         its zeroed counters: its kernel leaves both zero after every launch (``KernelSpec``)."""
         spec = self.kernels[idx][1]
-        sizes = [math.prod(n.outs[j].type.shape) for j in spec.workspaces]
+        sizes = [spec.workspace_elements(i, math.prod(n.outs[j].type.shape)) for i, j in enumerate(spec.workspaces)]
         # every view starts 16-byte aligned (offsets in multiples of 8 elements), as Triton's
         # stored kernels were specialised for: a misaligned pointer would need another compile
         starts = [sum(-(-size // 8) * 8 for size in sizes[:i]) for i in range(len(sizes))]
         ws = torch.zeros(starts[-1] + sizes[-1] if sizes else 0, dtype=torch.float32, device=self.device)
         for j, at, size in zip(spec.workspaces, starts, sizes):
-            self.workspace[(idx, j)] = ws[at:at + size].view(n.outs[j].type.shape)
+            shape = n.outs[j].type.shape
+            view = ws[at:at + size]   # ordered sums (``Launch.ordered``): a slot of the output's shape a part
+            self.workspace[(idx, j)] = view.view(shape) if size == math.prod(shape) else view.view(-1, *shape)
         return _Summed(ws, torch.zeros(spec.counters, dtype=torch.int32, device=self.device))
 
     def finish_args(self, idx: int) -> list[torch.Tensor]:
@@ -162,7 +168,7 @@ class CompiledGraph:
     def blocks(self):
         """This graph's kernels as device functions of their block index (``render_triton(blocks=True)``, the
         prefetch marks of ``launch`` kept), rendered once: what ``kernel_launches`` hands over."""
-        return render_triton(self.graph, prefetched(self.launch), blocks=True)
+        return render_triton(self.graph, prefetched(self.launch), blocks=True, ordered=ordered_sums(self.launch))
 
     def kernel_launches(self, *inputs: torch.Tensor) -> tuple[list[tuple[KernelSpec, list[torch.Tensor]]],
                                                               list[torch.Tensor]]:
@@ -437,15 +443,17 @@ def _library_step(fn, args: list[int], env: list) -> None:
 def compile_graph(ugraph: KernelGraph, backend: str = "triton", device: str | torch.device = "cuda",
                   launch: dict[str, Launch] | None = None, cache_dir=None,
                   binaries: dict[str, bytes] | None = None, pdl: bool = True,
-                  in_place: Sequence[str] = (), counter: str | None = None) -> CompiledGraph:
+                  in_place: Sequence[str] = (), counter: str | None = None,
+                  ordered_sums: bool = False) -> CompiledGraph:
     """Build ``ugraph`` for ``device``; ``launch`` maps kernel names to ``Launch`` (or its stored
     list form). ``binaries``: a trusted cache entry's ``CompiledGraph.binaries()`` (the source is
     always rendered from ``ugraph``). ``pdl``: programmatic dependent launch where the GPU has it.
     ``in_place``: inputs a library scatter may write; ``counter``: the input a call counter may be (see the
-    module docstring)."""
+    module docstring). ``ordered_sums``: every kernel that sums across blocks does so in a fixed order
+    (``Launch.ordered``), so a call's outputs are bitwise the same on every launch."""
     if backend != "triton":
         raise NotImplementedError(f"compile_graph: backend {backend!r}; this runtime builds 'triton' only")
-    return CompiledGraph(ugraph, device, launch, cache_dir, binaries, pdl, in_place, counter)
+    return CompiledGraph(ugraph, device, launch, cache_dir, binaries, pdl, in_place, counter, ordered_sums)
 
 
 def _in_place_scatters(g: KernelGraph, names: Sequence[str]) -> dict[int, str]:

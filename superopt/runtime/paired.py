@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..codegen.launch import prefetched
+from ..codegen.launch import ordered_sums, prefetched
 from ..codegen.triton import render_triton
 from ..ir import digest
 from . import binaries as _binaries
@@ -39,7 +39,7 @@ class PairedGraph:
             raise ValueError("PairedGraph: a build whose kernel runs its consumer (ir.chain) is not paired")
         self.a, self.b = a, b
         # with programmatic dependent launch where the instances have it
-        module = render_triton(a.graph, prefetched(a.launch), paired=True, pdl=a.pdl)
+        module = render_triton(a.graph, prefetched(a.launch), paired=True, pdl=a.pdl, ordered=ordered_sums(a.launch))
         self.module = module
         mod = load_module(module)
         self.launchers = {s.node_index: getattr(mod, s.launcher) for s in module.kernels}

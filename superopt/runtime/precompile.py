@@ -9,7 +9,7 @@ nothing. The source is rendered here from the μGraph, as ``compile_graph`` rend
 """
 from __future__ import annotations
 
-from ..codegen.launch import Launch, chained, prefetched
+from ..codegen.launch import Launch, rendering
 from ..codegen.triton import render_triton
 from ..ir import from_text
 from .binaries import warmup
@@ -21,7 +21,7 @@ def precompile(text: str, launch: dict[str, Launch] | None, pdl: bool, target) -
     dependent launch ``pdl`` (already resolved for the device) would on a GPU of ``target`` (a
     ``GPUTarget``); the number of kernels Triton compiled (0: all were in its cache)."""
     launch = {k: Launch.of(v) for k, v in (launch or {}).items()}
-    tm = render_triton(from_text(text), prefetched(launch), chain=chained(launch), pdl=pdl)
+    tm = render_triton(from_text(text), **rendering(launch), pdl=pdl)
     if not tm.kernels:
         return 0
     return len(warmup(tm, load_module(tm), launch, target=target).compiled)

@@ -10,7 +10,8 @@ from mirage_serve.options import PatchOptions
 
 FIELDS = {"pdl": knobs.PDL, "paired_launch": knobs.PAIRED_LAUNCH, "fused_residual": knobs.FUSED_RESIDUAL,
           "stacked_projections": knobs.STACKED_PROJECTIONS, "final_norm": knobs.FINAL_NORM,
-          "research": knobs.RESEARCH, "retime_launches": knobs.RETIME_LAUNCHES}
+          "research": knobs.RESEARCH, "retime_launches": knobs.RETIME_LAUNCHES,
+          "deterministic": knobs.DETERMINISTIC}
 
 
 def test_each_switch_is_a_field_whose_default_is_its_knob(monkeypatch):
@@ -74,16 +75,17 @@ def test_patch_hands_its_options_to_the_builds(monkeypatch):
     build = backends.build
 
     def spy(*args, **kwargs):
-        seen.append(kwargs.get("pdl"))
+        seen.append((kwargs.get("pdl"), kwargs.get("deterministic")))
         return build(*args, **kwargs)
 
     monkeypatch.setattr(backends, "build", spy)
     model = _tiny_llama()
-    for pdl in (False, True):
+    for pdl, deterministic in ((False, True), (True, False)):
         seen.clear()
-        mirage_serve.patch(model, search_budget=0, batch_sizes=(1,), options=PatchOptions(pdl=pdl))
+        mirage_serve.patch(model, search_budget=0, batch_sizes=(1,),
+                           options=PatchOptions(pdl=pdl, deterministic=deterministic))
         mirage_serve.unpatch(model)
-        assert seen and set(seen) == {pdl}
+        assert seen and set(seen) == {(pdl, deterministic)}
 
 
 def test_patch_without_fused_residual_leaves_the_adds_to_the_layer():

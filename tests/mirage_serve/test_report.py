@@ -33,3 +33,20 @@ def test_patch_times_each_stage_in_order_into_the_report():
     mirage_serve.unpatch(model)
     unsupported = PatchReport("gpt2", "torch", "cpu", "float32", (1,))
     assert unsupported.counts().endswith("0.0 s")  # no stage ran: no breakdown
+
+
+def test_sites_whose_kernels_sum_across_blocks_say_whether_their_bits_can_vary():
+    from mirage_serve.report import SiteReport
+
+    report = PatchReport("llama", "triton", "cuda:0", "bfloat16", (1, 8))
+    report.sites = [SiteReport(0, "mlp_out", ("mlp.down_proj",), patched=True, block_sums=1),
+                    SiteReport(1, "mlp_out", ("mlp.down_proj",), patched=True, block_sums=1),
+                    SiteReport(0, "attn_in", ("self_attn.q_proj",), patched=True),
+                    SiteReport(0, "attn_out", ("self_attn.o_proj",), patched=False, block_sums=1)]
+    line = report.block_sums_note()
+    assert line.startswith("cross-block sums: 2 sites (mlp_out) add their blocks' partial sums with float atomics")
+    assert "MIRAGE_SERVE_DETERMINISTIC=1" in line and line in str(report).splitlines()
+    report.deterministic = True
+    assert "in a fixed order (PatchOptions.deterministic)" in report.block_sums_note()
+    report.sites = report.sites[2:]   # no patched site sums across blocks: nothing to say
+    assert report.block_sums_note() == "" and "cross-block" not in str(report)

@@ -17,7 +17,7 @@ import pytest
 from mirage_serve.cache import CacheKey, KernelCache, shipped_cache_dir
 from mirage_serve.cache.builds import render_digest
 from mirage_serve.cache.entry import read_entry
-from superopt.codegen.launch import chained, prefetched, read_launches
+from superopt.codegen.launch import read_launches, rendering
 from superopt.codegen.triton import render_triton
 from superopt.ir import check, digest, from_text
 from superopt.verify import check_equivalent
@@ -42,7 +42,7 @@ def test_every_shipped_entry_parses_and_renders():
         _, entry = read_entry(r.path, r.key)
         graph = check(from_text(entry.ugraph_text))
         launch = read_launches(entry.meta.get("launch")) or {}
-        module = render_triton(graph, prefetched(launch), chain=chained(launch))
+        module = render_triton(graph, **rendering(launch))
         customized = sum(n.op == "customized" for n in graph.nodes)
         assert len(module.kernels) == customized - len({s.tail for s in module.kernels if s.tail >= 0}), r.path.name
         current += entry.meta.get("render_sha256") == render_digest(graph, launch)

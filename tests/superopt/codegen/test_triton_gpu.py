@@ -9,7 +9,7 @@ import pytest
 
 from superopt.codegen.launch import Launch
 from superopt.interp import NumpyDomain, evaluate
-from tests.superopt.codegen.triton_cases import CASES, CHAIN_CASES, build
+from tests.superopt.codegen.triton_cases import CASES, CHAIN_CASES, SUMMED_CASES, build
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.gpu
@@ -93,6 +93,31 @@ def test_cross_block_sums_stay_right_over_many_replays(case):
     fx = build(case, "bfloat16")
     for seed, errs in _replayed_errors(fx, _poisoned(fx, "bfloat16"), "bfloat16", range(8, 28)):
         assert all(np.isfinite(errs)) and max(errs) <= TOL["bfloat16"], f"{case} replay with seed {seed}: {errs}"
+
+
+@pytest.mark.parametrize("case", [*SUMMED_CASES, "llama_4k_64_splits"])
+def test_ordered_cross_block_sums_give_the_same_bits_on_every_replay(case):
+    # compile_graph(ordered_sums=True), as PatchOptions.deterministic builds: each block stores its part in a slot
+    # of its own, the tile's last block adds the slots in order. Replays of one input are bitwise equal (atomic adds
+    # are not: their order follows the blocks' timing); a slot read before its block stored it shows up as a wrong
+    # or poisoned sum. 64-way split attention has the most blocks racing for one tile.
+    from superopt.runtime import compile_graph
+
+    fx = _llama_4k_attention_64_splits("bfloat16") if case == "llama_4k_64_splits" else build(case, "bfloat16")
+    cg = compile_graph(fx.ugraph, device="cuda", ordered_sums=True)
+    assert any(s.parts for _, s, _ in cg.kernels.values()) and "atomic_add(w" not in cg.module.source
+    for ws in cg.workspace.values():
+        ws.fill_(float("nan"))
+    xs = _inputs(fx, "bfloat16", 7)
+    first = [o.clone() for o in cg(*xs)]
+    errs = _errors(fx, xs, first)
+    assert all(np.isfinite(errs)) and max(errs) <= TOL["bfloat16"], f"{case}: {errs}"
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = cg(*xs)
+    for replay in range(50):
+        graph.replay()
+        assert all(torch.equal(o, f) for o, f in zip(outs, first)), f"{case}: replay {replay} differs"
 
 
 def _llama_4k_attention_64_splits(dtype):

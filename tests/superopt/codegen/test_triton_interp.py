@@ -6,7 +6,7 @@ import math
 import pytest
 
 from tests.interpreter import run_interpreted
-from tests.superopt.codegen.triton_cases import CASES, CHAIN_CASES, INTERP_DTYPES
+from tests.superopt.codegen.triton_cases import CASES, CHAIN_CASES, INTERP_DTYPES, SUMMED_CASES
 
 TOL = {"float32": 1e-5, "float16": 2e-3}  # docs/conventions.md tolerance table
 
@@ -64,3 +64,23 @@ def test_chained_kernel_matches_float64(interp_errors, case, dtype):
     assert not isinstance(err, str), err
     assert math.isfinite(err) and err <= TOL[dtype], f"{case} {dtype} chained: relative error {err:.3e}"
     assert interp_errors[f"{case}/{dtype}/chain/bound"] is True, interp_errors[f"{case}/{dtype}/chain/bound"]
+
+
+@pytest.mark.parametrize("dtype", INTERP_DTYPES)
+@pytest.mark.parametrize("case", SUMMED_CASES)
+def test_ordered_cross_block_sums_match_float64(interp_errors, case, dtype):
+    # each block stores its part in a slot of its own and the tile's last block adds the slots in order
+    # (compile_graph(ordered_sums=True), as PatchOptions.deterministic asks); the slots start poisoned, and the
+    # bound call is a second launch on them: nothing resets them, every launch writes each before it is read
+    err = interp_errors[f"{case}/{dtype}/ordered"]
+    assert not isinstance(err, str), err
+    assert math.isfinite(err) and err <= TOL[dtype], f"{case} {dtype} ordered: relative error {err:.3e}"
+    assert interp_errors[f"{case}/{dtype}/ordered/bound"] is True, interp_errors[f"{case}/{dtype}/ordered/bound"]
+
+
+@pytest.mark.parametrize("dtype", INTERP_DTYPES)
+@pytest.mark.parametrize("case", sorted(set(SUMMED_CASES) & set(CHAIN_CASES)))
+def test_a_chained_split_k_producer_with_ordered_sums_matches_float64(interp_errors, case, dtype):
+    err = interp_errors[f"{case}/{dtype}/chain_ordered"]
+    assert not isinstance(err, str), err
+    assert math.isfinite(err) and err <= TOL[dtype], f"{case} {dtype} chained, ordered: relative error {err:.3e}"

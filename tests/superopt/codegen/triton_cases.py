@@ -65,6 +65,9 @@ WIDE_CASES = {
 CHAIN_CASES = ("gqa", "qknorm", "decode_attention", "decode_attention_odd", "found_kv_split_k",
                "split_k_then_residual")
 
+# the cases whose kernels sum across blocks (``reduce sum``): also run with those sums ordered (``Launch.ordered``)
+SUMMED_CASES = ("rmsnorm_matmul_split_k", "llama_qkv_split_k", "found_kv_split_k", "two_way_sums",
+                "split_k_then_residual", "llama_qkv_split_k_wide")
 CASES = [(name, name, {}) for name in FIXTURES] + ODD + [(c, c, {}) for c in TEXT_CASES] + \
     [(c, c, {}) for c in FOUND_CASES] + [(c, c, {}) for c in WIDE_CASES]
 INTERP_DTYPES = ("float32", "float16")  # bf16 arithmetic is broken in the interpreter (docs/conventions.md)

@@ -20,27 +20,31 @@ from superopt.interp import NumpyDomain, evaluate  # noqa: E402
 from superopt.codegen.launch import Launch  # noqa: E402
 from superopt.codegen.triton import render_triton  # noqa: E402
 from superopt.runtime import compile_graph  # noqa: E402
-from tests.superopt.codegen.triton_cases import CASES, CHAIN_CASES, INTERP_DTYPES, build  # noqa: E402
+from tests.superopt.codegen.triton_cases import CASES, CHAIN_CASES, INTERP_DTYPES, SUMMED_CASES, build  # noqa: E402
 
 
-def run_case(case_id: str, dtype: str, seed: int = 0, prefetch: bool = False, chain: bool = False
-             ) -> tuple[float, bool]:
+def run_case(case_id: str, dtype: str, seed: int = 0, prefetch: bool = False, chain: bool = False,
+             ordered: bool = False) -> tuple[float, bool]:
     """(relative error, whether the bound call matches); ``prefetch``: every kernel rendered with its
     loads one iteration ahead (the profiler's launch variant); ``chain``: a kernel that can run its
-    consumer does (``ir.chain``; an error where none can)."""
+    consumer does (``ir.chain``; an error where none can); ``ordered``: cross-block sums added in a fixed
+    order (``Launch.ordered``)."""
     fx = build(case_id, dtype)
     rng = np.random.default_rng(seed)
     xs = [torch.from_numpy(rng.standard_normal(v.type.shape)).to(getattr(torch, dtype)) for v in fx.program.inputs]
     ref = evaluate(fx.program, [x.double().numpy() for x in xs], NumpyDomain())
     launch = None
-    if prefetch or chain:
-        launch = {k.name: Launch(k.num_warps, k.num_stages, prefetch, chain) for k in render_triton(fx.ugraph).kernels}
-    cg = compile_graph(fx.ugraph, device="cpu", launch=launch)
+    if prefetch or chain:  # ordered alone: asked of compile_graph, as patch() asks it (PatchOptions.deterministic)
+        launch = {k.name: Launch(k.num_warps, k.num_stages, prefetch, chain, ordered)
+                  for k in render_triton(fx.ugraph).kernels}
+    cg = compile_graph(fx.ugraph, device="cpu", launch=launch, ordered_sums=ordered and launch is None)
     if prefetch and not chain and cg.launch != launch:
         raise AssertionError(f"launch {cg.launch} does not keep the prefetch mark of {launch}")
     if chain and (not cg.tails or any(cg.launch[k] != launch[k] for k in cg.launch)):
         raise AssertionError(f"no kernel runs its consumer: launch {cg.launch}")
-    for buf in cg.pool.values():
+    if ordered and ("atomic_add(w" in cg.module.source or not any(k.parts for k in cg.module.kernels)):
+        raise AssertionError("a cross-block sum is still added atomically, or none is ordered")
+    for buf in [*cg.pool.values(), *(cg.workspace.values() if ordered else ())]:  # ordered slots: never reset
         if buf.dim():
             buf.fill_(float("nan"))
     outs = [o.clone() for o in cg(*xs)]
@@ -127,11 +131,21 @@ def main(argv: list[str]) -> None:
                 result[f"{cid}/{dt}/prefetch"], _ = run_case(cid, dt, prefetch=True)
             except Exception as e:
                 result[f"{cid}/{dt}/prefetch"] = f"{type(e).__name__}: {e}"
+            if cid in SUMMED_CASES:
+                try:
+                    result[f"{cid}/{dt}/ordered"], result[f"{cid}/{dt}/ordered/bound"] = run_case(cid, dt, ordered=True)
+                except Exception as e:
+                    result[f"{cid}/{dt}/ordered"] = result[f"{cid}/{dt}/ordered/bound"] = f"{type(e).__name__}: {e}"
             if cid in CHAIN_CASES:
                 try:
                     result[f"{cid}/{dt}/chain"], result[f"{cid}/{dt}/chain/bound"] = run_case(cid, dt, chain=True)
                 except Exception as e:
                     result[f"{cid}/{dt}/chain"] = result[f"{cid}/{dt}/chain/bound"] = f"{type(e).__name__}: {e}"
+            if cid in CHAIN_CASES and cid in SUMMED_CASES:  # a split-K producer chained, its sums ordered
+                try:
+                    result[f"{cid}/{dt}/chain_ordered"], _ = run_case(cid, dt, chain=True, ordered=True)
+                except Exception as e:
+                    result[f"{cid}/{dt}/chain_ordered"] = f"{type(e).__name__}: {e}"
             try:
                 result[f"{cid}/{dt}/paired"] = run_paired(cid, dt)
             except Exception as e:
