@@ -235,21 +235,17 @@ class BlockWriter:
         b = self.b
         parts = math.prod(b.grid[a] for a in reduced)
         cnt = self.count_in([a for a in range(3) if a not in reduced and b.grid[a] > 1], first, parts)
-        for j, o, shape in summed if ordered else ():
-            numel = math.prod(shape)
+        for j, o, shape in summed:
             ptrs, mask = self.tile_ptrs(f"w{j}_ptr", o, shape)
             m = f", mask={mask}" if mask else ""
-            self.emit(f"sum{j} = tl.load({ptrs}{m}, cache_modifier=\".cg\")", 2)
-            self.emit(f"for part{j} in tl.static_range(1, {parts}):", 2)
-            ptrs, _ = self.tile_ptrs(f"(w{j}_ptr + part{j} * {numel})", o, shape)
-            self.emit(f"sum{j} += tl.load({ptrs}{m}, cache_modifier=\".cg\")", 3)
-            optrs, _ = self.tile_ptrs(f"o{j}_ptr", o, shape)
-            self.emit(f"tl.store({optrs}, sum{j}.to(o{j}_ptr.dtype.element_ty){m})", 2)
-        for j, o, shape in summed if not ordered else ():
-            ptrs, mask = self.tile_ptrs(f"w{j}_ptr", o, shape)
-            m = f", mask={mask}" if mask else ""
-            self.emit(f"sum{j} = tl.atomic_add({ptrs}, 0.0{m}, sem=\"relaxed\")", 2)
-            self.emit(f"tl.store({ptrs}, 0.0{m})", 2)
+            if ordered:
+                self.emit(f"sum{j} = tl.load({ptrs}{m}, cache_modifier=\".cg\")", 2)
+                self.emit(f"for part{j} in tl.static_range(1, {parts}):", 2)
+                slot, _ = self.tile_ptrs(f"(w{j}_ptr + part{j} * {math.prod(shape)})", o, shape)
+                self.emit(f"sum{j} += tl.load({slot}{m}, cache_modifier=\".cg\")", 3)
+            else:
+                self.emit(f"sum{j} = tl.atomic_add({ptrs}, 0.0{m}, sem=\"relaxed\")", 2)
+                self.emit(f"tl.store({ptrs}, 0.0{m})", 2)
             optrs, _ = self.tile_ptrs(f"o{j}_ptr", o, shape)
             self.emit(f"tl.store({optrs}, sum{j}.to(o{j}_ptr.dtype.element_ty){m})", 2)
         self.emit(f"tl.store({cnt}, 0)", 2)

@@ -5,20 +5,12 @@ from mirage_serve import optimize
 from mirage_serve.cache import CacheKey, KernelCache, versions_now
 from superopt.codegen.launch import Launch
 from superopt.ir import digest, to_text
-from superopt.lax import Program
 from tests.fixtures.budget import states_budget
-
-
-def _program():
-    p = Program("down_proj")
-    x = p.input("x", (2, 608), "bfloat16")
-    w = p.input("w", (224, 608), "bfloat16")
-    p.output(p.matmul(x, p.transpose(w)))
-    return p.build()
+from tests.fixtures.programs import down_proj
 
 
 def test_pick_is_stored_and_a_hit_skips_profiling(tmp_path):
-    program = _program()
+    program = down_proj()
     cache = KernelCache(tmp_path)
     key = CacheKey(digest(program), "b2", "bf16", "sm90", "triton", versions_now(), "mlp_out-m2")
     calls = []
@@ -50,7 +42,7 @@ def test_pick_is_stored_and_a_hit_skips_profiling(tmp_path):
 
 
 def test_a_reinstantiation_left_with_only_the_program_searches_afresh():
-    program = _program()
+    program = down_proj()
 
     class Seed:  # another bucket's result whose structures fit nothing at this shape
         def reinstantiate(self, p):
@@ -62,7 +54,7 @@ def test_a_reinstantiation_left_with_only_the_program_searches_afresh():
 
 def test_research_offers_the_shipped_graph_to_the_profiler_and_stores_the_winner(tmp_path):
     # PatchOptions.research: a shipped program is searched again; its μGraph is the first candidate timed
-    program = _program()
+    program = down_proj()
     key = CacheKey(digest(program), "b2", "bf16", "sm90", "triton", versions_now(), "mlp_out-m2")
     budget = states_budget()
     offered = []
@@ -168,7 +160,7 @@ def _user_program(tmp_path, **meta):
     """(program, key, a user cache holding the program itself as the design, with ``meta``)."""
     from mirage_serve.cache import CacheEntry
 
-    program = _program()
+    program = down_proj()
     key = CacheKey(digest(program), "b2", "bf16", "sm90", "triton", versions_now(), "mlp_in-m2")
     cache = KernelCache(tmp_path / "user", shipped_dir=False)
     cache.put(key, CacheEntry(to_text(program), {}, {}, {"program_digest": digest(program), "source": "search",
@@ -179,7 +171,7 @@ def _user_program(tmp_path, **meta):
 def test_a_shipped_unfused_program_is_searched_again_and_the_fused_winner_stored(tmp_path):
     # an older search found nothing to beat the program (Gemma's gelu_tanh gate/up): the current one
     # runs, the shipped program competes as the incumbent, and what wins goes to the user cache
-    program = _program()
+    program = down_proj()
     key = CacheKey(digest(program), "b2", "bf16", "sm90", "triton", versions_now(), "mlp_in-m2")
     cache = _ship_program(tmp_path, program, key, {"profile": "fastest of 1 timed: 52.1 µs (cost model's pick 52.1 µs)"})
     offered = []

@@ -11,8 +11,8 @@ from mirage_serve.cache.archive import ship_into
 from mirage_serve.cache.gpu_rows import for_gpu, timed_elsewhere, with_row
 from superopt.codegen.launch import Launch, read_launches
 from superopt.ir import digest
-from superopt.lax import Program
 from tests.fixtures.budget import states_budget
+from tests.fixtures.programs import down_proj
 
 A = {"launch": {"k0": [2, 3]}, "median_us": 42.3, "profile": "a", "render_sha256": "ra", "timed_on": "GPU A",
      "timings": [["t"]], "verified": True}
@@ -44,26 +44,18 @@ def test_with_row_adds_a_row_or_replaces_the_same_gpus_default():
         with_row(A, {"launch": {}})
 
 
-def _program():
-    p = Program("down_proj")
-    x = p.input("x", (2, 608), "bfloat16")
-    w = p.input("w", (224, 608), "bfloat16")
-    p.output(p.matmul(x, p.transpose(w)))
-    return p.build()
-
-
 def _pick(warps: int, stages: int, calls: list, index: int = 0):
     """A stand-in profiler: the ``index``-th searched candidate offered, at one launch."""
     def pick(result):
         cands = result.candidates()
         calls.append(len(cands))
-        g = [c for c in cands if c != _program()][index]
+        g = [c for c in cands if c != down_proj()][index]
         return optimize.Pick(g, {"k0": Launch(warps, stages)}, 10.0 * warps, f"w{warps}s{stages}")
     return pick
 
 
 def _export(tmp_path, gpu: str, warps: int, stages: int, index: int = 0):
-    program = _program()
+    program = down_proj()
     key = CacheKey(digest(program), "b2", "bf16", "sm90", "triton", versions_now(), "mlp_out-m2")
     maker = KernelCache(tmp_path / f"maker {gpu} {index}", shipped_dir=False)
     optimize.choose(program, budget=states_budget(), arch="sm_90", cache=maker, key=key,
@@ -109,6 +101,6 @@ def test_shipping_another_mugraph_replaces_the_entry_and_its_rows(tmp_path):
     [(name, action)] = ship_into(other, shipped)
     assert action == "replaced: another μGraph"
     meta = KernelCache(tmp_path / "u", shipped_dir=shipped).get(
-        CacheKey(digest(_program()), "b2", "bf16", "sm90", "triton", versions_now(), "mlp_out-m2")).meta
+        CacheKey(digest(down_proj()), "b2", "bf16", "sm90", "triton", versions_now(), "mlp_out-m2")).meta
     assert "launch_by_gpu" not in meta and meta["timed_on"] == "GPU B"
     assert sorted(p.name for p in shipped.iterdir()) == [name]   # no staging folder left behind
