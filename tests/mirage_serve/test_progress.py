@@ -9,7 +9,7 @@ from mirage_serve.cache import CacheKey, KernelCache, versions_now
 from superopt.ir import digest
 from tests.fixtures.budget import states_budget
 
-from ..patches.test_optimize_pick import _program
+from ..fixtures.programs import down_proj
 
 
 def test_slow_writes_one_line_finished_with_its_seconds(capsys):
@@ -34,7 +34,7 @@ def test_slow_says_when_an_error_stopped_it(capsys):
 
 
 def test_a_search_announces_itself_and_a_signed_hit_is_silent(tmp_path, capsys):
-    program = _program()
+    program = down_proj()
     cache = KernelCache(tmp_path)
     key = CacheKey(digest(program), "b2", "bf16", "sm90", "triton", versions_now(), "mlp_out-m2")
     assert optimize.choose(program, budget=states_budget(), arch="sm_90", cache=cache, key=key).source == "search"
@@ -46,5 +46,5 @@ def test_a_search_announces_itself_and_a_signed_hit_is_silent(tmp_path, capsys):
 
 def test_progress_off_prints_nothing(monkeypatch, capsys):
     monkeypatch.setenv("MIRAGE_SERVE_PROGRESS", "0")
-    assert optimize.choose(_program(), budget=states_budget(), arch="sm_90").source == "search"
+    assert optimize.choose(down_proj(), budget=states_budget(), arch="sm_90").source == "search"
     assert capsys.readouterr().err == ""
