@@ -10,8 +10,6 @@ label (``mlp_out-m8``) is listed. Prints one line an entry: what was done.
 from __future__ import annotations
 
 import argparse
-import shutil
-import tempfile
 from pathlib import Path
 
 from mirage_serve.cache.archive import ship_into
@@ -25,19 +23,12 @@ def main(argv=None) -> int:
     ap.add_argument("--into", type=Path, default=REPO / "kernels_cache", help="the shipped cache to update")
     ap.add_argument("--only", default="", metavar="LABELS", help="entry labels to take, comma-separated")
     args = ap.parse_args(argv)
+    for name, folder in (("EXPORTED_DIR", args.exported), ("--into", args.into)):
+        if not folder.is_dir():
+            ap.error(f"{name}: {folder} is not a folder of cache entries")
     only = set(filter(None, args.only.split(",")))
-    src = args.exported
-    if only:   # the listed entries alone, in a folder of their own
-        src = Path(tempfile.mkdtemp(prefix="ship_only."))
-        for d in args.exported.iterdir():
-            if d.is_dir() and d.name.rsplit("-", 1)[0] in only:
-                shutil.copytree(d, src / d.name)
-    try:
-        for name, action in ship_into(src, args.into):
-            print(f"{name}: {action}")
-    finally:
-        if only:
-            shutil.rmtree(src, ignore_errors=True)
+    for name, action in ship_into(args.exported, args.into, only or None):
+        print(f"{name}: {action}")
     return 0
 
 

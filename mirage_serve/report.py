@@ -93,8 +93,7 @@ class PatchReport:
         lines += [f"μGraph source {n}" for n in notes]
         profiled = {k: p for s in self.sites for k, p in s.profile.items()}
         lines += [f"profiled {k}: {p}" for k, p in sorted(profiled.items())]
-        if self.block_sums_note():
-            lines.append(self.block_sums_note())
+        lines += [n for n in (self.block_sums_note(),) if n]
         lines.append(self.counts())
         return "\n".join(lines)
 

@@ -205,14 +205,15 @@ def _has_verdict(entry: CacheEntry) -> bool:
     return entry.meta.get("verified") is True
 
 
-def ship_into(src: Path, dest: Path) -> list[tuple[str, str]]:
+def ship_into(src: Path, dest: Path, labels: set[str] | None = None) -> list[tuple[str, str]]:
     """Bring the shipped-form entries of `src` (what ``export_shipped`` wrote on some GPU) into `dest`
     (``kernels_cache/``): a new entry is added; one whose μGraph `dest` already holds adds its launch as the
     row of the GPU that timed it (``gpu_rows.with_row``), so the other GPUs' choices stay; one with another
-    μGraph replaces `dest`'s (the rows held launches of the old μGraph). Returns (entry, what was done), an
-    entry that names no GPU left as it was."""
+    μGraph replaces `dest`'s (the rows held launches of the old μGraph). ``labels``: only entries of these
+    labels (``mlp_out-m8``). Returns (entry, what was done), an entry that names no GPU left as it was."""
     done = []
-    for path in sorted(p for p in src.iterdir() if p.is_dir() and not p.name.startswith(".")):
+    for path in sorted(p for p in src.iterdir() if p.is_dir() and not p.name.startswith(".")
+                       and (labels is None or p.name.rsplit("-", 1)[0] in labels)):
         key, entry = read_entry(path)
         have = dest / path.name
         if not have.exists():

@@ -360,7 +360,8 @@ class AttentionSearch:
 
 
 def _device_name(device: torch.device) -> str:
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    from .. import backends
+    return backends.gpu_name(device) or device.type
 
 
 def _profiled(graph: SearchedGraph, timed) -> Decision:

@@ -98,7 +98,8 @@ def test_shipping_another_mugraph_replaces_the_entry_and_its_rows(tmp_path):
     _, _, from_b = _export(tmp_path, "GPU B", 4, 4)
     ship_into(from_b, shipped)
     _, _, other = _export(tmp_path, "GPU B", 4, 4, index=-1)
-    [(name, action)] = ship_into(other, shipped)
+    assert ship_into(other, shipped, labels={"attn_in-m2"}) == []   # only the labels asked for
+    [(name, action)] = ship_into(other, shipped, labels={"mlp_out-m2"})
     assert action == "replaced: another μGraph"
     meta = KernelCache(tmp_path / "u", shipped_dir=shipped).get(
         CacheKey(digest(down_proj()), "b2", "bf16", "sm90", "triton", versions_now(), "mlp_out-m2")).meta
