@@ -54,6 +54,14 @@ def bench_command(model: str, batch: str, repeats: int, json_path: Path, tree: P
             "--repeats", str(repeats), "--json", str(json_path)]
 
 
+def repeat_words(divergence: dict | None) -> str:
+    """Whether a run's timed repeats gave the same tokens (the bench JSON's ``repeats``): a sum whose order varies
+    between launches can flip a near-tied token (``PatchOptions.deterministic``)."""
+    if not divergence:
+        return "same tokens in every timed repeat"
+    return "tokens moved between repeats at " + ", ".join(f"{k} {v}" for k, v in divergence.items())
+
+
 def ours_ms(report: dict) -> dict[int, float]:
     """{batch: ms/step} of the ``ours`` rows of a bench JSON."""
     return {row["batch"]: row["ms_per_step"] for row in report["rows"] if row["run"] == "ours"}
@@ -136,9 +144,12 @@ def main(argv=None) -> None:
                         print(f"round {r + 1} {model} {side.upper()}: failed (exit {done.returncode}):\n"
                               f"{done.stderr[-2000:]}", flush=True)
                         continue
-                    for batch, ms in ours_ms(json.loads(path.read_text())).items():
+                    report = json.loads(path.read_text())
+                    moved = report.get("repeats", {}).get("ours", {})
+                    for batch, ms in ours_ms(report).items():
                         runs.setdefault((model, side, batch), []).append(ms)
-                        print(f"round {r + 1} {model} b{batch} {side.upper()}: {ms:.3f} ms/step", flush=True)
+                        print(f"round {r + 1} {model} b{batch} {side.upper()}: {ms:.3f} ms/step, "
+                              f"{repeat_words(moved.get(str(batch)))}", flush=True)
     print()
     print(table(summarize(runs)))
 
