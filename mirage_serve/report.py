@@ -109,7 +109,7 @@ class PatchReport:
                     f"(PatchOptions.deterministic): every run gives the same bits")
         return (f"cross-block sums: {len(summed)} sites ({sites}) add their blocks' partial sums with float atomics, "
                 f"whose order varies: the last bits, and at a near-tie a greedy token, can differ between runs "
-                f"(PatchOptions.deterministic=True or MIRAGE_SERVE_DETERMINISTIC=1 orders them)")
+                f"(PatchOptions.deterministic=False / MIRAGE_SERVE_DETERMINISTIC=0 asked for it)")
 
     def rows_note(self) -> str:
         """One line: which forward calls the patched sites leave to the original modules. A site's

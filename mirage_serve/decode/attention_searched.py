@@ -256,7 +256,7 @@ class AttentionSearch:
 
             from .. import optimize
             # its build workers live for this one pick; candidates timed writing the cache in place, as they run
-            selector = Selector(device, pdl=self.pdl, in_place=("k_cache", "v_cache"))
+            selector = Selector(device, pdl=self.pdl, in_place=("k_cache", "v_cache"), ordered_sums=self.deterministic)
             try:
                 ranked = selector.pick(result.candidates(), example_inputs(program, shape, device))
             finally:

@@ -191,7 +191,7 @@ class Preparer:
             from superopt.runtime.dtypes import TORCH_DTYPES
             from superopt.runtime.select import Selector
             if self._selector is None:
-                self._selector = Selector(device, pdl=self.options.pdl)
+                self._selector = Selector(device, pdl=self.options.pdl, ordered_sums=self.options.deterministic)
             cands = result.candidates()
             inputs = [torch.randn(v.type.shape, generator=self._rng).to(device, TORCH_DTYPES[v.type.dtype])
                       for v in program.inputs]

@@ -12,7 +12,7 @@ device and ``PatchOptions.pdl`` and is rendered into the whole module (``render_
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping
 
 
@@ -91,6 +91,12 @@ def chained(launch: Launches | None) -> frozenset[str]:
 def ordered_sums(launch: Launches | None) -> frozenset[str]:
     """The kernels a launch table renders with their cross-block sums in a fixed order (``render_triton(ordered=)``)."""
     return frozenset(k for k, v in (launch or {}).items() if v.ordered)
+
+
+def unordered(launch: Launches) -> dict[str, Launch]:
+    """``launch`` without its ordered-sums marks: the ordering is a build setting (``compile_graph(ordered_sums=)``,
+    ``PatchOptions.deterministic``), not part of the launch a profile chooses and a cache stores."""
+    return {k: replace(Launch.of(v), ordered=False) for k, v in launch.items()}
 
 
 def rendering(launch: Launches | None) -> dict[str, frozenset[str]]:

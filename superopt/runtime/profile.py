@@ -13,7 +13,7 @@ from typing import Mapping, Sequence
 
 import torch
 
-from ..codegen.launch import Launch
+from ..codegen.launch import Launch, unordered
 from ..codegen.triton import render_triton
 from ..ir import KernelGraph, launch_fits, to_text
 from ..ir.chain import chains
@@ -62,7 +62,7 @@ class ProfileResult:
 def profile_candidates(ugraphs: Sequence[KernelGraph], example_inputs: Sequence[torch.Tensor],
                        configs: Sequence[Launch | None] = DEFAULT_CONFIGS, reps: int = 30,
                        backend: str = "triton", refused: Mapping = {}, pdl: bool = True,
-                       in_place: Sequence[str] = ()) -> list[ProfileResult]:
+                       in_place: Sequence[str] = (), ordered_sums: bool = False) -> list[ProfileResult]:
     """Rank ``ugraphs`` (all computing the same program) by median time on ``example_inputs``.
 
     Each config is applied to every kernel of a candidate; a ``None`` config launches every kernel
@@ -70,7 +70,9 @@ def profile_candidates(ugraphs: Sequence[KernelGraph], example_inputs: Sequence[
     the GPU has it, as the chosen kernels will run (``PatchOptions.pdl``). ``refused``:
     (μGraph text, config) -> reason, launches not to build in this process (``Selector``: their
     build crashed a worker). ``in_place``: inputs each candidate writes in place (a decode step's cache,
-    ``compile_graph(in_place=…)``), as it will run: its cache writes then cost what they will."""
+    ``compile_graph(in_place=…)``), as it will run: its cache writes then cost what they will. ``ordered_sums``:
+    cross-block sums timed in their fixed-order form, as ``PatchOptions.deterministic`` will run them; the launch
+    returned leaves the ordering out, since the build adds it from the setting (``compile_graph(ordered_sums=)``)."""
     sets = rotated_sets(example_inputs)
     results, fastest = [], float("inf")
     for i, g in enumerate(ugraphs):
@@ -88,7 +90,7 @@ def profile_candidates(ugraphs: Sequence[KernelGraph], example_inputs: Sequence[
             try:
                 launch = None if config is None else {k.name: config for k in _kernels(g)}
                 cg = compile_graph(g, backend=backend, device=example_inputs[0].device, launch=launch, pdl=pdl,
-                                   in_place=in_place)
+                                   in_place=in_place, ordered_sums=ordered_sums)
                 # a launch GIVE_UP× the fastest so far loses whatever its median: one rep says so (GQA b8's
                 # 3-6 ms launches, 30 reps each, took much of its row's 246 s of profiling)
                 us = time_call(cg, sets, graph=True, reps=reps, give_up_us=GIVE_UP * fastest)
@@ -102,7 +104,7 @@ def profile_candidates(ugraphs: Sequence[KernelGraph], example_inputs: Sequence[
             fastest = min(fastest, us)
             tried.append((config, us))
             if best is None or us < best[1]:
-                best = (cg.launch, us)
+                best = (unordered(cg.launch), us)
         took = time.perf_counter() - t0
         if best is None:
             results.append(ProfileResult(i, g, error=err, seconds=took))

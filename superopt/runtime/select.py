@@ -58,12 +58,14 @@ def default_workers() -> int:
 class Selector:
     """Profiles candidates on ``device``; holds a pool of build workers until ``close()``. ``pdl``:
     candidates are built with programmatic dependent launch where the GPU has it (``PatchOptions.pdl``);
-    ``in_place``: the inputs they write in place, as they will run (``profile_candidates``)."""
+    ``in_place``: the inputs they write in place, and ``ordered_sums``: their cross-block sums in a fixed order, as
+    they will run (``profile_candidates``)."""
 
     def __init__(self, device: torch.device, workers: int | None = None,
-                 configs: Sequence[Launch] = DEFAULT_CONFIGS, pdl: bool = True, in_place: Sequence[str] = ()):
+                 configs: Sequence[Launch] = DEFAULT_CONFIGS, pdl: bool = True, in_place: Sequence[str] = (),
+                 ordered_sums: bool = False):
         self.device = torch.device(device)
-        self.pdl = pdl
+        self.pdl, self.ordered_sums = pdl, ordered_sums
         self.in_place = tuple(in_place)
         self.workers = default_workers() if workers is None else workers
         self.configs = tuple(configs)
@@ -83,7 +85,7 @@ class Selector:
                         if (c is None or applies(g, c)) and fits(g, c)], inputs)
         clock.lap("probe builds")
         first = profile_candidates(unique, inputs, configs=PROBE, refused=self._refused, pdl=self.pdl,
-                                   in_place=self.in_place)
+                                   in_place=self.in_place, ordered_sums=self.ordered_sums)
         clock.lap("probe timing")
         top = [r.ugraph for r in first if r.error is None][:SWEEP_TOP]
         top += [g for g in sweep_also if g not in top]
@@ -92,7 +94,7 @@ class Selector:
                        inputs)
         clock.lap("sweep builds")
         swept = profile_candidates(top, inputs, configs=self.configs, refused=self._refused, pdl=self.pdl,
-                                   in_place=self.in_place)
+                                   in_place=self.in_place, ordered_sums=self.ordered_sums)
         clock.lap("sweep timing")
         self.stage_seconds = clock.laps
         best = {to_text(r.ugraph): r for r in first}
@@ -116,7 +118,7 @@ class Selector:
             self._pool = self._new_pool()
         specs = [(tuple(t.shape), str(t.dtype).removeprefix("torch.")) for t in inputs]
         index = self.device.index if self.device.index is not None else torch.cuda.current_device()
-        args = [(to_text(g), c, specs, index, self.pdl, self.in_place) for g, c in jobs]
+        args = [(to_text(g), c, specs, index, self.pdl, self.in_place, self.ordered_sums) for g, c in jobs]
         self._pool, crashed = map_isolating_crashes(self._pool, self._new_pool, _build_once, args)
         for i in crashed:
             text, c = args[i][:2]
@@ -206,13 +208,13 @@ def _build_once(job) -> str | None:
     process's CUDA context unusable ends the process (``os._exit``): the pool breaks,
     ``map_isolating_crashes`` blames this job alone, and the parent refuses the launch instead of
     running it in its own context."""
-    text, config, specs, device_index, pdl, in_place = job
+    text, config, specs, device_index, pdl, in_place, ordered_sums = job
     device = torch.device("cuda", device_index)
     try:
         g = from_text(text)
         xs = [_example(shape, getattr(torch, dtype), device) for shape, dtype in specs]
         launch = None if config is None else {k.name: config for k in render_triton(g).kernels}
-        cg = compile_graph(g, device=device, launch=launch, pdl=pdl, in_place=in_place)
+        cg = compile_graph(g, device=device, launch=launch, pdl=pdl, in_place=in_place, ordered_sums=ordered_sums)
         with torch.cuda.device(device):
             time_call(cg, rotated_sets(xs), graph=True, reps=1, warmup=1)
         return None

@@ -95,15 +95,16 @@ def test_cross_block_sums_stay_right_over_many_replays(case):
         assert all(np.isfinite(errs)) and max(errs) <= TOL["bfloat16"], f"{case} replay with seed {seed}: {errs}"
 
 
-@pytest.mark.parametrize("case", [*SUMMED_CASES, "llama_4k_64_splits"])
+@pytest.mark.parametrize("case", SUMMED_CASES)
 def test_ordered_cross_block_sums_give_the_same_bits_on_every_replay(case):
     # compile_graph(ordered_sums=True), as PatchOptions.deterministic builds: each block stores its part in a slot
     # of its own, the tile's last block adds the slots in order. Replays of one input are bitwise equal (atomic adds
     # are not: their order follows the blocks' timing); a slot read before its block stored it shows up as a wrong
-    # or poisoned sum. 64-way split attention has the most blocks racing for one tile.
+    # or poisoned sum. (Split-KV attention is not among the cases: its partial outputs meet in a combine kernel,
+    # in a fixed order already.)
     from superopt.runtime import compile_graph
 
-    fx = _llama_4k_attention_64_splits("bfloat16") if case == "llama_4k_64_splits" else build(case, "bfloat16")
+    fx = build(case, "bfloat16")
     cg = compile_graph(fx.ugraph, device="cuda", ordered_sums=True)
     assert any(s.parts for _, s, _ in cg.kernels.values()) and "atomic_add(w" not in cg.module.source
     for ws in cg.workspace.values():

@@ -301,6 +301,40 @@ def test_candidates_are_timed_writing_their_in_place_inputs(monkeypatch):
     assert built == [("k_cache",)] and "not built here" in r[0].error
 
 
+def test_the_profile_times_ordered_sums_as_they_will_run_and_returns_the_launch_without_them(monkeypatch):
+    # PatchOptions.deterministic builds cross-block sums in a fixed order: the profile must time that form (a split-K
+    # μGraph wins only if it wins ordered), but the ordering is a build setting, so the launch it returns, which a
+    # cache stores, leaves it out
+    from types import SimpleNamespace
+
+    from superopt.codegen.launch import Launch
+    from superopt.runtime import profile, select
+    from superopt.runtime.profile import ProfileResult
+
+    graphs = [FIXTURES[n]().ugraph for n in sorted(FIXTURES)[:2]]
+    seen = []
+
+    def fake_profile(ugraphs, inputs, configs, **kw):
+        seen.append(kw.get("ordered_sums"))
+        return [ProfileResult(i, g, {}, 1.0 + i) for i, g in enumerate(ugraphs)]
+
+    monkeypatch.setattr(select, "profile_candidates", fake_profile)
+    monkeypatch.setattr(select, "fits", lambda g, c: True)
+    select.Selector(torch.device("cpu"), workers=1, ordered_sums=True).pick(graphs, [])
+    assert seen and all(seen)
+
+    built = []
+
+    def fake_compile(g, **kw):
+        built.append(kw.get("ordered_sums"))
+        return SimpleNamespace(launch={"k0": Launch(2, 3, prefetch=True, ordered=True)})
+    monkeypatch.setattr(profile, "compile_graph", fake_compile)
+    monkeypatch.setattr(profile, "rotated_sets", lambda xs: [xs])
+    monkeypatch.setattr(profile, "time_call", lambda *a, **kw: 5.0)
+    (r,) = profile.profile_candidates(graphs[:1], [torch.zeros(1)], configs=(None,), ordered_sums=True)
+    assert built == [True] and r.launch == {"k0": Launch(2, 3, prefetch=True)}
+
+
 def test_a_job_that_kills_its_worker_is_found_and_the_others_still_run():
     # The H200 case (eleventh session): one candidate's Triton build hit an LLVM assertion, which
     # aborts the process; the broken pool failed every later build and the block benchmark lost
@@ -406,7 +440,7 @@ def test_a_launch_that_breaks_the_workers_context_ends_the_worker(monkeypatch):
         exits.append(code)
         raise SystemExit(code)
     monkeypatch.setattr(os, "_exit", end_process)
-    job = (to_text(FIXTURES[sorted(FIXTURES)[0]]().ugraph), None, [((2, 3), "float32")], 0, False, ())
+    job = (to_text(FIXTURES[sorted(FIXTURES)[0]]().ugraph), None, [((2, 3), "float32")], 0, False, (), False)
 
     monkeypatch.setattr(select, "context_alive", lambda device: True)
     assert select._build_once(job) == "RuntimeError: CUDA error: an illegal memory access was encountered"
@@ -433,7 +467,7 @@ def test_build_worker_runs_the_launch_as_the_timing_pass_will(monkeypatch):
     monkeypatch.setattr(select, "rotated_sets", lambda xs: [xs, xs])
     monkeypatch.setattr(select, "time_call", lambda fn, sets, **kw: timed.append((fn, len(sets), kw)))
     monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
-    job = (to_text(FIXTURES[sorted(FIXTURES)[0]]().ugraph), None, [((2, 3), "float32")], 0, False, ())
+    job = (to_text(FIXTURES[sorted(FIXTURES)[0]]().ugraph), None, [((2, 3), "float32")], 0, False, (), False)
     assert select._build_once(job) is None
     assert timed == [(built, 2, dict(graph=True, reps=1, warmup=1))]
 
