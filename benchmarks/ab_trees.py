@@ -99,9 +99,15 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _env(pairs: list[str], tree: Path) -> dict:
+def _env(pairs: list[str], tree: Path, cache_dir: Path) -> dict:
+    """A side's environment: its tree first on the path, a kernel cache of its own (``cache_dir``), then its settings.
+
+    A side needs its own cache: a patch stores every shipped entry it verified, at the launch it ran, in the user cache,
+    and the next patch takes that entry before the shipped one. With one cache for both, the side that ran first set
+    the μGraphs and launches of both (session 43: an A/B of two shipped caches compared one with itself)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(tree)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env["MIRAGE_SERVE_CACHE_DIR"] = str(cache_dir)
     for pair in pairs:
         name, sep, value = pair.partition("=")
         if not sep or not name:
@@ -135,7 +141,8 @@ def main(argv=None) -> None:
                     path = Path(tmp) / f"{model}_{side}_{r}.json"
                     try:
                         done = subprocess.run(bench_command(model, args.batch, args.repeats, path, tree), cwd=tree,
-                                              env=_env(getattr(args, f"{side}_env"), tree), capture_output=True,
+                                              env=_env(getattr(args, f"{side}_env"), tree, Path(tmp) / f"cache_{side}"),
+                                              capture_output=True,
                                               text=True, timeout=args.timeout)
                     except subprocess.TimeoutExpired:
                         print(f"round {r + 1} {model} {side.upper()}: over {args.timeout:.0f} s, dropped", flush=True)

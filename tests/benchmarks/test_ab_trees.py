@@ -83,3 +83,34 @@ def test_a_gap_smaller_than_either_sides_spread_is_noise():
 def test_a_directory_without_the_project_is_refused(tmp_path):
     with pytest.raises(SystemExit, match="--a-dir .*no mirage_serve"):
         ab.main(["m", "--a-dir", str(tmp_path)])
+
+
+def test_each_side_keeps_a_kernel_cache_of_its_own(tmp_path, capsys):
+    # a patch stores what it verified in the user cache and the next patch takes it from there: the fake CLI keeps
+    # its tree's factor in the cache on its first run and runs whatever the cache holds, as a patch runs the
+    # entry it finds. One cache for both sides would give B the factor of A, which ran first (session 43).
+    cli = _FAKE_CLI.replace("* TREE_FACTOR", "* cached()").replace("import json, os, sys", '''import json, os, sys
+def cached():
+    entry = os.path.join(os.environ["MIRAGE_SERVE_CACHE_DIR"], "entry")
+    if not os.path.exists(entry):
+        os.makedirs(os.path.dirname(entry), exist_ok=True)
+        open(entry, "w").write(str(TREE_FACTOR))
+    return float(open(entry).read())''')
+    a, b = _tree(tmp_path / "a", 1.0), _tree(tmp_path / "b", 0.5)
+    for tree in (a, b):
+        (tree / "mirage_serve" / "cli.py").write_text(f"TREE_FACTOR = {0.5 if tree is b else 1.0}\n" + cli)
+    ab.main(["m", "--a-dir", str(a), "--b-dir", str(b), "--rounds", "2"])
+    out = capsys.readouterr().out
+    assert "round 2 m b1 A: 1.000" in out and "round 2 m b1 B: 0.500" in out, out
+
+
+def test_each_run_says_whether_its_timed_repeats_gave_the_same_tokens(tmp_path, capsys):
+    tree = _tree(tmp_path / "t", 1.0)
+    cli = (tree / "mirage_serve" / "cli.py").read_text().replace(
+        'json.dump({"rows": rows}', 'json.dump({"rows": rows, "repeats": {"ours": {"1": None, "8": '
+        '{"step": 99, "row": 4, "expected": 1, "got": 2}}}}')
+    (tree / "mirage_serve" / "cli.py").write_text(cli)
+    ab.main(["m", "--a-dir", str(tree), "--batch", "1,8", "--rounds", "1"])
+    out = capsys.readouterr().out
+    assert "round 1 m b1 A: 1.000 ms/step, same tokens in every timed repeat" in out
+    assert "round 1 m b8 A: 8.000 ms/step, tokens moved between repeats at step 99, row 4" in out, out
