@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: the integrated GPU checks, each step time-boxed, logs under $OUT.
 #   bash benchmarks/gpu_session.sh STEP [STEP ...]      (steps below; $OUT must be set)
-# Steps: tests | tests-pdl | pytest | decode-tests | attn-choice | registry | warm-patch | trust-patch | cold | overhead | alone-rounds | alone | decode-qwen | decode-llama | decode-qwen3 | {nopdl,unpaired,unfused}-{qwen,llama,qwen3} | profile-qwen | profile-llama | profile-qwen3 | profile-floor | profile-attn | sweep-attn | probe-chain | probe-behind (BEHIND_ARGS: its flags) | probe-gemv | probe-persistent (PERSISTENT: MODEL:BATCH ...; PERSISTENT_ARGS: the probe's flags) |
+# Steps: tests | kernel-tests | decode-tests (each one call) | tests-pdl | pytest | attn-choice | registry | warm-patch | trust-patch | cold | overhead | alone-rounds | alone | decode-qwen | decode-llama | decode-qwen3 | {nopdl,unpaired,unfused}-{qwen,llama,qwen3} | profile-qwen | profile-llama | profile-qwen3 | profile-floor | profile-attn | sweep-attn | probe-chain | probe-behind (BEHIND_ARGS: its flags) | probe-gemv | probe-persistent (PERSISTENT: MODEL:BATCH ...; PERSISTENT_ARGS: the probe's flags) |
 # blocks | research | unship | warm | bench | diagnose | ab. Every step's limit is cut to what is left before DEADLINE (default 560 s: a device command may run 600 s,
 # and the tars at the end need a few seconds); a step with under 20 s left is skipped.
 # (environment: MIRAGE_SERVE_PDL, MIRAGE_SERVE_PAIRED_LAUNCH, MIRAGE_SERVE_FUSED_RESIDUAL, NEW_TOKENS, LLAMA_BATCH, BASELINES; overhead: OVERHEAD (MODEL:BATCH ...); unship: UNSHIP (MODEL:LABELS ..., shipped entries to delete in this copy, so later steps search them); warm: WARM_MODELS, WARM_BATCH; it leaves $OUT/shipped.tar,
@@ -40,8 +40,10 @@ step() {  # step NAME TIMEOUT CMD...
 
 while [ $# -gt 0 ]; do
   case $1 in
-    tests) step tests 420 python -m pytest -q -m gpu tests/patches tests/mirage_serve/decode tests/mirage_serve/cache -p no:cacheprovider \
-             -k "not registry" tests/superopt/codegen/test_triton_gpu.py ;;
+    tests) step tests 540 python -m pytest -q -m gpu -p no:cacheprovider -rf --tb=short --durations=12 \
+             tests/patches -k "not registry" ;;  # one call each: together they ran past 420 s (session 43)
+    kernel-tests) step kernel_tests 540 python -m pytest -q -m gpu -p no:cacheprovider -rf --tb=short --durations=12 \
+                    tests/mirage_serve/cache tests/superopt/codegen ;;
     registry) step registry 240 python -m pytest -q -m gpu -p no:cacheprovider -rf --tb=short \
                 "tests/patches/test_patch_gpu.py::test_registry_model_decode" ;;
     warm-patch) step warm_llama_1_8 200 mirage-serve warm Llama-3.1-8B --layers 2 --batch 1,8  # fills the user cache
