@@ -9,9 +9,10 @@ benchmarks/results/floor_h100_2026-11-28_s35/README.md). A change worth a few pe
 
 Each round runs every model once with A, then once with B. Each run is a fresh process that imports the project from
 its tree's directory (``PYTHONPATH``, so a tree needs no install; its patches/, models/ and kernels_cache/ too,
-whichever tree is installed), with no baselines. The output prints each run's
-ms/step, B / A as the ratio of the medians, and the spread of each side (max − min over median). A ratio whose
-distance from 1 is smaller than the larger spread is reported as inside the noise.
+whichever tree is installed), with a kernel cache of each side's own, and with no baselines. The output prints each
+run's ms/step and whether its timed repeats gave the same tokens, B / A as the ratio of the medians, and the spread of
+each side (max − min over median). A ratio whose distance from 1 is smaller than the larger spread is reported as
+inside the noise.
 """
 from __future__ import annotations
 
