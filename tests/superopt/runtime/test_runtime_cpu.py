@@ -272,39 +272,12 @@ def test_selector_sweeps_the_launches_of_a_graph_it_is_told_to(monkeypatch):
     assert sel.pick(graphs, [], sweep_also=[graphs[4]])[0].ugraph is graphs[4]
 
 
-def test_candidates_are_timed_writing_their_in_place_inputs(monkeypatch):
-    # a decode step's cache writes run in place (a kernel stores them, codegen.store_through): the profile must
-    # build each candidate so, or it times a copy of the whole cache per write
-    from superopt.runtime import profile, select
-    from superopt.runtime.profile import ProfileResult
-
-    graphs = [FIXTURES[n]().ugraph for n in sorted(FIXTURES)[:2]]
-    seen = []
-
-    def fake_profile(ugraphs, inputs, configs, **kw):
-        seen.append(kw.get("in_place"))
-        return [ProfileResult(i, g, {}, 1.0 + i) for i, g in enumerate(ugraphs)]
-
-    monkeypatch.setattr(select, "profile_candidates", fake_profile)
-    monkeypatch.setattr(select, "fits", lambda g, c: True)
-    select.Selector(torch.device("cpu"), workers=1, in_place=("k_cache", "v_cache")).pick(graphs, [])
-    assert seen and all(s == ("k_cache", "v_cache") for s in seen)
-
-    built = []
-
-    def fake_compile(g, **kw):
-        built.append(kw.get("in_place"))
-        raise RuntimeError("not built here")
-    monkeypatch.setattr(profile, "compile_graph", fake_compile)
-    monkeypatch.setattr(profile, "rotated_sets", lambda xs: [xs])
-    r = profile.profile_candidates(graphs[:1], [torch.zeros(1)], configs=(None,), in_place=("k_cache",))
-    assert built == [("k_cache",)] and "not built here" in r[0].error
-
-
-def test_the_profile_times_ordered_sums_as_they_will_run_and_returns_the_launch_without_them(monkeypatch):
-    # PatchOptions.deterministic builds cross-block sums in a fixed order: the profile must time that form (a split-K
-    # μGraph wins only if it wins ordered), but the ordering is a build setting, so the launch it returns, which a
-    # cache stores, leaves it out
+def test_candidates_are_timed_as_they_will_run_and_the_launch_keeps_no_build_setting(monkeypatch):
+    # Two build settings reach every candidate the profile times. in_place: a decode step's cache writes run in place
+    # (a kernel stores them, codegen.store_through), or the profile times a copy of the whole cache per write.
+    # ordered_sums (PatchOptions.deterministic): cross-block sums in a fixed order, so a split-K μGraph wins only if it
+    # wins ordered. The ordering is the build's, not the launch's: the launch returned, which a cache stores, leaves
+    # it out.
     from types import SimpleNamespace
 
     from superopt.codegen.launch import Launch
@@ -315,24 +288,25 @@ def test_the_profile_times_ordered_sums_as_they_will_run_and_returns_the_launch_
     seen = []
 
     def fake_profile(ugraphs, inputs, configs, **kw):
-        seen.append(kw.get("ordered_sums"))
+        seen.append((kw.get("in_place"), kw.get("ordered_sums")))
         return [ProfileResult(i, g, {}, 1.0 + i) for i, g in enumerate(ugraphs)]
 
     monkeypatch.setattr(select, "profile_candidates", fake_profile)
     monkeypatch.setattr(select, "fits", lambda g, c: True)
-    select.Selector(torch.device("cpu"), workers=1, ordered_sums=True).pick(graphs, [])
-    assert seen and all(seen)
+    select.Selector(torch.device("cpu"), workers=1, in_place=("k_cache", "v_cache"), ordered_sums=True).pick(graphs, [])
+    assert seen and all(s == (("k_cache", "v_cache"), True) for s in seen)
 
     built = []
 
     def fake_compile(g, **kw):
-        built.append(kw.get("ordered_sums"))
+        built.append((kw.get("in_place"), kw.get("ordered_sums")))
         return SimpleNamespace(launch={"k0": Launch(2, 3, prefetch=True, ordered=True)})
     monkeypatch.setattr(profile, "compile_graph", fake_compile)
     monkeypatch.setattr(profile, "rotated_sets", lambda xs: [xs])
     monkeypatch.setattr(profile, "time_call", lambda *a, **kw: 5.0)
-    (r,) = profile.profile_candidates(graphs[:1], [torch.zeros(1)], configs=(None,), ordered_sums=True)
-    assert built == [True] and r.launch == {"k0": Launch(2, 3, prefetch=True)}
+    (r,) = profile.profile_candidates(graphs[:1], [torch.zeros(1)], configs=(None,), in_place=("k_cache",),
+                                      ordered_sums=True)
+    assert built == [(("k_cache",), True)] and r.launch == {"k0": Launch(2, 3, prefetch=True)}
 
 
 def test_a_job_that_kills_its_worker_is_found_and_the_others_still_run():
