@@ -7,7 +7,9 @@ the program itself (library kernels) the entry says nothing of why every fused d
 the same search (``search_candidates.site_program``, the budget ``patch()`` gives the Triton backend, the
 largest bucket) and the same profiler (``superopt.runtime.select.Selector``) on random inputs, and prints
 each candidate: its kernels' grids, the cost model's µs, the measured µs and launch, or the error that
-made it lose. Needs a CUDA GPU.
+made it lose. Cross-block sums are timed as ``patch()`` builds them: in a fixed order unless
+``MIRAGE_SERVE_DETERMINISTIC=0`` (``PatchOptions.deterministic``); run it both ways to see what the order costs a
+split-K candidate. Needs a CUDA GPU.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ def main() -> None:
 
     import torch
 
-    from mirage_serve import optimize
+    from mirage_serve import knobs, optimize
     from search_candidates import describe, site_program
     from superopt.runtime.dtypes import TORCH_DTYPES
     from superopt.runtime.profile import config_label
@@ -37,13 +39,14 @@ def main() -> None:
     cands = result.candidates()
     gen = torch.Generator().manual_seed(0)
     inputs = [torch.randn(v.type.shape, generator=gen).to("cuda", TORCH_DTYPES[v.type.dtype]) for v in program.inputs]
-    selector = Selector(torch.device("cuda"))
+    ordered = knobs.DETERMINISTIC.get()
+    selector = Selector(torch.device("cuda"), ordered_sums=ordered)
     try:
         ranked = selector.pick(cands, inputs)
     finally:
         selector.close()
     print(f"== {args.model} {args.program} at {args.batch} rows: {len(cands)} candidates, "
-          f"{sum(r.error is None for r in ranked)} ran")
+          f"{sum(r.error is None for r in ranked)} ran; cross-block sums {'ordered' if ordered else 'atomic adds'}")
     for r in ranked:
         tag = "  (the program unfused)" if r.ugraph == program else ""
         if r.error is None:
