@@ -317,7 +317,10 @@ def main() -> None:
             for msg in ex.map(functools.partial(warm_baseline, compile_mode=args.compile_mode), rows):
                 print(msg, flush=True)
         print(f"compiled the baselines ahead in {time.time() - t0:.0f} s", flush=True)
-    selector = Selector(torch.device("cuda"), workers=args.workers, pdl=not args.no_pdl)  # builds in workers
+    from mirage_serve import knobs
+    ordered = knobs.DETERMINISTIC.get()   # cross-block sums timed as patch() builds them (PatchOptions.deterministic)
+    selector = Selector(torch.device("cuda"), workers=args.workers, pdl=not args.no_pdl,  # builds in workers
+                        ordered_sums=ordered)
     for key in context_restart.load_refused(refused_path):
         selector.refuse(key, "it broke the CUDA context of an earlier run (benchmarks/context_restart.py)")
     bw = copy_bandwidth()
@@ -327,7 +330,8 @@ def main() -> None:
     head = [f"device: {props.name} ({props.multi_processor_count} SMs); torch {torch.__version__}, "
             f"triton {triton.__version__}, transformers {transformers.__version__}; "
             f"date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
-            f"copy bandwidth (read+write, 1 GiB D2D): {bw / 1e12:.2f} TB/s; torch.compile mode: {args.compile_mode}",
+            f"copy bandwidth (read+write, 1 GiB D2D): {bw / 1e12:.2f} TB/s; torch.compile mode: {args.compile_mode}; "
+            f"cross-block sums {'ordered' if ordered else 'atomic adds'} (MIRAGE_SERVE_DETERMINISTIC)",
             "", HEAD, "|" + "---|" * (HEAD.count("|") - 1)]
     print("\n".join(head), flush=True)
     lines = kept or list(head)  # a resumed run appends to the table it left
