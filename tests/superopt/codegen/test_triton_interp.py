@@ -17,21 +17,25 @@ def interp_errors() -> dict:
     return run_interpreted("-m", "tests.superopt.codegen.triton_interp_run")
 
 
+def _assert_close(interp_errors: dict, key: str, dtype: str) -> None:
+    """The run ``key`` of the interpreter process (``triton_interp_run``) ran, and its relative error against the
+    float64 program is within the dtype's tolerance."""
+    err = interp_errors[key]
+    assert not isinstance(err, str), err
+    assert math.isfinite(err) and err <= TOL[dtype], f"{key}: relative error {err:.3e}"
+
+
 @pytest.mark.parametrize("dtype", INTERP_DTYPES)
 @pytest.mark.parametrize("case", [c[0] for c in CASES])
 def test_interpreted_kernel_matches_float64(interp_errors, case, dtype):
-    err = interp_errors[f"{case}/{dtype}"]
-    assert not isinstance(err, str), err
-    assert math.isfinite(err) and err <= TOL[dtype], f"{case} {dtype}: relative error {err:.3e}"
+    _assert_close(interp_errors, f"{case}/{dtype}", dtype)
 
 
 @pytest.mark.parametrize("dtype", INTERP_DTYPES)
 @pytest.mark.parametrize("case", [c[0] for c in CASES])
 def test_prefetched_kernel_matches_float64(interp_errors, case, dtype):
     # loads issued one iteration ahead (a profiler launch variant): the same results
-    err = interp_errors[f"{case}/{dtype}/prefetch"]
-    assert not isinstance(err, str), err
-    assert math.isfinite(err) and err <= TOL[dtype], f"{case} {dtype} prefetch: relative error {err:.3e}"
+    _assert_close(interp_errors, f"{case}/{dtype}/prefetch", dtype)
 
 
 @pytest.mark.parametrize("case", [c[0] for c in CASES])
@@ -45,9 +49,7 @@ def test_bound_call_gives_the_plain_calls_outputs(interp_errors, case):
 @pytest.mark.parametrize("case", [c[0] for c in CASES])
 def test_paired_launch_matches_float64_for_both_instances(interp_errors, case, dtype):
     # two instances (shared first input, their own other inputs) in one launch (PairedGraph)
-    err = interp_errors[f"{case}/{dtype}/paired"]
-    assert not isinstance(err, str), err
-    assert math.isfinite(err) and err <= TOL[dtype], f"{case} {dtype} paired: relative error {err:.3e}"
+    _assert_close(interp_errors, f"{case}/{dtype}/paired", dtype)
 
 
 def test_site_pairing_takes_the_paired_launch_and_matches_the_separate_calls(interp_errors):
@@ -60,9 +62,7 @@ def test_site_pairing_takes_the_paired_launch_and_matches_the_separate_calls(int
 def test_chained_kernel_matches_float64(interp_errors, case, dtype):
     # the split kernel runs the combine in the last block of each group (ir.chain): one launch,
     # the same results; the bound call (a second launch) also checks that the counters were reset
-    err = interp_errors[f"{case}/{dtype}/chain"]
-    assert not isinstance(err, str), err
-    assert math.isfinite(err) and err <= TOL[dtype], f"{case} {dtype} chained: relative error {err:.3e}"
+    _assert_close(interp_errors, f"{case}/{dtype}/chain", dtype)
     assert interp_errors[f"{case}/{dtype}/chain/bound"] is True, interp_errors[f"{case}/{dtype}/chain/bound"]
 
 
@@ -72,15 +72,11 @@ def test_ordered_cross_block_sums_match_float64(interp_errors, case, dtype):
     # each block stores its part in a slot of its own and the tile's last block adds the slots in order
     # (compile_graph(ordered_sums=True), as PatchOptions.deterministic asks); the slots start poisoned, and the
     # bound call is a second launch on them: nothing resets them, every launch writes each before it is read
-    err = interp_errors[f"{case}/{dtype}/ordered"]
-    assert not isinstance(err, str), err
-    assert math.isfinite(err) and err <= TOL[dtype], f"{case} {dtype} ordered: relative error {err:.3e}"
+    _assert_close(interp_errors, f"{case}/{dtype}/ordered", dtype)
     assert interp_errors[f"{case}/{dtype}/ordered/bound"] is True, interp_errors[f"{case}/{dtype}/ordered/bound"]
 
 
 @pytest.mark.parametrize("dtype", INTERP_DTYPES)
 @pytest.mark.parametrize("case", sorted(set(SUMMED_CASES) & set(CHAIN_CASES)))
 def test_a_chained_split_k_producer_with_ordered_sums_matches_float64(interp_errors, case, dtype):
-    err = interp_errors[f"{case}/{dtype}/chain_ordered"]
-    assert not isinstance(err, str), err
-    assert math.isfinite(err) and err <= TOL[dtype], f"{case} {dtype} chained, ordered: relative error {err:.3e}"
+    _assert_close(interp_errors, f"{case}/{dtype}/chain_ordered", dtype)
