@@ -404,13 +404,14 @@ def _launch_stands(key, meta: dict, graph: KernelGraph, launch) -> bool:
     return launch is None or key.backend != "triton" or meta.get("render_sha256") == render_digest(graph, launch)
 
 
-def prefetch(program: KernelGraph, entry, key=None, pdl: bool = False, target=None, gpu: str = "") -> None:
+def prefetch(program: KernelGraph, entry, key=None, pdl: bool = False, target=None, gpu: str = "",
+             ordered_sums: bool = False) -> None:
     """Start verifying a cache entry's μGraph against ``program`` in the background
     (``verify_parallel.prefetch``); ``_hit``'s ``verify`` then collects the result instead of
     running the check. With a ``target`` (the GPU's ``GPUTarget``) and a launch ``_hit`` will keep,
     the kernels are compiled first in the same workers (``pdl``: dependent launch as the build
-    resolves it), so the build after a passed check compiles nothing (``gpu``: the GPU's name, whose
-    row of the entry ``_hit`` will run). Nothing is believed, run or stored here."""
+    resolves it; ``ordered_sums``: as ``PatchOptions.deterministic`` builds it), so the build after a passed check
+    compiles nothing (``gpu``: the GPU's name, whose row of the entry ``_hit`` will run). Nothing is believed, run or stored here."""
     try:
         stored = from_text(entry.ugraph_text)
         graph, _ = upcast(program, stored)   # what _hit will verify
@@ -422,7 +423,7 @@ def prefetch(program: KernelGraph, entry, key=None, pdl: bool = False, target=No
                 and _launch_stands(key, meta, stored, launch))
     except Exception:
         return   # _hit rejects it
-    job = (to_text(graph), launch, pdl, target) if kept and target is not None else None
+    job = (to_text(graph), launch, pdl, target, ordered_sums) if kept and target is not None else None
     verify_parallel.prefetch(program, graph, compile_job=job)
 
 

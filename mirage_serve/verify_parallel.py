@@ -118,12 +118,12 @@ def _parallel(program: KernelGraph, min_elements: int | None) -> bool:
     return large and cores() >= 2 and "fork" in multiprocessing.get_all_start_methods()
 
 
-def _compile(text: str, launch, pdl: bool, target) -> int | str:
+def _compile(text: str, launch, pdl: bool, target, ordered_sums: bool = False) -> int | str:
     """Worker: ``superopt.runtime.precompile`` (compiles, launches nothing); an error is only
     returned, since the build in the parent compiles whatever is not in Triton's cache."""
     try:
         from superopt.runtime.precompile import precompile
-        return precompile(text, launch, pdl, target)
+        return precompile(text, launch, pdl, target, ordered_sums)
     except Exception as e:
         return f"{type(e).__name__}: {e}"
 
@@ -181,7 +181,7 @@ def prefetch(program: KernelGraph, candidate: KernelGraph, min_elements: int | N
              compile_job: tuple | None = None) -> None:
     """Start ``check(program, candidate)`` in the pool without waiting (nothing for a small program,
     which ``check`` verifies in this process), after ``compile_job`` (``(μGraph text, launch, pdl,
-    GPUTarget)``: the candidate's kernels compiled into Triton's cache, nothing run; ``check`` waits
+    GPUTarget, ordered_sums)``: the candidate's kernels compiled into Triton's cache, nothing run; ``check`` waits
     for it too). Any failure to start it is left for ``check`` to meet."""
     key = (digest(program), digest(candidate))
     if key in _pending or candidate == program or not _parallel(program, min_elements):

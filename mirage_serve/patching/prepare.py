@@ -381,7 +381,8 @@ class Preparer:
         pdl, target = self._compile_target(device)
         for _, program, key, entry in self._entries(wrapper, site, sig):
             if entry is not None and not entry.signed:
-                optimize.prefetch(program, entry, key, pdl, target, backends.gpu_name(device))
+                optimize.prefetch(program, entry, key, pdl, target, backends.gpu_name(device),
+                                  self.options.deterministic)
 
     def cached_buckets(self, layer: torch.nn.Module, site: NormSite | ProjSite) -> tuple[int, ...]:
         """The call's buckets at which the cache (the user's or the shipped one) holds an entry for every part of

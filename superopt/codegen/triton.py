@@ -37,7 +37,7 @@ from ..ir import (DTYPE_BYTES, BlockGraph, Category, KernelGraph, Node, Variance
 from ..ir.chain import Chain, chains
 from .common import identifier
 from .counted import counting_kernel
-from .launch import Launch, Launches
+from .launch import Launch, Launches, rendering
 from .store_through import StoreThrough, stores_through
 from .triton_block import BlockWriter, deferred_sums, tile_mask
 
@@ -167,6 +167,20 @@ def render_triton(ugraph: KernelGraph, prefetch: frozenset[str] = frozenset(), p
     kernels = [spec for spec, _ in rendered.values()]
     parts += [text for _, text in rendered.values()]
     return TritonModule(base, "\n".join(parts), kernels, ugraph, pdl, stored, counting)
+
+
+def render_built(ugraph: KernelGraph, launch: Launches | None, ordered_sums: bool = False,
+                 **variants) -> tuple[TritonModule, Launches | None]:
+    """The module a build renders for ``ugraph`` at ``launch`` (``render_triton``'s ``variants``: pdl, in_place,
+    counted), and the launch it runs: with ``ordered_sums`` (``PatchOptions.deterministic``) every kernel that sums
+    across blocks is rendered and marked ordered (``with_ordered_sums``). ``compile_graph`` and the precompile of a
+    cache hit both render through here, so the binary compiled ahead is the one the build loads."""
+    module = render_triton(ugraph, **rendering(launch), **variants)
+    if ordered_sums and any(s.workspaces and not s.parts for s in module.kernels):
+        # every cross-block sum in a fixed order: the same inputs, the same bits, on every launch
+        launch = with_ordered_sums(module, launch)
+        module = render_triton(ugraph, **rendering(launch), **variants)
+    return module, launch
 
 
 def with_ordered_sums(module: TritonModule, launch: Launches | None) -> dict[str, Launch]:

@@ -37,8 +37,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..codegen.launch import Launch, ordered_sums, prefetched, rendering
-from ..codegen.triton import KernelSpec, render_triton, with_ordered_sums
+from ..codegen.launch import Launch, ordered_sums, prefetched
+from ..codegen.triton import KernelSpec, render_built, render_triton
 from ..ir import KernelGraph, check
 from ..ir.graph import VIEW_OPS
 from . import binaries as _binaries
@@ -92,12 +92,8 @@ class CompiledGraph:
         # here from the μGraph, never taken from a cache; ``binaries`` (a signed cache entry's) only
         # seed Triton's cache, which uses them where their hash matches this source.
         self.pdl = applies(self.device, pdl)
-        variants = dict(pdl=self.pdl, in_place=frozenset(self.in_place.values()), counted=counter)
-        self.module = render_triton(ugraph, **rendering(launch), **variants)
-        if ordered_sums and any(s.workspaces and not s.parts for s in self.module.kernels):
-            # every cross-block sum in a fixed order: the same inputs, the same bits, on every launch
-            launch = with_ordered_sums(self.module, launch)
-            self.module = render_triton(ugraph, **rendering(launch), **variants)
+        self.module, launch = render_built(ugraph, launch, ordered_sums, pdl=self.pdl,
+                                           in_place=frozenset(self.in_place.values()), counted=counter)
         # the call counter: advanced by this node's kernel (``codegen.counted``), or by an add after the graph
         self.counter, self.counting = counter, self.module.counting
         # scatters a kernel stores (store_through): their rows get no buffer, the scatters no launch

@@ -9,19 +9,19 @@ nothing. The source is rendered here from the μGraph, as ``compile_graph`` rend
 """
 from __future__ import annotations
 
-from ..codegen.launch import Launch, rendering
-from ..codegen.triton import render_triton
+from ..codegen.launch import Launch
+from ..codegen.triton import render_built
 from ..ir import from_text
 from .binaries import warmup
 from .build import load_module
 
 
-def precompile(text: str, launch: dict[str, Launch] | None, pdl: bool, target) -> int:
+def precompile(text: str, launch: dict[str, Launch] | None, pdl: bool, target, ordered_sums: bool = False) -> int:
     """Compile every kernel of the μGraph ``text`` as ``compile_graph(graph, launch=launch)`` with
-    dependent launch ``pdl`` (already resolved for the device) would on a GPU of ``target`` (a
-    ``GPUTarget``); the number of kernels Triton compiled (0: all were in its cache)."""
+    dependent launch ``pdl`` (already resolved for the device) and ``ordered_sums`` would on a GPU of ``target``
+    (a ``GPUTarget``); the number of kernels Triton compiled (0: all were in its cache)."""
     launch = {k: Launch.of(v) for k, v in (launch or {}).items()}
-    tm = render_triton(from_text(text), **rendering(launch), pdl=pdl)
+    tm, launch = render_built(from_text(text), launch, ordered_sums, pdl=pdl)
     if not tm.kernels:
         return 0
     return len(warmup(tm, load_module(tm), launch, target=target).compiled)

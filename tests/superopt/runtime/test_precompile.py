@@ -45,3 +45,35 @@ def test_compiled_in_a_worker_then_loaded(tmp_path, case):
     assert again == 0                  # ... and the parent's build of the same launch compiles none
     assert other_launch == kernels     # a launch the worker did not compile is compiled, not mistaken
     assert without_pdl == kernels
+
+
+ORDERED = r"""
+import sys
+from triton.backends.compiler import GPUTarget
+from superopt.codegen.triton import render_triton
+from superopt.ir import to_text
+from superopt.runtime.precompile import precompile
+from tests.superopt.codegen.triton_cases import build
+
+graph = build(sys.argv[1], "bfloat16").ugraph
+text, target = to_text(graph), GPUTarget("cuda", 90, 32)
+summing = sum(1 for k in render_triton(graph).kernels if k.workspaces)
+ordered = precompile(text, None, True, target, ordered_sums=True)   # as a deterministic patch precompiles a hit
+again = precompile(text, None, True, target, ordered_sums=True)
+atomic = precompile(text, None, True, target)
+print(len(render_triton(graph).kernels), summing, ordered, again, atomic)
+"""
+
+
+def test_a_deterministic_precompile_compiles_the_ordered_sums_the_build_will_load(tmp_path):
+    # PatchOptions.deterministic builds cross-block sums ordered (codegen.triton.render_built); the precompile of a
+    # cache hit renders through the same function, so it compiles those kernels, not the atomic ones no build loads
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "triton"))
+    env.pop("TRITON_INTERPRET", None)
+    out = subprocess.run([sys.executable, "-c", ORDERED, "two_way_sums"], env=env, capture_output=True, text=True,
+                         timeout=600, cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__)))))
+    assert out.returncode == 0, out.stderr[-3000:]
+    kernels, summing, ordered, again, atomic = map(int, out.stdout.split()[-5:])
+    assert summing >= 1
+    assert ordered == kernels and again == 0
+    assert atomic == summing           # the atomic form differs only in the kernels that sum across blocks
