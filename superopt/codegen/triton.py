@@ -173,24 +173,19 @@ def render_built(ugraph: KernelGraph, launch: Launches | None, ordered_sums: boo
                  **variants) -> tuple[TritonModule, Launches | None]:
     """The module a build renders for ``ugraph`` at ``launch`` (``render_triton``'s ``variants``: pdl, in_place,
     counted), and the launch it runs: with ``ordered_sums`` (``PatchOptions.deterministic``) every kernel that sums
-    across blocks is rendered and marked ordered (``with_ordered_sums``). ``compile_graph`` and the precompile of a
-    cache hit both render through here, so the binary compiled ahead is the one the build loads."""
+    across blocks is rendered and marked ``ordered`` (``Launch.ordered``), the others as they were.
+    ``compile_graph`` and the precompile of a cache hit both render through here, so the binary compiled ahead is
+    the one the build loads."""
     module = render_triton(ugraph, **rendering(launch), **variants)
     if ordered_sums and any(s.workspaces and not s.parts for s in module.kernels):
         # every cross-block sum in a fixed order: the same inputs, the same bits, on every launch
-        launch = with_ordered_sums(module, launch)
+        launch = {k: Launch.of(v) for k, v in (launch or {}).items()}
+        for s in module.kernels:
+            if s.workspaces:
+                launch[s.name] = dataclasses.replace(launch.get(s.name, Launch(s.num_warps, s.num_stages)),
+                                                     ordered=True)
         module = render_triton(ugraph, **rendering(launch), **variants)
     return module, launch
-
-
-def with_ordered_sums(module: TritonModule, launch: Launches | None) -> dict[str, Launch]:
-    """``launch`` with every kernel of ``module`` that sums across blocks marked ``ordered`` (``Launch.ordered``),
-    the others as they were."""
-    out = {k: Launch.of(v) for k, v in (launch or {}).items()}
-    for s in module.kernels:
-        if s.workspaces:
-            out[s.name] = dataclasses.replace(out.get(s.name, Launch(s.num_warps, s.num_stages)), ordered=True)
-    return out
 
 
 def _weights_to_l2(k: BlockWriter, node: Node, g: KernelGraph, written: frozenset[str]) -> None:
