@@ -14,7 +14,8 @@
 # the .log and .json files are moved into it, so a command that tars $OUT/*.log after this script packs nothing
 # and, named logs.tar, replaces the logs (session 33 lost two bench JSONs that way).
 set -u
-export PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
+ulimit -c 0  # a step cut off by its limit dumps its Python stacks (step below), not a core
 OUT=${OUT:?set OUT}
 export MIRAGE_SERVE_CACHE_DIR=${MIRAGE_SERVE_CACHE_DIR:-/tmp/ms_cache}
 [ -f cache.tar ] && tar -C / -xf cache.tar && echo "gpu_session: kernel cache restored from cache.tar"
@@ -33,7 +34,9 @@ step() {  # step NAME TIMEOUT CMD...
   local n=2 base=$name
   while [ -e "$OUT/$name.log" ]; do name=$base.$n; n=$((n + 1)); done  # a step run twice keeps both logs
   echo "=== $name (limit ${limit}s)"
-  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+  # SIGABRT, not SIGTERM: with PYTHONFAULTHANDLER every Python process of the step (pool workers too: timeout signals
+  # its whole process group) writes its threads' stacks into the log, so a hang says where it hung (rc still 124)
+  timeout -s ABRT -k 15 "$limit" "$@" >"$OUT/$name.log" 2>&1
   local rc=$?
   echo "--- $name rc=$rc in $((SECONDS - t0)) s"; tail -n 40 "$OUT/$name.log"
 }

@@ -28,10 +28,16 @@ per process, and reused: ``spawn`` and ``forkserver`` would run the user's main 
 worker (a script that calls ``patch()`` without an ``if __name__ == "__main__"`` guard would load its
 model once per worker). A forked worker only runs numpy; it never touches the parent's CUDA
 context (as PyTorch's DataLoader workers, forked from CUDA processes by default).
+
+A fork copies one thread of a process that may run several (CUDA's, the pool's own manager), so a lock another
+thread held at the fork stays held in the child, and a worker can hang on it forever (Python warns of it). Once
+no task of the pool has finished for ``STALL_SECONDS`` while a check waits on it, the check kills the pool and
+verifies in this process, as it does when a worker dies: patch() gets slower, never stuck.
 """
 from __future__ import annotations
 
 import atexit
+import concurrent.futures
 import dataclasses
 import math
 import multiprocessing
@@ -42,6 +48,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
 from superopt.ir import KernelGraph, digest
+from superopt.runtime.procs import kill_pool
 from superopt.verify import check_equivalent
 from superopt.verify.degree import trial_bound
 from superopt.verify.equivalence import check_inputs
@@ -51,9 +58,15 @@ TRIALS = 8               # the most trials a check runs (check_equivalent's defa
 MIN_TRIALS = 2           # never fewer: one trial's bound alone is not the quoted guarantee
 TARGET_BOUND = 1e-18     # Pr[a non-equivalent μGraph passes] every check reaches where ε allows
 MIN_ELEMENTS = 4_000_000  # input elements of the program below which one process is quicker
+STALL_SECONDS = 120.0    # no task of the pool finished for this long while a check waits: a worker is stuck
 
 _pool: ProcessPoolExecutor | None = None
 _pending: dict[tuple[str, str], "_Pending"] = {}   # prefetched checks, by (program, candidate) digest
+_last_done = 0.0   # time.perf_counter() when a task of the pool last finished
+
+
+class PoolStalled(RuntimeError):
+    """No task of the pool finished for ``STALL_SECONDS`` while a check waited on it."""
 
 
 def trials_for(eps: float) -> int:
@@ -101,11 +114,28 @@ def _get_pool() -> ProcessPoolExecutor:
 
 
 def _drop_pool() -> None:
+    """Kill the pool's workers (a stuck one never returns, and shutting down would wait for it) and forget it."""
     global _pool
     if _pool is not None:
-        _pool.shutdown(wait=False, cancel_futures=True)
+        kill_pool(_pool)
         _pool = None
     _pending.clear()
+
+
+def _note_done(_future) -> None:
+    global _last_done
+    _last_done = time.perf_counter()
+
+
+def _wait(futures: list, since: float) -> None:
+    """Wait until every future is done; ``PoolStalled`` when no task of the pool has finished for ``STALL_SECONDS``
+    (counted from ``since``, the check's submission, at the latest), however busy the pool is with other checks."""
+    waiting = [f for f in futures if not f.done()]
+    while waiting:
+        _, waiting = concurrent.futures.wait(waiting, timeout=min(10.0, STALL_SECONDS))
+        idle = time.perf_counter() - max(_last_done, since)
+        if waiting and idle > STALL_SECONDS:
+            raise PoolStalled(f"no verification task finished in {idle:.0f} s")
 
 
 def _task(program: KernelGraph, candidate: KernelGraph, seed: int, trials: int, float_check: bool):
@@ -140,16 +170,16 @@ class _Pending:
         self.compiling = pool.submit(_compile, *compile_job) if compile_job else None
         self.futures = [pool.submit(_task, program, candidate, i, 1, False) for i in range(self.trials)]
         self.futures.append(pool.submit(_task, program, candidate, 0, 0, True))
+        for f in self.futures + [self.compiling] * bool(compile_job):
+            f.add_done_callback(_note_done)
 
     def result(self):
-        if self.compiling is not None:   # done before the build that wants its binaries
-            try:
-                self.compiling.result()
-            except Exception:   # the build compiles instead
-                pass
         try:
+            if self.compiling is not None:   # done before the build that wants its binaries (a failed
+                _wait([self.compiling], self.t0)   # compile is not read: the build compiles instead)
+            _wait(self.futures, self.t0)
             verdicts = [f.result() for f in self.futures]
-        except (BrokenProcessPool, OSError) as e:   # a worker killed (out of memory), no processes left
+        except (BrokenProcessPool, OSError, PoolStalled) as e:   # a worker killed (out of memory) or stuck
             _drop_pool()
             warnings.warn(f"mirage_serve: verification workers failed ({type(e).__name__}: {e}); verifying "
                           "in this process", RuntimeWarning, stacklevel=3)

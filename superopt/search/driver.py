@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import time
+import warnings
 from dataclasses import dataclass, field, replace
 
 from ..abstract import NotNormalizable, Unsupported, analyze
@@ -290,6 +291,17 @@ def _budget_key(budget: SearchBudget) -> dict:
     return log
 
 
+# A forked worker can hang for good on a lock another thread of the parent held at the fork (CUDA's, a pool's
+# manager). Every block search returns soon after the deadline (it checks the clock every 1024 states), so the
+# parent waits this much longer for each, then goes on with what came back.
+STALL_GRACE_S = 60.0
+
+
+def _patience(deadline: float) -> float | None:
+    """Seconds to wait for the next block search from the pool (None: no deadline, wait as long as it takes)."""
+    return None if deadline == float("inf") else max(0.0, deadline - time.time()) + STALL_GRACE_S
+
+
 def _search(program, index, patterns, budget, deadline, ckpt, stats, whole_exp=False) -> list:
     """One block search per search key (``skeleton.search_key``), retargeted to every pattern."""
     keys = list(dict.fromkeys(search_key(p) for p in patterns))
@@ -304,8 +316,18 @@ def _search(program, index, patterns, budget, deadline, ckpt, stats, whole_exp=F
         else:
             todo.append((program, index, p, budget, cap, deadline, whole_exp))
     if budget.workers > 1 and len(todo) > 1:
-        with mp.get_context("fork").Pool(budget.workers) as pool:
-            for out in pool.imap(_job, todo):
+        with mp.get_context("fork").Pool(budget.workers) as pool:  # its exit kills the workers, a stuck one too
+            outs = pool.imap(_job, todo)
+            for done in range(len(todo)):
+                try:
+                    out = outs.next(timeout=_patience(deadline))
+                except mp.TimeoutError:
+                    why = (f"{len(todo) - done} of {len(todo)} block searches not back {STALL_GRACE_S:.0f} s after "
+                           "the search's deadline (a stuck worker): skipped")
+                    warnings.warn(f"superopt search: {why}", RuntimeWarning, stacklevel=2)
+                    stats.time_budget_hit = True
+                    stats.fallback_reasons.append(why)
+                    break
                 _take(out, results, ckpt, stats)
     else:
         for job in todo:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 from superopt.ir import from_text, to_text
@@ -37,6 +38,40 @@ def test_a_broken_pool_falls_back_to_this_process(monkeypatch):
         v = verify_parallel.check(fx.program, fx.ugraph, min_elements=0)
     assert v.equivalent and v.trials_run == verify_parallel.trials_for(v.per_trial_bound)
     assert verify_parallel._pool is None
+
+
+def _hang(*args):
+    time.sleep(90)   # a forked worker stuck on a lock another thread of its parent held at the fork (bounded:
+                     # without the stall guard this test fails after 90 s instead of hanging the suite)
+
+
+def test_a_stuck_worker_is_killed_and_the_check_runs_in_this_process(monkeypatch):
+    fx = FIXTURES["rmsnorm_matmul"](dtype="float32", rows=3, hidden=90, out=70)
+    verify_parallel._drop_pool()
+    monkeypatch.setattr(verify_parallel, "_task", _hang)
+    monkeypatch.setattr(verify_parallel, "STALL_SECONDS", 2.0)
+    pool = verify_parallel._get_pool()
+    pool.submit(int).result()   # its workers started
+    workers = list(pool._processes.values())
+    t0 = time.perf_counter()
+    with pytest.warns(RuntimeWarning, match="PoolStalled.*verifying in this process"):
+        v = verify_parallel.check(fx.program, fx.ugraph, min_elements=0)
+    assert time.perf_counter() - t0 < 30
+    assert v.equivalent and v.trials_run == verify_parallel.trials_for(v.per_trial_bound)
+    assert verify_parallel._pool is None
+    deadline = time.time() + 10
+    while any(_running(w.pid) for w in workers) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not [w.pid for w in workers if _running(w.pid)]   # killed, not left sleeping
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not exited (a zombie has; /proc, as the pool's killer reads it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def test_trials_reach_the_target_bound():

@@ -90,6 +90,26 @@ def test_workers_give_the_same_result():
     assert [to_text(g) for g, _ in a.ranked] == [to_text(g) for g, _ in b.ranked]
 
 
+def _stuck(args):
+    time.sleep(90)   # a forked worker stuck on a lock held at the fork (bounded: a regression fails, not hangs)
+
+
+def test_a_stuck_search_worker_costs_the_grace_not_the_patch(monkeypatch):
+    from dataclasses import replace
+
+    from superopt.search import driver
+    fx = FIXTURES["rmsnorm_matmul"](rows=3, hidden=96, out=80)
+    monkeypatch.setattr(driver, "_job", _stuck)
+    monkeypatch.setattr(driver, "STALL_GRACE_S", 1.0)
+    t0 = time.perf_counter()
+    with pytest.warns(RuntimeWarning, match="block searches not back"):
+        r = superoptimize(fx.program, budget=replace(states_budget(40_000, workers=2), max_seconds=2))
+    assert time.perf_counter() - t0 < 30
+    assert r.stats.searches > 1 and r.stats.time_budget_hit
+    assert any("a stuck worker" in why for why in r.stats.fallback_reasons)
+    assert check_equivalent(fx.program, r.best).equivalent   # the verified unfused program, not nothing
+
+
 def _search_forever(path):
     fx = FIXTURES["qknorm"](batch=1, q_len=16, head_dim=8, kv_len=128)
     superoptimize(fx.program, budget=BUDGET, checkpoint=path)
