@@ -2,7 +2,8 @@
 # One device call: the integrated GPU checks, each step time-boxed, logs under $OUT.
 #   bash benchmarks/gpu_session.sh STEP [STEP ...]      (steps below; $OUT must be set)
 # Steps: tests | kernel-tests | decode-tests (each one call) | tests-pdl | pytest | attn-choice | registry | warm-patch | trust-patch | cold | overhead | alone-rounds | alone | decode-qwen | decode-llama | decode-qwen3 | {nopdl,unpaired,unfused}-{qwen,llama,qwen3} | profile-qwen | profile-llama | profile-qwen3 | profile-floor | profile-attn | sweep-attn | probe-chain | probe-behind (BEHIND_ARGS: its flags) | probe-gemv | probe-persistent (PERSISTENT: MODEL:BATCH ...; PERSISTENT_ARGS: the probe's flags) |
-# blocks | research | unship | warm | bench | diagnose | ab. Every step's limit is cut to what is left before DEADLINE (default 560 s: a device command may run 600 s,
+# blocks | research | unship | warm | bench | diagnose | ab | candidates (CANDIDATES: MODEL:PROGRAM:BATCH ...; run it with
+# MIRAGE_SERVE_DETERMINISTIC=0 too to see what ordered sums cost each split-K candidate). Every step's limit is cut to what is left before DEADLINE (default 560 s: a device command may run 600 s,
 # and the tars at the end need a few seconds); a step with under 20 s left is skipped.
 # (environment: MIRAGE_SERVE_PDL, MIRAGE_SERVE_PAIRED_LAUNCH, MIRAGE_SERVE_FUSED_RESIDUAL, NEW_TOKENS, LLAMA_BATCH, BASELINES; overhead: OVERHEAD (MODEL:BATCH ...); unship: UNSHIP (MODEL:LABELS ..., shipped entries to delete in this copy, so later steps search them); warm: WARM_MODELS, WARM_BATCH; it leaves $OUT/shipped.tar,
 # entries in kernels_cache/ form to untar into the repo's kernels_cache/; blocks: BLOCKS_LIMIT (s, default 400), BLOCKS_SUITE (llama, paper, all), BLOCKS_ONLY (substrings of "LABEL DTYPE"), BLOCKS_DTYPES (bfloat16,float16: every suite in each), BLOCKS_WORKERS (build processes, default 12), BLOCKS_PDL (1; 0: candidates built without programmatic dependent launch); attn-choice: ATTN_MODEL, ATTN_BATCH ("1 8"), ATTN_PROMPT; sweep-attn: SWEEP_ARGS (sweep_attention.py flags); profile-floor: PROFILE_MODELS, PROFILE_BATCH ("1 8"), PROFILE_ATTENTION (hand-written), PROFILE_PDL (1; 0: per-kernel times without the overlap), a trace_MODEL_bB.json.gz each for profile_decode_step.py --from-trace; bench: BENCH_MODELS, BENCH_BATCH (default 1,8), BENCH_BASELINES (default static-compile), BENCH_LIMIT (s a model, default 420), a JSON a model and run; pytest: PYTEST_TARGETS, the GPU tests to run, PYTEST_LIMIT (s, default 420: the patch, fast-loop and runner GPU files take about 290 s on a cold machine); ab: AB_MODELS, AB_A (the other tree's directory, e.g. a `git archive` inside the carried folder; default this tree), AB_B_ENV (NAME=VALUE settings of B's runs, e.g. MIRAGE_SERVE_LM_HEAD=1), AB_BATCH (1), AB_ROUNDS (2), AB_TIMEOUT (s a run, default 120; a run that searches and verifies a new program needs more), AB_LIMIT (s, default 500): bench runs of that tree and this one in turn (benchmarks/ab_trees.py)). The kernel cache is $MIRAGE_SERVE_CACHE_DIR
@@ -129,6 +130,11 @@ while [ $# -gt 0 ]; do
                         step "persistent_${mb%%:*}_b${mb##*:}" 200 env PYTHONPATH="$PWD" \
                           python benchmarks/probe_persistent_layers.py "${mb%%:*}" --batch "${mb##*:}" ${PERSISTENT_ARGS:-}
                       done ;;
+    candidates) for ms in ${CANDIDATES:?set CANDIDATES to MODEL:PROGRAM:BATCH ...}; do  # every candidate a site's search
+                  IFS=: read -r m prog b <<<"$ms"                                   # offers, timed (and its launches)
+                  step "candidates_${m}_${prog}_b$b" 150 python benchmarks/profile_site_candidates.py "$m" "$prog" \
+                    --batch "$b" --tried
+                done ;;
     probe-gemv) step probe_gemv_qkv 150 env PYTHONPATH="$PWD" python benchmarks/probe_gemv_ceiling.py --n 6144 --k 4096
                 step probe_gemv_o 150 env PYTHONPATH="$PWD" python benchmarks/probe_gemv_ceiling.py --n 4096 --k 4096 ;;
     research) export MIRAGE_SERVE_RESEARCH=1  # every later step's patch() searches the shipped programs
