@@ -37,7 +37,6 @@ verifies in this process, as it does when a worker dies: patch() gets slower, ne
 from __future__ import annotations
 
 import atexit
-import concurrent.futures
 import dataclasses
 import math
 import multiprocessing
@@ -48,7 +47,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
 from superopt.ir import KernelGraph, digest
-from superopt.runtime.procs import kill_pool
+from superopt.runtime.procs import kill_pool, wait_unstalled
 from superopt.verify import check_equivalent
 from superopt.verify.degree import trial_bound
 from superopt.verify.equivalence import check_inputs
@@ -127,17 +126,6 @@ def _note_done(_future) -> None:
     _last_done = time.perf_counter()
 
 
-def _wait(futures: list, since: float) -> None:
-    """Wait until every future is done; ``PoolStalled`` when no task of the pool has finished for ``STALL_SECONDS``
-    (counted from ``since``, the check's submission, at the latest), however busy the pool is with other checks."""
-    waiting = [f for f in futures if not f.done()]
-    while waiting:
-        _, waiting = concurrent.futures.wait(waiting, timeout=min(10.0, STALL_SECONDS))
-        idle = time.perf_counter() - max(_last_done, since)
-        if waiting and idle > STALL_SECONDS:
-            raise PoolStalled(f"no verification task finished in {idle:.0f} s")
-
-
 def _task(program: KernelGraph, candidate: KernelGraph, seed: int, trials: int, float_check: bool):
     return check_equivalent(program, candidate, trials=trials, seed=seed, float_check=float_check)
 
@@ -175,9 +163,11 @@ class _Pending:
 
     def result(self):
         try:
-            if self.compiling is not None:   # done before the build that wants its binaries (a failed
-                _wait([self.compiling], self.t0)   # compile is not read: the build compiles instead)
-            _wait(self.futures, self.t0)
+            # the compile first: done before the build that wants its binaries (a failed compile is not read: the
+            # build compiles instead); a pool where no task of any check finished for STALL_SECONDS is stuck
+            for futures in ([self.compiling] if self.compiling else [], self.futures):
+                if wait_unstalled(futures, STALL_SECONDS, lambda: _last_done):
+                    raise PoolStalled(f"no verification task finished in {STALL_SECONDS:.0f} s")
             verdicts = [f.result() for f in self.futures]
         except (BrokenProcessPool, OSError, PoolStalled) as e:   # a worker killed (out of memory) or stuck
             _drop_pool()

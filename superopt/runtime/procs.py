@@ -1,4 +1,5 @@
-"""Kill a build worker together with the compilers it started, so an interrupt leaves nothing running.
+"""Kill a build worker together with the compilers it started, so an interrupt leaves nothing running; and wait for
+a pool's jobs without being held for good by a worker that never returns (``wait_unstalled``).
 
 A Triton build runs ``ptxas`` as a child of whichever process builds. When that process is a
 worker (a spawn pool's, or a test's subprocess) and its parent is interrupted, the usual clean-up
@@ -15,7 +16,9 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-from concurrent.futures import ProcessPoolExecutor
+import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from typing import Callable
 
 
 def _parents() -> dict[int, int]:
@@ -86,3 +89,20 @@ def kill_pool(pool: ProcessPoolExecutor) -> None:
         if w.pid is not None and w.exitcode is None:
             kill_tree(w.pid)
     pool.shutdown(wait=False, cancel_futures=True)
+
+
+def wait_unstalled(futures: list, stall_s: float, last_progress: Callable[[], float] | None = None) -> set[int]:
+    """Wait for ``futures``; the indices of those still not done once nothing has progressed for ``stall_s``
+    (progress: one of them finishing, or the ``time.perf_counter()`` that ``last_progress`` returns moving on, e.g.
+    another caller's task of the same pool finishing). A worker stuck for good (a lock held at a fork, a compiler
+    that loops) then costs ``stall_s``, not the caller's life."""
+    waiting, last = set(futures), time.perf_counter()
+    while waiting:
+        done, waiting = wait(waiting, timeout=min(10.0, stall_s), return_when=FIRST_COMPLETED)
+        if done:
+            last = time.perf_counter()
+        if last_progress is not None:
+            last = max(last, last_progress())
+        if waiting and time.perf_counter() - last > stall_s:
+            break
+    return {i for i, f in enumerate(futures) if f in waiting}

@@ -19,6 +19,9 @@ error is sticky, every later CUDA call of that process fails): the worker then e
 the worker reported the error and went on, and the caller then timed the candidate itself: in the
 thirtieth session a searched GQA b8 candidate took down the block benchmark's context, most likely
 that way (its workers had launched every candidate first, at the same launches and shapes).
+A build that never ends (a compiler that loops, a launch that hangs the worker's GPU stream) is found the same
+way: when no build has finished for ``BUILD_STALL_S``, the pool is killed and the unfinished builds run one at a
+time, each given ``BUILD_STALL_S``; the one that runs past it is refused, so a pick gets slower, never stuck.
 """
 from __future__ import annotations
 
@@ -49,6 +52,13 @@ SWEEP_TOP = 3  # candidates whose launch configurations are swept after the firs
 # candidates the ninth session's block benchmark timed at every launch, these three came within
 # 10% of each one's best (26 within 5%); default and 2 warps alone: within 41% (20 within 5%).
 PROBE = (None, Launch(2, 3), Launch(4, 3, prefetch=True))
+
+
+# No build finished for this long: the running ones are stuck. A build is a Triton compile (seconds) and one launch;
+# the slowest the search's designs took, before the register cap (superopt.ir.registers), was 143 s.
+BUILD_STALL_S = 180.0
+CRASHED = "killed its worker process (a compiler crash, or a CUDA error that breaks the context)"
+STUCK = "ran past {:.0f} s alone in its worker (a compiler that loops, or a launch that hangs)"  # .format(stall)
 
 
 def default_workers() -> int:
@@ -119,11 +129,10 @@ class Selector:
         specs = [(tuple(t.shape), str(t.dtype).removeprefix("torch.")) for t in inputs]
         index = self.device.index if self.device.index is not None else torch.cuda.current_device()
         args = [(to_text(g), c, specs, index, self.pdl, self.in_place, self.ordered_sums) for g, c in jobs]
-        self._pool, crashed = map_isolating_crashes(self._pool, self._new_pool, _build_once, args)
-        for i in crashed:
+        self._pool, failed = map_isolating_crashes(self._pool, self._new_pool, _build_once, args)
+        for i, why in failed.items():
             text, c = args[i][:2]
-            self._refused[launch_key(text, c)] = ("the build or its one launch killed its worker process (a compiler "
-                                                  "crash, or a CUDA error that breaks the context)")
+            self._refused[launch_key(text, c)] = f"the build or its one launch {why}"
 
     def _new_pool(self) -> ProcessPoolExecutor:
         return ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"))
@@ -157,33 +166,37 @@ class _StageClock:
 
 
 def map_isolating_crashes(pool: ProcessPoolExecutor, new_pool: Callable[[], ProcessPoolExecutor],
-                          fn: Callable, jobs: Sequence) -> tuple[ProcessPoolExecutor, set[int]]:
-    """Run ``fn`` over ``jobs`` in ``pool``; returns the pool to use from now on and the indices of
-    the jobs that killed their worker process. When one worker dies the pool breaks and every job
-    not yet finished fails with it: those are run again one at a time, each in a fresh pool after a
-    crash, so only the jobs that crash a process of their own are blamed. An exception here
-    (KeyboardInterrupt included) kills the workers and the compilers they started before it
-    propagates, rather than leaving them building."""
+                          fn: Callable, jobs: Sequence, stall_s: float | None = None
+                          ) -> tuple[ProcessPoolExecutor, dict[int, str]]:
+    """Run ``fn`` over ``jobs`` in ``pool``; returns the pool to use from now on and, by index, why each job that
+    did not finish failed (``CRASHED``: it killed its worker process; ``STUCK``: alone, it ran past ``stall_s``,
+    default ``BUILD_STALL_S``). When a worker dies the pool breaks and every job not yet finished fails with it;
+    when no job finishes for ``stall_s`` the pool is killed. Either way the unfinished jobs are run again one at a
+    time, each in a fresh pool after a failure, so only a job that fails on its own is blamed. An exception here
+    (KeyboardInterrupt included) kills the workers and the compilers they started before it propagates, rather
+    than leaving them building."""
+    stall_s = BUILD_STALL_S if stall_s is None else stall_s
     try:
         futures = [pool.submit(fn, job) for job in jobs]
-        unfinished = []
+        unfinished = procs.wait_unstalled(futures, stall_s)
         for i, f in enumerate(futures):
-            try:
-                f.result()
-            except BrokenProcessPool:
-                unfinished.append(i)
-        crashed: set[int] = set()
+            if i not in unfinished and isinstance(f.exception(), BrokenProcessPool):
+                unfinished.add(i)
+        failed: dict[int, str] = {}
         broken = bool(unfinished)
-        for i in unfinished:
+        for i in sorted(unfinished):
             if broken:
-                pool.shutdown(cancel_futures=True)
+                procs.kill_pool(pool)   # a stuck worker would never let a plain shutdown return
                 pool, broken = new_pool(), False
-            try:
-                pool.submit(fn, jobs[i]).result()
-            except BrokenProcessPool:
-                crashed.add(i)
-                broken = True
-        return pool, crashed
+            alone = pool.submit(fn, jobs[i])
+            if procs.wait_unstalled([alone], stall_s):
+                failed[i], broken = STUCK.format(stall_s), True
+            elif isinstance(alone.exception(), BrokenProcessPool):
+                failed[i], broken = CRASHED, True
+        if broken:
+            procs.kill_pool(pool)
+            pool = new_pool()
+        return pool, failed
     except BaseException:
         procs.kill_pool(pool)  # the pool in use now (a crash may have replaced the one passed in)
         raise

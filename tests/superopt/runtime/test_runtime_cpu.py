@@ -319,17 +319,42 @@ def test_a_job_that_kills_its_worker_is_found_and_the_others_still_run():
     import os
     from concurrent.futures import ProcessPoolExecutor
 
-    from superopt.runtime.select import map_isolating_crashes
+    from superopt.runtime.select import CRASHED, map_isolating_crashes
 
     def new_pool():
         return ProcessPoolExecutor(2, mp_context=mp.get_context("spawn"))
 
     die = functools.partial(os._exit, 3)
     jobs = [int, die, int, die, int]
-    pool, crashed = map_isolating_crashes(new_pool(), new_pool, operator.call, jobs)
+    pool, failed = map_isolating_crashes(new_pool(), new_pool, operator.call, jobs)
     try:
-        assert crashed == {1, 3}
+        assert failed == {1: CRASHED, 3: CRASHED}
         assert pool.submit(operator.call, int).result() == 0  # the pool handed back works
+    finally:
+        pool.shutdown()
+
+
+def test_a_job_that_never_ends_is_blamed_alone_and_the_pick_goes_on():
+    # a build whose compiler loops or whose launch hangs the worker's stream: before, the parent waited forever
+    import functools
+    import multiprocessing as mp
+    import operator
+    import time
+    from concurrent.futures import ProcessPoolExecutor
+
+    from superopt.runtime.select import STUCK, map_isolating_crashes
+
+    def new_pool():
+        return ProcessPoolExecutor(2, mp_context=mp.get_context("spawn"))
+
+    hang = functools.partial(time.sleep, 120)   # bounded: without the guard the test fails, not the suite
+    jobs = [int, hang, int, int, int]
+    t0 = time.perf_counter()
+    pool, failed = map_isolating_crashes(new_pool(), new_pool, operator.call, jobs, stall_s=3.0)
+    try:
+        assert failed == {1: STUCK.format(3.0)}
+        assert time.perf_counter() - t0 < 60
+        assert pool.submit(operator.call, int).result() == 0
     finally:
         pool.shutdown()
 
