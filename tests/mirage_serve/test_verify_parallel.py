@@ -70,7 +70,7 @@ def _running(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as fh:
             return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
+    except OSError:   # gone before the open, or between the open and the read (ProcessLookupError)
         return False
 
 
