@@ -93,7 +93,8 @@ class PatchReport:
         lines += [f"μGraph source {n}" for n in notes]
         profiled = {k: p for s in self.sites for k, p in s.profile.items()}
         lines += [f"profiled {k}: {p}" for k, p in sorted(profiled.items())]
-        lines += [n for n in (self.block_sums_note(),) if n]
+        if note := self.block_sums_note():
+            lines.append(note)
         lines.append(self.counts())
         return "\n".join(lines)
 

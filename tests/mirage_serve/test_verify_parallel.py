@@ -7,6 +7,7 @@ import time
 import pytest
 from superopt.ir import from_text, to_text
 from superopt.verify import check_equivalent
+from tests.fixtures.procs import gone
 from tests.fixtures.ugraphs import FIXTURES
 
 from mirage_serve import verify_parallel
@@ -59,19 +60,7 @@ def test_a_stuck_worker_is_killed_and_the_check_runs_in_this_process(monkeypatch
     assert time.perf_counter() - t0 < 30
     assert v.equivalent and v.trials_run == verify_parallel.trials_for(v.per_trial_bound)
     assert verify_parallel._pool is None
-    deadline = time.time() + 10
-    while any(_running(w.pid) for w in workers) and time.time() < deadline:
-        time.sleep(0.1)
-    assert not [w.pid for w in workers if _running(w.pid)]   # killed, not left sleeping
-
-
-def _running(pid: int) -> bool:
-    """Whether ``pid`` is a process that has not exited (a zombie has; /proc, as the pool's killer reads it)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:   # gone before the open, or between the open and the read (ProcessLookupError)
-        return False
+    assert all(gone(w.pid) for w in workers)   # killed, not left sleeping
 
 
 def test_trials_reach_the_target_bound():

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.procs import gone
+
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists() or not hasattr(signal, "setitimer"),
                                 reason="needs Linux /proc and interval timers")
 
@@ -45,20 +47,6 @@ def interrupt_once_written(pid_file: Path):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
-
-
-def gone(pid: int, within: float = 10.0) -> bool:
-    """Has ``pid`` exited (no process, or a zombie nobody has reaped yet) within ``within`` seconds?"""
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except (FileNotFoundError, ProcessLookupError):  # the process may vanish between open and read
-            return True
-        if stat[stat.rindex(")") + 2] == "Z":
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def _cleanup(pid_file: Path) -> None:
