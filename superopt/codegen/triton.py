@@ -22,6 +22,11 @@ round to the output's dtype. Shapes, strides and offsets are baked in as constan
 static), which lets Triton prove alignment and issue 16-byte vector loads. Tiles are padded to
 Triton's extents (``ir.padding``); masks keep padding out of reductions, dots and stores.
 
+A decode GEMV's dot has few rows (M ≤ 16). Summed over the loop it is written transposed, (W·xᵀ)ᵀ, where the
+weight tile has 64+ rows, so the weight rows fill a warpgroup MMA (``triton_block._swapped_accums``); two
+such dots on one operand whose weight tiles have fewer rows each but 64+ together (a gated MLP's gate and up)
+load the two tiles as one and run one dot (``triton_block._stacked_pairs``).
+
 Library ops are not rendered: the runtime runs them as torch calls. This module imports no
 triton and no torch; it only writes text.
 """
@@ -344,9 +349,16 @@ def _emit_block(k: BlockWriter, node: Node, g: KernelGraph, stores: list[str], a
         if var[n.out.name] == Variance.PRE:
             k.node(n, 1)
     deferred = deferred_sums(b, var, k.fma)
+    stacked = {pair[0].out.name: pair for pair in k.stacked}  # a pair's sum lives under its first accumulator
+    in_pairs = {n.out.name for pair in k.stacked for n in pair}
     for n in accums:
         init = '-float("inf")' if n.op == "accum_max" else "0.0"
-        if n.out.name in deferred:
+        if n.out.name in stacked:
+            rows, cols = k.pad[n.out.name]
+            k.emit(f"{k.name(n.out.name)}_st = tl.full([{2 * cols}, {rows}], 0.0, tl.float32)", 1)
+        elif n.out.name in in_pairs:
+            continue
+        elif n.out.name in deferred:
             r = deferred[n.out.name]
             shape = k.fma_shape(r) if r.op == "matmul" else list(k.pad[r.args[0]])
             k.emit(f"{k.name(n.out.name)}_el = tl.full({shape}, 0.0, tl.float32)", 1)
@@ -355,11 +367,15 @@ def _emit_block(k: BlockWriter, node: Node, g: KernelGraph, stores: list[str], a
         else:
             k.emit(f"{k.name(n.out.name)} = tl.full({list(k.pad[n.out.name])}, {init}, tl.float32)", 1)
     rescaled_by = {n.args[1] for n in accums if n.op == "accum_sum_rescaled"}
-    looped = [inp for inp in b.inputs if inp.fmap != -1]
-    prefetch = prefetch and b.forloop > 1 and bool(looped)
+    pair_weights = {w.value.name for pair in k.stacked for w in k.stacked_weights(pair)}
+    looped = [inp for inp in b.inputs if inp.fmap != -1 and inp.value.name not in pair_weights]
+    tiles = {name: f"{k.name(name)}_w" for name in stacked}  # each pair's two weight tiles, loaded as one
+    prefetch = prefetch and b.forloop > 1 and bool(looped or stacked)
     if prefetch:
         for inp in looped:
             k.load(inp, arg_shapes[inp.source], 1, it="0", dst=f"{k.name(inp.value.name)}_next")
+        for name, pair in stacked.items():
+            k.emit(f"{tiles[name]}_next = {k.stacked_load(pair, arg_shapes, '0')}", 1)
     ind = 1
     if b.forloop > 1:
         k.emit(f"for i in range({b.forloop}):", 1)
@@ -373,9 +389,21 @@ def _emit_block(k: BlockWriter, node: Node, g: KernelGraph, stores: list[str], a
             k.load(inp, arg_shapes[inp.source], ind, it=f"((i + 1) % {b.forloop})", dst=f"{v}_next")
         else:
             k.load(inp, arg_shapes[inp.source], ind)
+    for name, pair in stacked.items():
+        if prefetch:
+            k.emit(f"{tiles[name]} = {tiles[name]}_next", ind)
+            k.emit(f"{tiles[name]}_next = {k.stacked_load(pair, arg_shapes, f'((i + 1) % {b.forloop})')}", ind)
+        else:
+            k.emit(f"{tiles[name]} = {k.stacked_load(pair, arg_shapes, 'i' if b.forloop > 1 else '0')}", ind)
     skipped = {r.out.name for r in (*deferred.values(), *k.swapped.values())}
+    skipped |= {k.producer[n.args[0]].out.name for n in (m for pair in k.stacked for m in pair)}
     for n in b.nodes:
-        if n.out.name in deferred:
+        if n.out.name in stacked:
+            acc = f"{k.var[n.out.name]}_st"
+            k.emit(f"{acc} = {acc} + {k.stacked_dot(stacked[n.out.name], tiles[n.out.name])}", ind)
+        elif n.out.name in in_pairs:
+            continue
+        elif n.out.name in deferred:
             acc, r = f"{k.var[n.out.name]}_el", deferred[n.out.name]
             term = k.fma_product(r) if r.op == "matmul" else k.f32(r.args[0])
             k.emit(f"{acc} = {acc} + {term}", ind)
@@ -396,6 +424,12 @@ def _emit_block(k: BlockWriter, node: Node, g: KernelGraph, stores: list[str], a
         k.emit(f"{k.var[name]} = tl.sum({x}, axis={dim}, keep_dims={bool(r.attr('keepdim'))})", 1)
     for name in k.swapped:
         k.emit(f"{k.var[name]} = tl.trans({k.var[name]}_t)", 1)
+    for name, (first, second) in stacked.items():  # rows [0, N) the first product's, [N, 2N) the second's
+        rows, cols = k.pad[name]
+        st = f"{k.var[name]}_st"
+        k.emit(f"{st}_a, {st}_b = tl.split(tl.permute(tl.reshape({st}, [2, {cols}, {rows}]), (1, 2, 0)))", 1)
+        k.emit(f"{k.var[name]} = tl.trans({st}_a)", 1)
+        k.emit(f"{k.name(second.out.name)} = tl.trans({st}_b)", 1)
     for n in b.nodes:
         if var[n.out.name] == Variance.POST and op_info(n.op).category is not Category.ACCUM:
             k.node(n, 1)

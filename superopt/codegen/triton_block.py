@@ -92,7 +92,11 @@ class BlockWriter:
                     and fma_matmul(self.real[n.args[0]], self.real[n.args[1]])}
         # small-M tl.dots accumulated over the loop, written as (Bᵀ·Aᵀ)ᵀ: accumulator -> the matmul
         self.swapped = _swapped_accums(b, self.producer, self.pad, self.fma)
+        # pairs of such dots on one operand whose weight tiles are each too short for a warpgroup: one
+        # swapped dot on the two tiles loaded as one (``stacked_load``, ``stacked_dot``)
+        self.stacked = _stacked_pairs(b, self.producer, self.pad, self.real, self.fma, set(self.swapped))
         swapped_dots = {r.out.name for r in self.swapped.values()}
+        swapped_dots |= {self.producer[n.args[0]].out.name for pair in self.stacked for n in pair}
         self.nk: dict[str, str] = {}
         for n in b.nodes:
             t = self.producer.get(n.args[1]) if n.out.name in self.fma | swapped_dots else None
@@ -357,6 +361,28 @@ class BlockWriter:
         prec = "" if self.narrow else ', input_precision="ieee"'
         return f"tl.dot({lhs}, tl.trans({self.dot_operand(a, 1)}), out_dtype=tl.float32{prec})"
 
+    def stacked_weights(self, pair: tuple[Node, Node]) -> tuple:
+        """The two loaded weight inputs (``BlockGraph`` inputs) of a stacked pair, in its order."""
+        names = [self.unwidened(self.nk[self.producer[n.args[0]].out.name]) for n in pair]
+        return tuple(next(i for i in self.b.inputs if i.value.name == w) for w in names)
+
+    def stacked_load(self, pair: tuple[Node, Node], src_shapes: list[tuple[int, ...]], it: str) -> str:
+        """The two [N, K] weight tiles of ``pair`` at iteration ``it`` as one [2N, K] ``tl.load``: rows below N
+        from the first weight, the rest from the second (a pointer select; neither tile is padded)."""
+        (a, b), n = self.stacked_weights(pair), self.pad[self.stacked_weights(pair)[0].value.name][0]
+        rows = _ar(2 * n, 0, 2)
+        ptrs = [f"{self.args[w.source] if self.args is not None else f'a{w.source}_ptr'} + "
+                + self._offsets(w, src_shapes[w.source], it, {0: lane}) for w, lane in
+                ((a, f"tl.minimum({rows}, {n - 1})"), (b, f"tl.maximum({rows} - {n}, 0)"))]
+        return f"tl.load(tl.where({rows} < {n}, {ptrs[0]}, {ptrs[1]}))"
+
+    def stacked_dot(self, pair: tuple[Node, Node], weights: str) -> str:
+        """Both products of ``pair`` transposed, stacked [2N, M]: one ``tl.dot`` of the stacked tile ``weights``
+        by the shared operand's transpose, of 2N ≥ 64 rows (wgmma) where each alone had N < 64."""
+        a = self.producer[pair[0].args[0]].args[0]
+        prec = "" if self.narrow else ', input_precision="ieee"'
+        return f"tl.dot({weights}, tl.trans({self.dot_operand(a, 1)}), out_dtype=tl.float32{prec})"
+
     def matmul(self, n: Node, lhs: str, ind: int) -> None:
         """tl.dot on rank 2, or rank 3 with the batch dims flattened; unit batch dims dropped."""
         po = list(self.pad[n.out.name])
@@ -486,6 +512,35 @@ def _swapped_accums(b: BlockGraph, producer: dict[str, Node], pad: dict[str, tup
         if rows < WGMMA_MIN_ROWS <= cols:
             out[n.out.name] = r
     return out
+
+
+def _stacked_pairs(b: BlockGraph, producer: dict[str, Node], pad: dict[str, tuple[int, ...]],
+                   real: dict[str, tuple[int, ...]], fma: set[str], swapped: set[str]) -> list[tuple[Node, Node]]:
+    """Pairs of accum_sum nodes that ``_swapped_accums`` left (each matmul's weight tile has N < 64 rows) whose
+    matmuls share their left operand and take ``transpose(w)`` of a loaded, unpadded [N, K] weight tile of one
+    shape, read by nothing else, with 2N ≥ 64: the kernel loads the two tiles as one [2N, K] tile and runs one
+    swapped dot, wgmma-eligible, instead of two mma.sync dots on 16 rows (a gated MLP's gate and up,
+    ``benchmarks/results/overlap_ceilings_h200_2026-11-28_s45``)."""
+    var, uses = block_variance(b), _use_counts(b)
+    loaded = {i.value.name for i in b.inputs if i.fmap != -1 and not i.view}  # read in place (``stacked_load``)
+    groups: dict[tuple, list[Node]] = {}
+    for n in b.nodes:
+        r = producer.get(n.args[0]) if n.op == "accum_sum" and n.out.name not in swapped else None
+        if (r is None or r.op != "matmul" or r.out.name in fma or uses[r.out.name] != 1
+                or var[r.out.name] != Variance.LOOP or len(pad[r.out.name]) != 2):
+            continue
+        t = producer.get(r.args[1])
+        if t is None or t.op != "transpose" or uses[t.out.name] != 1:
+            continue
+        w, c = t.args[0], producer.get(t.args[0])
+        while c is not None and c.op == "cast" and uses[w] == 1:  # the dot takes the loaded tile unwidened
+            w, c = c.args[0], producer.get(c.args[0])
+        rows, cols = pad[r.out.name]
+        if (w not in loaded or uses[w] != 1 or len(real[w]) != 2 or real[w] != pad[w]
+                or not rows < WGMMA_MIN_ROWS <= 2 * cols or cols >= WGMMA_MIN_ROWS):
+            continue
+        groups.setdefault((r.args[0], pad[w]), []).append(n)
+    return [(g[k], g[k + 1]) for g in groups.values() for k in range(0, len(g) - 1, 2)]
 
 
 def deferred_sums(b: BlockGraph, var: dict[str, str], fma: set[str]) -> dict[str, Node]:

@@ -12,6 +12,8 @@ import pytest
 
 from superopt.codegen.triton import render_triton
 from superopt.ir import from_text, to_text
+from superopt.runtime.retile import retile
+from tests.fixtures.ugraphs import FIXTURES
 from tests.superopt.codegen.triton_cases import CASES, build
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden" / "codegen"
@@ -92,6 +94,29 @@ def test_few_row_dot_over_wide_tiles_accumulates_transposed_with_the_weight_as_l
     assert src.count("tl.trans(") == 2 and "v2_acc = tl.trans(v2_acc_t)" in src
     narrow = render_triton(build("llama_qkv", "bfloat16").ugraph).source  # 32-column tiles: x · W as before
     assert "_t = tl.full" not in narrow
+
+
+def test_two_few_row_dots_on_one_operand_run_as_one_dot_on_their_stacked_weight_tiles():
+    # gate and up, 32 rows each: one [64, K] load (a pointer select between the two weights) and one swapped dot,
+    # split back after the loop; with 16-row tiles (32 together) or an odd extent (padded) they stay two dots
+    src = render_triton(build("rmsnorm_gated_mlp_stacked", "bfloat16").ugraph).source
+    loop = src[src.index("for i in range"):src.index("\n    v", src.index("for i in range"))]
+    assert loop.count("tl.dot(") == 1 and "tl.load(tl.where(tl.arange(0, 64)[:, None] < 32, a2_ptr" in loop
+    assert "_st = tl.full([64, 16]" in src and src.count("tl.split(") == 1
+    for kw in (dict(inter=48), dict(inter=90)):  # 16-row tiles; 30-row tiles padded to 32
+        fx = FIXTURES["rmsnorm_gated_mlp"](dtype="bfloat16", rows=5, hidden=96, **kw)
+        idx = next(i for i, n in enumerate(fx.ugraph.nodes) if n.op == "customized")
+        other = render_triton(retile(fx.ugraph, idx, (1, 3, 1), 3)).source
+        assert "tl.split(" not in other and other.count("tl.dot(") == 2
+
+
+@pytest.mark.slow
+def test_stacked_dots_build_to_one_wgmma():
+    from superopt.runtime.aot import aot_compile
+
+    (k,) = aot_compile(render_triton(build("rmsnorm_gated_mlp_stacked", "bfloat16").ugraph), arch=90,
+                       num_warps=4).values()
+    assert "wgmma.mma_async" in k.asm["ptx"] and "mma.sync" not in k.asm["ptx"]
 
 
 @pytest.mark.slow

@@ -56,6 +56,8 @@ WIDE_CASES = {
     "rmsnorm_matmul_wide": ("rmsnorm_matmul", dict(rows=3, hidden=90, out=70), (1, 1, 1), 3),
     "llama_qkv_split_k_wide": ("llama_qkv", dict(rows=6, hidden=128, out=64, split_k=2), (1, 1, 2), 2),
     "matmul_residual_wide": ("matmul_residual", dict(rows=9, hidden=64, out=128), (1, 2, 1), 2),
+    # gate and up tiles of 32 rows each, run as one 64-row swapped dot on the two stacked (``_stacked_pairs``)
+    "rmsnorm_gated_mlp_stacked": ("rmsnorm_gated_mlp", dict(rows=5, hidden=96, inter=96), (1, 3, 1), 3),
 }
 
 # Cases whose split kernel can run its combine in its last blocks (ir.chain): the renderer's chained
