@@ -34,7 +34,6 @@ from superopt.runtime.timing import copy_bandwidth, time_call
 
 BLOCK = 4096  # bf16 elements one program loads per loop iteration (8 KB)
 PER_PROGRAM = (BLOCK, 2 * BLOCK, 4 * BLOCK, 8 * BLOCK, 16 * BLOCK, 32 * BLOCK)  # the grids tried
-_PRE_STEPS = {0: 0, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 4, 8: 8}  # tiles a program may preload: what _stream has
 
 
 @triton.jit
@@ -106,7 +105,7 @@ class Chain:
         for nbytes in sizes:
             n = nbytes // 2
             per = per_program.get(nbytes, BLOCK)
-            # a program preloads at most its own tiles
+            # a program preloads at most its own tiles (both powers of two: one of _stream's PRE)
             self.calls.append((buf[at:at + max(n, 1)], n, per, (max(1, triton.cdiv(n, per)),),
                                min(pre, per // BLOCK)))
             at += n
@@ -114,7 +113,7 @@ class Chain:
 
     def __call__(self) -> None:
         for src, n, per, grid, pre in self.calls:
-            _stream[grid](src, self.out, n, PER_PROG=per, BLOCK=BLOCK, PDL=self.pdl, PRE=_PRE_STEPS[pre], num_warps=8,
+            _stream[grid](src, self.out, n, PER_PROG=per, BLOCK=BLOCK, PDL=self.pdl, PRE=pre, num_warps=8,
                           **launch_options(self.pdl))
 
 

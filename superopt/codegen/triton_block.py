@@ -143,6 +143,10 @@ class BlockWriter:
         self.lines.append("    " * (ind + self.base) + line)
 
     # ------------------------------------------------------------ loads and stores
+    def pointer(self, inp) -> str:
+        """The pointer argument ``inp``'s operand arrives in."""
+        return self.args[inp.source] if self.args is not None else f"a{inp.source}_ptr"
+
     def _offsets(self, inp, src_shape: tuple[int, ...], it: str, lanes: dict[int, str] | None = None) -> str:
         """The element offsets of ``inp``'s tile at for-loop iteration ``it`` in its operand. ``lanes``: per
         dimension, an index expression in place of the tile's ``tl.arange`` along it."""
@@ -180,7 +184,7 @@ class BlockWriter:
         lanes[last] = f"{_ar(n, last, len(tile))} * {step}"
         if (n - 1) * step > tile[last] - 1:  # lanes past a row's end ask for its last element's line (again)
             lanes[last] = f"tl.minimum({lanes[last]}, {tile[last] - 1})"
-        ptr = self.args[inp.source] if self.args is not None else f"a{inp.source}_ptr"
+        ptr = self.pointer(inp)
         addr = f"{ptr}.to(tl.int64) + ({self._offsets(inp, src_shape, '0', lanes)}).to(tl.int64) * {size}"
         self.emit(f"tl.inline_asm_elementwise({L2_PREFETCH_ASM!r}, \"=r,l\", [{addr}], dtype=tl.int32, "
                   "is_pure=False, pack=1)", ind)
@@ -189,7 +193,7 @@ class BlockWriter:
         """``inp``'s tile at for-loop iteration ``it`` (an expression) into ``dst`` (default: its variable)."""
         name = inp.value.name
         tile, pad = self.real[name], self.pad[name]
-        ptr = self.args[inp.source] if self.args is not None else f"a{inp.source}_ptr"
+        ptr = self.pointer(inp)
         ptrs = f"{ptr} + " + self._offsets(inp, src_shape, it)
         mask = tile_mask(tile, pad)
         args = f"{ptrs}, mask={mask}, other=0.0" if mask else ptrs
@@ -369,12 +373,12 @@ class BlockWriter:
     def stacked_load(self, pair: tuple[Node, Node], src_shapes: list[tuple[int, ...]], it: str) -> str:
         """The two [N, K] weight tiles of ``pair`` at iteration ``it`` as one [2N, K] ``tl.load``: rows below N
         from the first weight, the rest from the second (a pointer select; neither tile is padded)."""
-        (a, b), n = self.stacked_weights(pair), self.pad[self.stacked_weights(pair)[0].value.name][0]
+        a, b = self.stacked_weights(pair)
+        n = self.pad[a.value.name][0]
         rows = _ar(2 * n, 0, 2)
-        ptrs = [f"{self.args[w.source] if self.args is not None else f'a{w.source}_ptr'} + "
-                + self._offsets(w, src_shapes[w.source], it, {0: lane}) for w, lane in
-                ((a, f"tl.minimum({rows}, {n - 1})"), (b, f"tl.maximum({rows} - {n}, 0)"))]
-        return f"tl.load(tl.where({rows} < {n}, {ptrs[0]}, {ptrs[1]}))"
+        first = self._offsets(a, src_shapes[a.source], it, {0: f"tl.minimum({rows}, {n - 1})"})
+        second = self._offsets(b, src_shapes[b.source], it, {0: f"tl.maximum({rows} - {n}, 0)"})
+        return f"tl.load(tl.where({rows} < {n}, {self.pointer(a)} + {first}, {self.pointer(b)} + {second}))"
 
     def stacked_dot(self, pair: tuple[Node, Node], weights: str) -> str:
         """Both products of ``pair`` transposed, stacked [2N, M]: one ``tl.dot`` of the stacked tile ``weights``
