@@ -154,8 +154,8 @@ def main(argv=None) -> None:
     print(f"{torch.cuda.get_device_name()}; torch {torch.__version__}, triton {triton.__version__}; copy "
           f"{bw / 1e12:.2f} TB/s; context {args.context}, batch {args.batch}; ideal stream kernels in one CUDA "
           f"graph, best grid per size\n")
-    print("| model | design | launches/token | PDL | preload tiles | chain µs | floor µs | µs a launch above the floor "
-          "| ceiling % of floor |\n|---|---|---|---|---|---|---|---|---|")
+    print("| model | design | launches/token | PDL | preload tiles | chain µs | floor µs "
+          "| µs a launch above the floor | ceiling % of floor |\n|---|---|---|---|---|---|---|---|---|")
     for name in args.models.split(","):
         cfg = dict(registry.get(name).config)
         designs = {d: design_bytes(cfg, d, args.context, args.batch) for d in args.designs.split(",")}
