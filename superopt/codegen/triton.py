@@ -25,7 +25,9 @@ Triton's extents (``ir.padding``); masks keep padding out of reductions, dots an
 A decode GEMV's dot has few rows (M ≤ 16). Summed over the loop it is written transposed, (W·xᵀ)ᵀ, where the
 weight tile has 64+ rows, so the weight rows fill a warpgroup MMA (``triton_block._swapped_accums``); two
 such dots on one operand whose weight tiles have fewer rows each but 64+ together (a gated MLP's gate and up)
-load the two tiles as one and run one dot (``triton_block._stacked_pairs``).
+load the two tiles as one and run one dot (``triton_block._stacked_pairs``). A reduction accumulated over the loop
+is summed elementwise and reduced once after it (``triton_block.deferred_sums``), also where the μGraph scales
+each iteration's part by a loop-invariant value before accumulating it (``triton_block.scaled_sums``).
 
 Library ops are not rendered: the runtime runs them as torch calls. This module imports no
 triton and no torch; it only writes text.
@@ -44,7 +46,7 @@ from .common import identifier
 from .counted import counting_kernel
 from .launch import Launch, Launches, rendering
 from .store_through import StoreThrough, stores_through
-from .triton_block import BlockWriter, deferred_sums, tile_mask
+from .triton_block import BlockWriter, deferred_sums, scaled_sums, tile_mask
 
 
 @dataclass(frozen=True)
@@ -395,7 +397,8 @@ def _emit_block(k: BlockWriter, node: Node, g: KernelGraph, stores: list[str], a
             k.emit(f"{tiles[name]}_next = {k.stacked_load(pair, arg_shapes, f'((i + 1) % {b.forloop})')}", ind)
         else:
             k.emit(f"{tiles[name]} = {k.stacked_load(pair, arg_shapes, 'i' if b.forloop > 1 else '0')}", ind)
-    skipped = {r.out.name for r in (*deferred.values(), *k.swapped.values())}
+    scaled = scaled_sums(b, var)  # deferred sums scaled once, after the loop
+    skipped = {r.out.name for r in (*deferred.values(), *k.swapped.values(), *scaled.values())}
     skipped |= {k.producer[n.args[0]].out.name for n in (m for pair in k.stacked for m in pair)}
     for n in b.nodes:
         if n.out.name in stacked:
@@ -422,6 +425,8 @@ def _emit_block(k: BlockWriter, node: Node, g: KernelGraph, stores: list[str], a
         m = tile_mask(k.real[src], k.pad[src], [dim])
         x = f"tl.where({m}, {k.var[name]}_el, 0.0)" if m else f"{k.var[name]}_el"
         k.emit(f"{k.var[name]} = tl.sum({x}, axis={dim}, keep_dims={bool(r.attr('keepdim'))})", 1)
+        if name in scaled:
+            k.rescale(name, scaled[name])
     for name in k.swapped:
         k.emit(f"{k.var[name]} = tl.trans({k.var[name]}_t)", 1)
     for name, (first, second) in stacked.items():  # rows [0, N) the first product's, [N, 2N) the second's

@@ -110,6 +110,21 @@ def test_two_few_row_dots_on_one_operand_run_as_one_dot_on_their_stacked_weight_
         assert "tl.split(" not in other and other.count("tl.dot(") == 2
 
 
+def test_a_sum_scaled_inside_the_loop_is_deferred_and_scaled_once_after_it():
+    # Σ_i (r_i / c) = (Σ_i r_i) / c: the squares summed elementwise, one reduction and one division after the loop
+    # (a cross-warp reduction every iteration otherwise); c · r too, never c / r
+    text = (GOLDEN.parents[1] / "superopt" / "codegen" / "ugraphs" / "sum_of_squares_scaled_in_the_loop.txt").read_text()
+    scaled = render_triton(from_text(text)).source
+    loop = scaled[scaled.index("for i in range"):scaled.index("\n    v", scaled.index("for i in range"))]
+    assert "_el = " in loop and "tl.sum(" not in loop and " / " not in loop
+    assert "_v8" not in scaled and "v11 = (v2_v11 / v0_v0)" in scaled
+    left = render_triton(from_text(text.replace("div(%v3, %v0)", "mul(%v0, %v3)"))).source
+    assert "v11 = (v0_v0 * v2_v11)" in left
+    inverse = render_triton(from_text(text.replace("div(%v3, %v0)", "div(%v0, %v3)"))).source
+    loop = inverse[inverse.index("for i in range"):inverse.index("\n    v", inverse.index("for i in range"))]
+    assert "tl.sum(" in loop and "_v8 = (v0_v0 / " in loop
+
+
 @pytest.mark.slow
 def test_stacked_dots_build_to_one_wgmma():
     from superopt.runtime.aot import aot_compile

@@ -44,8 +44,12 @@ TEXT_CASES = {"gemv_nk": dict(k=96), "gemv_nk_odd": dict(k=90), "gemv_nk_cols": 
 # GEMV split over K (grid 8×4, 16-column tiles summed over y), then a residual add whose blocks each
 # take 64 columns (four of the GEMV's tiles) of half the rows: the shape of a decode down projection
 # the search splits at m8.
+# sum_of_squares_scaled_in_the_loop: an 8-row gated MLP (5 rows here) as session 42's search shipped it for
+# Qwen2.5-0.5B, its norm's sum of squares divided by K inside the loop and then accumulated (rendered as a deferred
+# sum divided once after the loop, ``triton_block.scaled_sums``), gate and up in 32-row tiles (one stacked dot).
 FOUND_CASES = {"found_kv_split_k": "qwen05b_attn_in_1_m1", "two_way_sums": "row_and_column_sums",
-               "split_k_then_residual": "split_k_then_residual"}
+               "split_k_then_residual": "split_k_then_residual",
+               "scaled_sum_of_squares": "sum_of_squares_scaled_in_the_loop"}
 
 # Fixtures re-tiled to blocks of 64+ output columns and fewer than 64 rows (case id -> fixture name,
 # kwargs, grid, forloop): the renderer accumulates those dots transposed, (W·xᵀ)ᵀ (wgmma-eligible).
