@@ -398,7 +398,7 @@ def _emit_block(k: BlockWriter, node: Node, g: KernelGraph, stores: list[str], a
         else:
             k.emit(f"{tiles[name]} = {k.stacked_load(pair, arg_shapes, 'i' if b.forloop > 1 else '0')}", ind)
     scaled = scaled_sums(b, var)  # deferred sums scaled once, after the loop
-    skipped = {r.out.name for r in (*deferred.values(), *k.swapped.values(), *scaled.values())}
+    skipped = {r.out.name for r in (*deferred.values(), *k.swapped.values(), *(s for s, _ in scaled.values()))}
     skipped |= {k.producer[n.args[0]].out.name for n in (m for pair in k.stacked for m in pair)}
     for n in b.nodes:
         if n.out.name in stacked:

@@ -470,11 +470,10 @@ class BlockWriter:
             n = self.producer.get(v)
         return v
 
-    def rescale(self, name: str, scale: Node) -> None:
-        """After the loop: accumulator ``name``, its sum deferred, scaled as ``scale`` (``scaled_sums``) scaled
-        each iteration's part."""
-        j = next(i for i, a in enumerate(scale.args) if self.producer.get(a) is not None
-                 and self.producer[a].op == "reduce_sum")
+    def rescale(self, name: str, scaled: tuple[Node, int]) -> None:
+        """After the loop: accumulator ``name``, its sum deferred, scaled as the div or mul of ``scaled``
+        (``scaled_sums``: the node and which of its operands is the sum) scaled each iteration's part."""
+        scale, j = scaled
         parts = [self.var[name], self.operand(scale.args[1 - j], name)]
         self.emit(f"{self.var[name]} = {_BINARY[scale.op].format(*(parts if j == 0 else parts[::-1]))}", 1)
 
@@ -570,18 +569,19 @@ def deferred_sums(b: BlockGraph, var: dict[str, str], fma: set[str]) -> dict[str
     for n in b.nodes:
         r = producer.get(n.args[0]) if n.op == "accum_sum" else None
         if n.out.name in scaled:  # the reduce under the scale
-            r = next(producer[a] for a in scaled[n.out.name].args if a in producer
-                     and producer[a].op == "reduce_sum" and var[a] == Variance.LOOP)
+            s, j = scaled[n.out.name]
+            r = producer[s.args[j]]
         summed = r is not None and (r.op == "reduce_sum" or r.out.name in fma)
         if summed and uses[r.out.name] == 1 and var[r.out.name] == Variance.LOOP:
             out[n.out.name] = r
     return out
 
 
-def scaled_sums(b: BlockGraph, var: dict[str, str]) -> dict[str, Node]:
+def scaled_sums(b: BlockGraph, var: dict[str, str]) -> dict[str, tuple[Node, int]]:
     """accum_sum nodes fed only by ``div(r, c)``, ``mul(r, c)`` or ``mul(c, r)`` with ``r`` a loop-variant reduce_sum
-    read only there and ``c`` loop-invariant, mapped to that div or mul. Σ_i (r_i / c) = (Σ_i r_i) / c: the kernel
-    defers r's sum like any other (``deferred_sums``) and scales it once after the loop (``BlockWriter.rescale``).
+    read only there and ``c`` loop-invariant, mapped to that div or mul and the index of ``r`` in it.
+    Σ_i (r_i / c) = (Σ_i r_i) / c: the kernel defers r's sum like any other (``deferred_sums``) and scales it once
+    after the loop (``BlockWriter.rescale``).
     A μGraph that divides an RMSNorm's sum of squares by K inside the loop otherwise pays a cross-warp reduction
     every iteration: Llama-3.2-1B's 8-row gate/up ran 27.6 µs so and 20.7 µs with the division after the sum
     (H200, benchmarks/results/overlap_ceilings_h200_2026-11-28_s45)."""
@@ -598,5 +598,5 @@ def scaled_sums(b: BlockGraph, var: dict[str, str]) -> dict[str, Node]:
             continue
         other = s.args[1 - summed[0]]
         if var[other] == Variance.PRE:
-            out[n.out.name] = s
+            out[n.out.name] = (s, summed[0])
     return out

@@ -113,7 +113,7 @@ def test_two_few_row_dots_on_one_operand_run_as_one_dot_on_their_stacked_weight_
 def test_a_sum_scaled_inside_the_loop_is_deferred_and_scaled_once_after_it():
     # Σ_i (r_i / c) = (Σ_i r_i) / c: the squares summed elementwise, one reduction and one division after the loop
     # (a cross-warp reduction every iteration otherwise); c · r too, never c / r
-    text = (GOLDEN.parents[1] / "superopt" / "codegen" / "ugraphs" / "sum_of_squares_scaled_in_the_loop.txt").read_text()
+    text = (Path(__file__).resolve().parent / "ugraphs" / "sum_of_squares_scaled_in_the_loop.txt").read_text()
     scaled = render_triton(from_text(text)).source
     loop = scaled[scaled.index("for i in range"):scaled.index("\n    v", scaled.index("for i in range"))]
     assert "_el = " in loop and "tl.sum(" not in loop and " / " not in loop
