@@ -583,8 +583,8 @@ def scaled_sums(b: BlockGraph, var: dict[str, str]) -> dict[str, tuple[Node, int
     Σ_i (r_i / c) = (Σ_i r_i) / c: the kernel defers r's sum like any other (``deferred_sums``) and scales it once
     after the loop (``BlockWriter.rescale``).
     A μGraph that divides an RMSNorm's sum of squares by K inside the loop otherwise pays a cross-warp reduction
-    every iteration: Llama-3.2-1B's 8-row gate/up ran 27.6 µs so and 20.7 µs with the division after the sum
-    (H200, benchmarks/results/overlap_ceilings_h200_2026-11-28_s45)."""
+    every iteration: Llama-3.2-1B's 8-row gate/up timed alone 27.6 µs so and 20.7 µs with the division after the
+    sum (H200, benchmarks/results/overlap_ceilings_h200_2026-11-28_s45)."""
     producer = {n.out.name: n for n in b.nodes}
     uses = _use_counts(b)
     out = {}
