@@ -11,12 +11,11 @@ from __future__ import annotations
 import math
 
 from ..ir import DTYPE_BYTES, BlockGraph, Category, Node, Variance, block_variance, op_info
-from ..ir.padding import fma_matmul, padded_shapes
+from ..ir.padding import WGMMA_MIN_ROWS, fma_matmul, padded_shapes
 from ..ir.movement import view_shape
 from .common import identifier, strides
 from .triton_movement import moved_tile
 
-WGMMA_MIN_ROWS = 64  # a warpgroup's wgmma rows: a dot with fewer rows and at least this many columns is swapped
 TL_DTYPES = {"float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32"}
 # one L2 prefetch (``BlockWriter.l2_prefetch``); inline asm must give a result, so a dummy one
 L2_PREFETCH_ASM = "mov.u32 $0, 0;\n\tprefetch.global.L2 [$1];"

@@ -13,6 +13,8 @@ from __future__ import annotations
 from .graph import BlockGraph
 from .ops import Category, op_info
 
+WGMMA_MIN_ROWS = 64  # a warpgroup's wgmma rows: a dot with fewer rows and at least this many columns is swapped
+
 DOT_MIN = 16  # tl.dot's smallest M, N and K
 FMA_MAX_ROWS = 4       # a rank-2 matmul with M or N this small is a broadcast product + sum, not tl.dot
 FMA_MAX_ELEMS = 8192   # ... if its [M, N, K] product (padded) fits in registers (64 a thread at 4 warps)
