@@ -350,7 +350,8 @@ def _emit_block(k: BlockWriter, node: Node, g: KernelGraph, stores: list[str], a
     for n in b.nodes:
         if var[n.out.name] == Variance.PRE:
             k.node(n, 1)
-    deferred = deferred_sums(b, var, k.fma)
+    scaled = scaled_sums(b, var)  # deferred sums scaled once, after the loop
+    deferred = deferred_sums(b, var, k.fma, scaled)
     stacked = {pair[0].out.name: pair for pair in k.stacked}  # a pair's sum lives under its first accumulator
     in_pairs = {n.out.name for pair in k.stacked for n in pair}
     for n in accums:
@@ -397,7 +398,6 @@ def _emit_block(k: BlockWriter, node: Node, g: KernelGraph, stores: list[str], a
             k.emit(f"{tiles[name]}_next = {k.stacked_load(pair, arg_shapes, f'((i + 1) % {b.forloop})')}", ind)
         else:
             k.emit(f"{tiles[name]} = {k.stacked_load(pair, arg_shapes, 'i' if b.forloop > 1 else '0')}", ind)
-    scaled = scaled_sums(b, var)  # deferred sums scaled once, after the loop
     skipped = {r.out.name for r in (*deferred.values(), *k.swapped.values(), *(s for s, _ in scaled.values()))}
     skipped |= {k.producer[n.args[0]].out.name for n in (m for pair in k.stacked for m in pair)}
     for n in b.nodes:

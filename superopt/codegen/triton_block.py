@@ -93,7 +93,7 @@ class BlockWriter:
         self.swapped = _swapped_accums(b, self.producer, self.pad, self.fma)
         # pairs of such dots on one operand whose weight tiles are each too short for a warpgroup: one
         # swapped dot on the two tiles loaded as one (``stacked_load``, ``stacked_dot``)
-        self.stacked = _stacked_pairs(b, self.producer, self.pad, self.real, self.fma, set(self.swapped))
+        self.stacked = _stacked_pairs(b, self.producer, self.pad, self.real, self.fma)
         swapped_dots = {r.out.name for r in self.swapped.values()}
         swapped_dots |= {self.producer[n.args[0]].out.name for pair in self.stacked for n in pair}
         self.nk: dict[str, str] = {}
@@ -525,7 +525,7 @@ def _swapped_accums(b: BlockGraph, producer: dict[str, Node], pad: dict[str, tup
 
 
 def _stacked_pairs(b: BlockGraph, producer: dict[str, Node], pad: dict[str, tuple[int, ...]],
-                   real: dict[str, tuple[int, ...]], fma: set[str], swapped: set[str]) -> list[tuple[Node, Node]]:
+                   real: dict[str, tuple[int, ...]], fma: set[str]) -> list[tuple[Node, Node]]:
     """Pairs of accum_sum nodes that ``_swapped_accums`` left (each matmul's weight tile has N < 64 rows) whose
     matmuls share their left operand and take ``transpose(w)`` of a loaded, unpadded [N, K] weight tile of one
     shape, read by nothing else, with 2N ≥ 64: the kernel loads the two tiles as one [2N, K] tile and runs one
@@ -535,7 +535,7 @@ def _stacked_pairs(b: BlockGraph, producer: dict[str, Node], pad: dict[str, tupl
     loaded = {i.value.name for i in b.inputs if i.fmap != -1 and not i.view}  # read in place (``stacked_load``)
     groups: dict[tuple, list[Node]] = {}
     for n in b.nodes:
-        r = producer.get(n.args[0]) if n.op == "accum_sum" and n.out.name not in swapped else None
+        r = producer.get(n.args[0]) if n.op == "accum_sum" else None
         if (r is None or r.op != "matmul" or r.out.name in fma or uses[r.out.name] != 1
                 or var[r.out.name] != Variance.LOOP or len(pad[r.out.name]) != 2):
             continue
@@ -553,8 +553,10 @@ def _stacked_pairs(b: BlockGraph, producer: dict[str, Node], pad: dict[str, tupl
     return [(g[k], g[k + 1]) for g in groups.values() for k in range(0, len(g) - 1, 2)]
 
 
-def deferred_sums(b: BlockGraph, var: dict[str, str], fma: set[str]) -> dict[str, Node]:
-    """accum_sum nodes fed only by a loop-variant reduce_sum or broadcast-product matmul, mapped to it.
+def deferred_sums(b: BlockGraph, var: dict[str, str], fma: set[str],
+                  scaled: dict[str, tuple[Node, int]]) -> dict[str, Node]:
+    """accum_sum nodes fed only by a loop-variant reduce_sum or broadcast-product matmul, mapped to it; also those
+    ``scaled`` (``scaled_sums``), mapped to the reduce under the scale.
 
     Σ_i Σ_j x_ij = Σ_j Σ_i x_ij: the kernel adds the reduce's operand (the matmul's products)
     elementwise every iteration and reduces once after the loop, instead of a cross-warp reduction
@@ -564,7 +566,6 @@ def deferred_sums(b: BlockGraph, var: dict[str, str], fma: set[str]) -> dict[str
     producer = {n.out.name: n for n in b.nodes}
     uses = _use_counts(b)
     out = {}
-    scaled = scaled_sums(b, var)
     for n in b.nodes:
         r = producer.get(n.args[0]) if n.op == "accum_sum" else None
         if n.out.name in scaled:  # the reduce under the scale
