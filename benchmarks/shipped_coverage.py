@@ -8,6 +8,10 @@ Runs on the CPU in a minute or two: each model is built with one decoder layer a
 vocabulary (bf16), its site programs are extracted as patch() extracts them, and their shipped
 cache keys are looked up. A miss means a user of that model pays a search on first patch();
 `mirage-serve warm MODEL` on the GPU machine, exported into kernels_cache/, fills it.
+A hit whose stored launch was timed on source the code generator no longer writes (a stale launch,
+``mirage_serve.cache.stale_launches``) costs that user its launches timed again instead: seconds to tens of seconds
+an entry (21.4 s for Llama-3.1-8B's 1-row gate/up on an H200, session 46). Each model's line names those, and the
+end prints the ``gpu_session.sh warm`` calls whose export (``ship_entries.py``) gives them a current row for that GPU.
 ``--remove LABELS`` deletes the listed site programs' shipped entries of the named models, and their
 entries in the user cache (``MIRAGE_SERVE_CACHE_DIR``; an earlier patch copied shipped hits there, and
 they would stand in for the shipped ones), so that the next ``warm`` searches them again (after a
@@ -20,7 +24,10 @@ from __future__ import annotations
 
 import argparse
 import shutil
+from collections import defaultdict
 from pathlib import Path
+
+from mirage_serve.cache.stale_launches import stale_launches
 
 
 def programs(name: str, buckets: tuple[int, ...]):
@@ -53,6 +60,18 @@ def paired_in_use(shipped: Path, used: set[str]) -> set[str]:
             and (p / "ugraph.txt").read_text() in texts}
 
 
+def _print_refresh(refresh: dict[str, set[int]]) -> None:
+    """The warm calls that re-time the stale launches found (models grouped by the buckets they need)."""
+    calls = defaultdict(list)
+    for name, buckets in sorted(refresh.items()):
+        calls[",".join(map(str, sorted(buckets)))].append(name)
+    if calls:
+        print("stale launches are timed again on a user's first patch; to ship a current row for a GPU, run there:")
+        for buckets, names in calls.items():
+            print(f'  WARM_MODELS="{" ".join(names)}" WARM_BATCH={buckets} bash benchmarks/gpu_session.sh warm')
+        print("  then here: python benchmarks/ship_entries.py <the last call's shipped.tar, unpacked>/shipped")
+
+
 def main(argv=None) -> None:
     from mirage_serve import registry
     from mirage_serve.cache import KernelCache, default_cache_dir
@@ -74,9 +93,12 @@ def main(argv=None) -> None:
     remove = set(filter(None, args.remove.split(",")))
     if remove and not args.models:
         ap.error("--remove needs the models whose entries to delete")
-    missing_any, used = False, set()
+    stale = defaultdict(list)   # entry folder -> its stale launches: "default" or a GPU's row
+    for entry, row, _ in stale_launches(Path(args.shipped)):
+        stale[entry].append(row)
+    missing_any, used, refresh = False, set(), defaultdict(set)   # refresh: model -> buckets with stale launches
     for name in args.models or registry.names():
-        seen, missing = set(), []
+        seen, missing, timed_again = set(), [], []
         for label, m, key in cache_keys(name, buckets):
             if key in seen:
                 continue
@@ -90,9 +112,14 @@ def main(argv=None) -> None:
                         print(f"{name}: removed {label}@b{m} ({entry.parent.name}/{entry.name})")
             if cache.get(key) is None:
                 missing.append(f"{label}@b{m}")
+            elif key.for_shipped().dirname() in stale:
+                timed_again.append(f"{label}@b{m} ({', '.join(stale[key.for_shipped().dirname()])})")
+                refresh[name].add(m)
         missing_any |= bool(missing)
         print(f"{name:18} {len(seen) - len(missing):3}/{len(seen):3} programs shipped"
-              + (f"; missing: {', '.join(missing)}" if missing else ""))
+              + (f"; missing: {', '.join(missing)}" if missing else "")
+              + (f"; stale launches: {', '.join(timed_again)}" if timed_again else ""))
+    _print_refresh(refresh)
     if args.prune:
         used |= paired_in_use(Path(args.shipped), used)
         # the output projections' entries are kept: patch() runs one only where an entry holds it

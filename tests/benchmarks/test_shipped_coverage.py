@@ -54,3 +54,19 @@ def test_remove_deletes_the_programs_entries_in_both_layers(tmp_path, monkeypatc
     for label, _, key in keys:
         for entry in (shipped / key.for_shipped().dirname(), user / key.dirname()):
             assert entry.is_dir() == (label != "attn_in"), entry
+
+
+def test_a_hit_whose_launch_is_stale_is_named_with_the_warm_call_that_refreshes_it(monkeypatch, capsys):
+    # stale: timed on source the renderer no longer writes; a user's first patch() times it again
+    from mirage_serve.cache.stale_launches import StaleLaunch
+
+    key = next(k for label, _, k in coverage.cache_keys("SmolLM2-135M", (1,)) if label == "mlp_in")
+    shipped = key.for_shipped()
+    monkeypatch.setattr(coverage, "stale_launches",
+                        lambda folder: [StaleLaunch(shipped.dirname(), "NVIDIA H200", shipped)])
+    with pytest.raises(SystemExit) as done:
+        coverage.main(["SmolLM2-135M", "--batch", "1,8"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0, out    # a stale launch costs time, not a search: not a miss
+    assert "14/ 14 programs shipped; stale launches: mlp_in@b1 (NVIDIA H200)" in out
+    assert 'WARM_MODELS="SmolLM2-135M" WARM_BATCH=1 bash benchmarks/gpu_session.sh warm' in out

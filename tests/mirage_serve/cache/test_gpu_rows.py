@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 
 import pytest
 
 from mirage_serve import optimize
 from mirage_serve.cache import CacheKey, KernelCache, versions_now
 from mirage_serve.cache.archive import ship_into
+from mirage_serve.cache.entry import read_entry, write_entry
 from mirage_serve.cache.gpu_rows import for_gpu, timed_elsewhere, with_row
+from mirage_serve.cache.stale_launches import DEFAULT, stale_launches
 from superopt.codegen.launch import Launch, read_launches
 from superopt.ir import digest
 from tests.fixtures.budget import states_budget
@@ -105,3 +108,24 @@ def test_shipping_another_mugraph_replaces_the_entry_and_its_rows(tmp_path):
         CacheKey(digest(down_proj()), "b2", "bf16", "sm90", "triton", versions_now(), "mlp_out-m2")).meta
     assert "launch_by_gpu" not in meta and meta["timed_on"] == "GPU B"
     assert sorted(p.name for p in shipped.iterdir()) == [name]   # no staging folder left behind
+
+
+def test_stale_launches_names_each_launch_timed_on_source_the_renderer_no_longer_writes(tmp_path):
+    _, _, shipped = _export(tmp_path, "GPU A", 2, 3)
+    _, _, from_b = _export(tmp_path, "GPU B", 4, 4)
+    ship_into(from_b, shipped)
+    assert stale_launches(shipped) == []     # both launches timed on what the renderer writes now
+
+    (path,) = [p for p in shipped.iterdir() if p.is_dir()]
+    key, entry = read_entry(path)            # the shipped form's key (CacheKey.for_shipped)
+    rows = {"GPU B": {**entry.meta["launch_by_gpu"]["GPU B"], "render_sha256": "0" * 64}}   # timed on other code
+    shutil.rmtree(path)
+    path.mkdir()
+    write_entry(path, key, replace(entry, meta={**entry.meta, "launch_by_gpu": rows}))
+    assert [(s.entry, s.row, s.key) for s in stale_launches(shipped)] == [(path.name, "GPU B", key)]
+
+    meta = {**entry.meta, "render_sha256": "1" * 64}   # the default timed on other code, GPU B's row current
+    shutil.rmtree(path)
+    path.mkdir()
+    write_entry(path, key, replace(entry, meta=meta))
+    assert [(s.entry, s.row) for s in stale_launches(shipped)] == [(path.name, DEFAULT)]
