@@ -46,7 +46,7 @@ def test_every_shipped_entry_parses_and_renders():
         assert len(module.kernels) == customized - len({s.tail for s in module.kernels if s.tail >= 0}), r.path.name
     # a launch choice profiled on code the renderer no longer produces is profiled again on the GPU;
     # most of the shipped set must still be current, or every user pays that on first patch()
-    # (benchmarks/stale_launches.py lists them, with the GPU call that refreshes them)
+    # (benchmarks/shipped_coverage.py names them per model, with the GPU call that refreshes them)
     current = len(rows) - len({s.entry for s in stale_launches(shipped) if s.row == DEFAULT})
     assert current >= len(rows) // 2, f"only {current} of {len(rows)} shipped launch choices are current"
 
