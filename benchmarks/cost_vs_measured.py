@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 
@@ -151,11 +152,39 @@ def fit_rows(cache_dir: Path, models: list[str], buckets: tuple[int, ...] = (1, 
                     if len(d) == 1:
                         graphs.setdefault(_plain(layout(assemble(g, [node]))), assemble(g, [node]))
                 for timings in timed[dg]:
-                    row = [(graph_features(graphs[_plain(t[0])]), t[2]) for t in timings
-                           if len(t) == 4 and _plain(t[0]) in graphs]
+                    row = [(f, t[2]) for t in timings if len(t) == 4 and _plain(t[0]) in graphs
+                           for f in [_features(graphs[_plain(t[0])], graph_features)] if f is not None]
                     if len(row) >= 3:
                         rows.append(row)
     return rows
+
+
+def held_out_summary(rows: list, params) -> str:
+    """How ``params`` rank entries a fit did not see: the mean and median rank correlation, and how close each
+    entry's cost-model pick came to its fastest measured candidate."""
+    import math
+    import statistics
+
+    from superopt.search.fit import estimate, row_correlation
+    rhos = [r for r in (row_correlation(row, params) for row in rows) if not math.isnan(r)]
+    picks = []
+    for row in rows:
+        est = [estimate(feats, params) for feats, _ in row]
+        picks.append(row[est.index(min(est))][1] / min(us for _, us in row))
+    return (f"rank correlation mean {statistics.mean(rhos):+.3f}, median {statistics.median(rhos):+.3f}; the pick "
+            f"within 10% of the fastest in {sum(q <= 1.1 for q in picks)} of {len(picks)}, pick / fastest geomean "
+            f"{math.exp(statistics.mean(math.log(q) for q in picks)):.3f}")
+
+
+def _features(graph, graph_features):
+    """``graph_features(graph)``, or None (said on stderr) for a design it cannot cost: Phi-3-mini's fused gate_up
+    program, whose split of the stacked weight the assembled design refers to by a value it does not hold
+    (session 46; not looked into)."""
+    try:
+        return graph_features(graph)
+    except KeyError as e:
+        print(f"cost_vs_measured: a timed design left out: {e}", file=sys.stderr)
+        return None
 
 
 def main(argv=None) -> None:
@@ -166,7 +195,12 @@ def main(argv=None) -> None:
                     help="cost the timed designs with the current cost model (registry models; none: all)")
     ap.add_argument("--fit", metavar="FILE.json", help="fit the cost model's constants to the timings, write them here")
     ap.add_argument("--arch", default="sm_90", help="the architecture the timings were measured on (with --fit)")
+    ap.add_argument("--keep", type=int, default=0, metavar="N",
+                    help="with --fit: keep N rows, spread over the models, for a user's refit to start from (default: all)")
     ap.add_argument("--models", nargs="*", help="registry models whose programs to match (with --fit; default all)")
+    ap.add_argument("--test-models", nargs="*", default=[], metavar="MODEL",
+                    help="with --fit: registry models held out, whose entries judge the fit (rows shared with "
+                         "--models are left out of them)")
     args = ap.parse_args(argv)
     if args.fit:
         from mirage_serve import registry
@@ -176,12 +210,21 @@ def main(argv=None) -> None:
         if not rows:
             raise SystemExit("no timed entry matched a program of the registry models")
         params, before, after = fit(rows)
-        save_fit(args.fit, args.arch, params, rows, before, after, keep_rows=len(rows))  # refit later with more
+        # the rows kept (the file's last ones, save_fit) are taken evenly from all of them, not from the last models
+        kept = rows[::max(1, -(-len(rows) // args.keep))] if args.keep else rows
+        rest = [r for r in rows if not any(r is k for k in kept)]
+        save_fit(args.fit, args.arch, params, rest + kept, before, after, keep_rows=len(kept))  # refit later with more
         rb = sorted(row_correlation(r, DEFAULT_PARAMS) for r in rows)
         ra = sorted(row_correlation(r, params) for r in rows)
         print(f"{len(rows)} entries, {sum(map(len, rows))} timed candidates matched; mean rank correlation "
               f"{before:+.3f} -> {after:+.3f}; median {rb[len(rb) // 2]:+.3f} -> {ra[len(ra) // 2]:+.3f}")
         print(f"fitted for {args.arch}: {params}")
+        if args.test_models:
+            seen = {tuple(us for _, us in r) for r in rows}   # an entry two models share is fitted, not held out
+            test = [r for r in fit_rows(args.cache_dir, args.test_models, label=args.label)
+                    if tuple(us for _, us in r) not in seen]
+            for name, p in (("hand-set", DEFAULT_PARAMS), ("fitted", params)):
+                print(f"held out ({len(test)} entries), {name}: {held_out_summary(test, p)}")
         return
     costs = None
     if args.rescore is not None:

@@ -8,6 +8,11 @@ searches with them (``SearchBudget(cost_params=…)``) where it profiles. The fi
 only ({arch: {"params": {...}, "kept": the last ``MAX_ROWS`` rows, ...}}): nothing in it runs, a
 malformed one is ignored and rewritten, and the worst a foreign one can do is reorder the verified
 candidates the profiler then times anyway.
+
+The shipped cache holds such a file too (``kernels_cache/cost_fit.json``). It is fitted to the profiler timings that
+the shipped entries keep (``benchmarks/cost_vs_measured.py --fit``), so a user whose own patches have profiled
+nothing yet searches with the GPU's ordering rather than the hand-set constants. Their first profile refits, starting
+from the shipped file's kept rows.
 """
 from __future__ import annotations
 
@@ -18,14 +23,19 @@ MAX_ROWS = 32   # rows kept to refit with: the last programs profiled on this ar
 
 
 def params(cache, arch: str):
-    """The ``CostParams`` fitted for ``arch`` in ``cache`` (a ``KernelCache``), or None."""
+    """The ``CostParams`` fitted for ``arch`` in ``cache`` (a ``KernelCache``): this user's, else the shipped
+    cache's, else None (the hand-set constants)."""
     if cache is None:
         return None
     from superopt.search.cost import load_params
-    try:
-        return load_params(cache.root / FILE, arch)
-    except (ValueError, TypeError, OSError):
-        return None
+    for folder in (cache.root, cache.shipped):
+        try:
+            fitted = load_params(folder / FILE, arch) if folder is not None else None
+        except (ValueError, TypeError, OSError):
+            fitted = None
+        if fitted is not None:
+            return fitted
+    return None
 
 
 def record(cache, arch: str, ranked) -> None:
@@ -39,7 +49,8 @@ def record(cache, arch: str, ranked) -> None:
     if len(row) < 3:
         return
     path = cache.root / FILE
-    rows = (kept_rows(path, arch) + [row])[-MAX_ROWS:]
+    kept = kept_rows(path, arch) or (kept_rows(cache.shipped / FILE, arch) if cache.shipped is not None else [])
+    rows = (kept + [row])[-MAX_ROWS:]
     fitted, before, after = fit(rows)
     try:
         save_fit(path, arch, fitted, rows, before, after, keep_rows=MAX_ROWS)

@@ -64,3 +64,16 @@ def test_rescore_costs_the_timed_designs_with_the_current_cost_model(tmp_path):
     assert s["fastest_offered"] is False  # the 0.5 µs design is not offered any more
     pick = min(range(3), key=lambda i: graph_cost(designs[i]))
     assert s["pick_us"] == (3.0, 1.0, 2.0)[pick]
+
+
+def test_held_out_summary_says_how_the_constants_rank_and_pick():
+    from superopt.search.cost import DEFAULT_PARAMS
+
+    def lib(nbytes):   # one library kernel reading nbytes: the estimate grows with the bytes
+        return [dict(bytes=nbytes, reread_bytes=0.0, flops=0, blocks=132, sms=132, threads_busy=1.0, largest=1,
+                     largest_padded=1, tile_bytes=0.0, resident=1.0, library=True)]
+    same = [(lib(1e6), 1.0), (lib(2e6), 2.0), (lib(3e6), 3.0)]       # the GPU agrees with the model
+    reversed_ = [(lib(1e6), 3.0), (lib(2e6), 2.0), (lib(3e6), 1.0)]  # the model's pick is the slowest: 3x
+    out = cvm.held_out_summary([same, reversed_], DEFAULT_PARAMS)
+    assert out == ("rank correlation mean +0.000, median +0.000; the pick within 10% of the fastest in 1 of 2, "
+                   "pick / fastest geomean 1.732")

@@ -312,9 +312,11 @@ def test_committed_shipped_cache_is_whole_and_binary_free(tmp_path):
     assert [r.path.name for r in rows if r.binaries] == []
     # μGraph text and metadata only: generated source is rendered again, never shipped
     assert sorted({p.name for p in shipped.glob("*/*")}) == ["meta.json", "ugraph.txt"]
-    # Only entries and the package marker: no temp, lock or trash folders committed by accident.
+    # Only entries, the package marker and the fitted cost-model constants (mirage_serve.cost_fit): no temp, lock
+    # or trash folders committed by accident.
+    from mirage_serve.cost_fit import FILE
     stray = [p.name for p in shipped.iterdir()
-             if p.name not in ("__init__.py", "__pycache__") and p.name not in {r.path.name for r in rows}]
+             if p.name not in ("__init__.py", "__pycache__", FILE) and p.name not in {r.path.name for r in rows}]
     assert stray == []
 
 
