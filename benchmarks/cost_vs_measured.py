@@ -131,7 +131,6 @@ def fit_rows(cache_dir: Path, models: list[str], buckets: tuple[int, ...] = (1, 
     from mirage_serve.patching.programs import layer_programs
     from superopt.ir import digest, layout
     from superopt.search import SearchBudget
-    from superopt.search.fit import graph_features
     from superopt.search.instantiate import assemble
 
     timed: dict[str, list] = {}
@@ -153,7 +152,7 @@ def fit_rows(cache_dir: Path, models: list[str], buckets: tuple[int, ...] = (1, 
                         graphs.setdefault(_plain(layout(assemble(g, [node]))), assemble(g, [node]))
                 for timings in timed[dg]:
                     row = [(f, t[2]) for t in timings if len(t) == 4 and _plain(t[0]) in graphs
-                           for f in [_features(graphs[_plain(t[0])], graph_features)] if f is not None]
+                           for f in [_features(graphs[_plain(t[0])])] if f is not None]
                     if len(row) >= 3:
                         rows.append(row)
     return rows
@@ -176,10 +175,11 @@ def held_out_summary(rows: list, params) -> str:
             f"{math.exp(statistics.mean(math.log(q) for q in picks)):.3f}")
 
 
-def _features(graph, graph_features):
+def _features(graph):
     """``graph_features(graph)``, or None (said on stderr) for a design it cannot cost: Phi-3-mini's fused gate_up
     program, whose split of the stacked weight the assembled design refers to by a value it does not hold
     (session 46; not looked into)."""
+    from superopt.search.fit import graph_features
     try:
         return graph_features(graph)
     except KeyError as e:
@@ -211,8 +211,8 @@ def main(argv=None) -> None:
             raise SystemExit("no timed entry matched a program of the registry models")
         params, before, after = fit(rows)
         # the rows kept (the file's last ones, save_fit) are taken evenly from all of them, not from the last models
-        kept = rows[::max(1, -(-len(rows) // args.keep))] if args.keep else rows
-        rest = [r for r in rows if not any(r is k for k in kept)]
+        step = max(1, -(-len(rows) // args.keep)) if args.keep else 1
+        rest, kept = [r for i, r in enumerate(rows) if i % step], rows[::step]
         save_fit(args.fit, args.arch, params, rest + kept, before, after, keep_rows=len(kept))  # refit later with more
         rb = sorted(row_correlation(r, DEFAULT_PARAMS) for r in rows)
         ra = sorted(row_correlation(r, params) for r in rows)

@@ -103,17 +103,18 @@ def main(argv=None) -> None:
             if key in seen:
                 continue
             seen.add(key)
-            used.add(key.for_shipped().dirname())
+            shipped_name = key.for_shipped().dirname()
+            used.add(shipped_name)
             if label in remove:
                 user_entry = default_cache_dir(None) / key.dirname()
-                for entry in (Path(args.shipped) / key.for_shipped().dirname(), user_entry):
+                for entry in (Path(args.shipped) / shipped_name, user_entry):
                     if entry.is_dir():
                         shutil.rmtree(entry)
                         print(f"{name}: removed {label}@b{m} ({entry.parent.name}/{entry.name})")
             if cache.get(key) is None:
                 missing.append(f"{label}@b{m}")
-            elif key.for_shipped().dirname() in stale:
-                timed_again.append(f"{label}@b{m} ({', '.join(stale[key.for_shipped().dirname()])})")
+            elif shipped_name in stale:
+                timed_again.append(f"{label}@b{m} ({', '.join(stale[shipped_name])})")
                 refresh[name].add(m)
         missing_any |= bool(missing)
         print(f"{name:18} {len(seen) - len(missing):3}/{len(seen):3} programs shipped"
